@@ -1,0 +1,199 @@
+//! Codecs: how etcd values become the user's type, and back.
+//!
+//! A value that does not decode never stops the cache: the etcd source reports a
+//! [`DecodeError`] naming the key and revision (through its error hook, `tracing` and a counter)
+//! and treats the key as absent, so every other key keeps flowing.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+/// The error a codec returns.
+pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Decodes etcd values into `T` and encodes `T` into values.
+pub trait Codec<T>: Send + Sync + 'static {
+    /// Decodes one value.
+    fn decode(&self, bytes: &[u8]) -> Result<T, CodecError>;
+    /// Encodes one value.
+    fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError>;
+}
+
+/// A value under the prefix that the codec could not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot decode the value of key {key:?} at revision {revision}: {source}")]
+pub struct DecodeError {
+    /// The full etcd key, lossily as UTF-8.
+    pub key: String,
+    /// The key's `mod_revision`.
+    pub revision: i64,
+    /// What the codec said.
+    #[source]
+    pub source: CodecError,
+}
+
+macro_rules! marker_codec {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub struct $name<T>(PhantomData<fn() -> T>);
+
+        impl<T> $name<T> {
+            /// The codec.
+            pub fn new() -> Self {
+                $name(PhantomData)
+            }
+        }
+
+        impl<T> Default for $name<T> {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl<T> Clone for $name<T> {
+            fn clone(&self) -> Self {
+                Self::new()
+            }
+        }
+
+        impl<T> fmt::Debug for $name<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(stringify!($name))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "json")]
+marker_codec!(
+    /// JSON through serde_json.
+    ///
+    /// ```
+    /// use etcd_informer::{Codec, JsonCodec};
+    /// let codec = JsonCodec::<Vec<u32>>::new();
+    /// assert_eq!(codec.decode(b"[1,2]").unwrap(), vec![1, 2]);
+    /// assert!(codec.decode(b"{oops").is_err());
+    /// ```
+    JsonCodec
+);
+
+#[cfg(feature = "json")]
+impl<T> Codec<T> for JsonCodec<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    fn decode(&self, bytes: &[u8]) -> Result<T, CodecError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+    fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError> {
+        Ok(serde_json::to_vec(value)?)
+    }
+}
+
+#[cfg(feature = "bincode")]
+marker_codec!(
+    /// bincode 2 (standard configuration) through serde.
+    BincodeCodec
+);
+
+#[cfg(feature = "bincode")]
+impl<T> Codec<T> for BincodeCodec<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    fn decode(&self, bytes: &[u8]) -> Result<T, CodecError> {
+        let (value, used) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+        if used != bytes.len() {
+            return Err(format!("{} trailing bytes after the value", bytes.len() - used).into());
+        }
+        Ok(value)
+    }
+    fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError> {
+        Ok(bincode::serde::encode_to_vec(
+            value,
+            bincode::config::standard(),
+        )?)
+    }
+}
+
+#[cfg(feature = "protobuf")]
+marker_codec!(
+    /// Protocol Buffers through prost.
+    ProstCodec
+);
+
+#[cfg(feature = "protobuf")]
+impl<T> Codec<T> for ProstCodec<T>
+where
+    T: prost::Message + Default + 'static,
+{
+    fn decode(&self, bytes: &[u8]) -> Result<T, CodecError> {
+        Ok(T::decode(bytes)?)
+    }
+    fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError> {
+        Ok(value.encode_to_vec())
+    }
+}
+
+/// The raw bytes, undecoded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCodec;
+
+impl Codec<Vec<u8>> for RawCodec {
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, CodecError> {
+        Ok(bytes.to_vec())
+    }
+    fn encode(&self, value: &Vec<u8>) -> Result<Vec<u8>, CodecError> {
+        Ok(value.clone())
+    }
+}
+
+/// UTF-8 text; anything else is a decode error.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TextCodec;
+
+impl Codec<String> for TextCodec {
+    fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+        Ok(std::str::from_utf8(bytes)?.to_owned())
+    }
+    fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+        Ok(value.as_bytes().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Cm {
+        name: String,
+        n: u32,
+    }
+
+    #[test]
+    fn round_trips_and_rejects_garbage() {
+        let v = Cm {
+            name: "a".into(),
+            n: 3,
+        };
+        #[cfg(feature = "json")]
+        {
+            let c = JsonCodec::<Cm>::new();
+            assert_eq!(c.decode(&c.encode(&v).unwrap()).unwrap(), v);
+            assert!(c.decode(b"\xff").is_err());
+        }
+        #[cfg(feature = "bincode")]
+        {
+            let c = BincodeCodec::<Cm>::new();
+            let mut bytes = c.encode(&v).unwrap();
+            assert_eq!(c.decode(&bytes).unwrap(), v);
+            bytes.push(0);
+            assert!(c.decode(&bytes).is_err(), "trailing bytes");
+            assert!(c.decode(&[0xff, 0xff]).is_err());
+        }
+        assert_eq!(TextCodec.decode(b"hi").unwrap(), "hi");
+        assert!(TextCodec.decode(b"\xff\xfe").is_err());
+        assert_eq!(RawCodec.decode(b"\xff").unwrap(), vec![0xff]);
+        let _ = v;
+    }
+}

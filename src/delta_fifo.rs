@@ -1,0 +1,646 @@
+//! The DeltaFIFO: a queue of keys, each with the list of changes (deltas) not yet processed.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::Store;
+use crate::Object;
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeltaType {
+    /// Created (a watch event).
+    Added,
+    /// Written again (a watch event).
+    Updated,
+    /// Deleted; see [`Delta::final_state_unknown`].
+    Deleted,
+    /// Present in a relist.
+    Replaced,
+    /// Re-delivered by a resync; the object did not change.
+    Sync,
+}
+
+impl fmt::Display for DeltaType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// One change of one object.
+#[derive(Debug)]
+pub struct Delta<T> {
+    /// What happened.
+    pub kind: DeltaType,
+    /// The object after the change; for [`DeltaType::Deleted`], the last state known.
+    pub object: Arc<Object<T>>,
+    /// For a delete found by a relist rather than seen in the watch (client-go's
+    /// `DeletedFinalStateUnknown`): the key is gone, and `object` is the last state the cache
+    /// knew, which may be older than the key's real final state.
+    pub final_state_unknown: bool,
+}
+
+impl<T> Clone for Delta<T> {
+    fn clone(&self) -> Self {
+        Delta {
+            kind: self.kind,
+            object: self.object.clone(),
+            final_state_unknown: self.final_state_unknown,
+        }
+    }
+}
+
+impl<T> Delta<T> {
+    fn new(kind: DeltaType, object: Arc<Object<T>>) -> Self {
+        Delta {
+            kind,
+            object,
+            final_state_unknown: false,
+        }
+    }
+
+    fn tombstone(object: Arc<Object<T>>) -> Self {
+        Delta {
+            kind: DeltaType::Deleted,
+            object,
+            final_state_unknown: true,
+        }
+    }
+}
+
+/// The error of [`DeltaFifo::pop`] once the queue is closed and empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the DeltaFIFO is closed")]
+pub struct Closed;
+
+/// What the function given to [`DeltaFifo::pop`] returns when it could not process the deltas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PopError {
+    /// Drop the deltas.
+    Drop(String),
+    /// Put the deltas back, unless newer ones for the key arrived meanwhile (client-go's
+    /// `ErrRequeue` with `AddIfNotPresent`), and do not hand the key out again before `after`.
+    Requeue {
+        /// Why processing failed.
+        reason: String,
+        /// The earliest time to retry, from now.
+        after: Duration,
+    },
+}
+
+/// A producer/consumer queue of deltas, one slot per key (client-go's `DeltaFIFO`).
+///
+/// Invariants: a key is in the queue order if and only if it has a non-empty delta list; a
+/// key's deltas are in the order they happened; two deletes never end a list (the one carrying the
+/// real final state is kept); `pop` hands out each key's whole list at once, and never the same
+/// key to two callers.
+///
+/// The FIFO knows the cache ("known objects", usually the informer's [`Indexer`](crate::Indexer))
+/// so that deletes carry the last state of the key, relists detect vanished keys, and resyncs
+/// re-deliver cached objects.
+pub struct DeltaFifo<T> {
+    inner: Mutex<Inner<T>>,
+    notify: Notify,
+    known: Option<Arc<dyn Store<T>>>,
+}
+
+struct Inner<T> {
+    items: HashMap<Arc<str>, Vec<Delta<T>>>,
+    queue: VecDeque<Arc<str>>,
+    /// Keys requeued after a failure, and when they may be handed out again.
+    not_before: HashMap<Arc<str>, Instant>,
+    populated: bool,
+    initial_population_count: usize,
+    closed: bool,
+}
+
+impl<T> fmt::Debug for DeltaFifo<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("DeltaFifo")
+            .field("queued", &inner.queue.len())
+            .field("populated", &inner.populated)
+            .field("initial_population_count", &inner.initial_population_count)
+            .field("closed", &inner.closed)
+            .finish()
+    }
+}
+
+impl<T: Send + Sync + 'static> DeltaFifo<T> {
+    /// A FIFO that looks up the last state of keys in `known` (pass the informer's indexer).
+    pub fn new(known: Option<Arc<dyn Store<T>>>) -> Self {
+        DeltaFifo {
+            inner: Mutex::new(Inner {
+                items: HashMap::new(),
+                queue: VecDeque::new(),
+                not_before: HashMap::new(),
+                populated: false,
+                initial_population_count: 0,
+                closed: false,
+            }),
+            notify: Notify::new(),
+            known,
+        }
+    }
+}
+
+impl<T> DeltaFifo<T> {
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newest state of `key` the FIFO knows of: its newest queued delta, else the cache.
+    /// `None` when the key is absent (never seen, or deleted last).
+    fn newest(&self, inner: &Inner<T>, key: &str) -> Option<Arc<Object<T>>> {
+        match inner.items.get(key).and_then(|d| d.last()) {
+            Some(d) if d.kind == DeltaType::Deleted => None,
+            Some(d) => Some(d.object.clone()),
+            None => self.known.as_ref().and_then(|k| k.get_by_key(key)),
+        }
+    }
+
+    /// Queues an `Added` delta.
+    pub fn add(&self, obj: Arc<Object<T>>) {
+        let mut inner = self.lock();
+        inner.populated = true;
+        self.queue_action(&mut inner, Delta::new(DeltaType::Added, obj));
+    }
+
+    /// Queues an `Updated` delta.
+    pub fn update(&self, obj: Arc<Object<T>>) {
+        let mut inner = self.lock();
+        inner.populated = true;
+        self.queue_action(&mut inner, Delta::new(DeltaType::Updated, obj));
+    }
+
+    /// Queues a watch event's object as `kind` unless the FIFO already knows the key at the same
+    /// or a newer revision, which makes it a duplicate (etcd has shipped bugs that repeated
+    /// events after a reconnect). Returns whether it was queued.
+    pub fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool {
+        let mut inner = self.lock();
+        if let Some(current) = self.newest(&inner, obj.key()) {
+            if current.mod_revision >= obj.mod_revision {
+                return false;
+            }
+        }
+        inner.populated = true;
+        self.queue_action(&mut inner, Delta::new(kind, obj));
+        true
+    }
+
+    /// Queues a `Deleted` delta for `key`, carrying the last state known of it (`last` when the
+    /// source supplied it, else the newest queued delta, else the cache).
+    ///
+    /// A delete for a key that is neither queued nor cached is dropped, and so is one whose
+    /// revision is not newer than the state known. Returns whether it was queued.
+    pub fn delete(&self, key: &str, revision: i64, last: Option<Arc<Object<T>>>) -> bool {
+        let mut inner = self.lock();
+        let Some(newest) = self.newest(&inner, key) else {
+            return false;
+        };
+        if revision != 0 && newest.mod_revision >= revision {
+            return false;
+        }
+        inner.populated = true;
+        let object = last
+            .filter(|l| l.mod_revision >= newest.mod_revision)
+            .unwrap_or(newest);
+        self.queue_action(&mut inner, Delta::new(DeltaType::Deleted, object));
+        true
+    }
+
+    /// Replaces the whole content with a fresh list: every object is queued as `Replaced`, and
+    /// every key the cache or the queue holds that the list lacks gets a `Deleted` tombstone
+    /// ([`Delta::final_state_unknown`]) with its last known state.
+    pub fn replace(&self, list: Vec<Arc<Object<T>>>) {
+        let mut inner = self.lock();
+        let listed: HashSet<Arc<str>> = list.iter().map(|o| o.shared_key().clone()).collect();
+        let list_len = list.len();
+        for obj in list {
+            self.queue_action(&mut inner, Delta::new(DeltaType::Replaced, obj));
+        }
+        let mut vanished: Vec<Arc<str>> = inner
+            .items
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        if let Some(known) = &self.known {
+            vanished.extend(
+                known
+                    .list_keys()
+                    .into_iter()
+                    .filter(|k| !listed.contains(k) && !inner.items.contains_key(k)),
+            );
+        }
+        let mut tombstones = 0;
+        for key in vanished {
+            // A key whose newest delta is a delete is already gone for the consumer.
+            if let Some(last) = self.newest(&inner, &key) {
+                self.queue_action(&mut inner, Delta::tombstone(last));
+                tombstones += 1;
+            }
+        }
+        if !inner.populated {
+            inner.populated = true;
+            inner.initial_population_count = list_len + tombstones;
+        }
+        tracing::debug!(items = list_len, tombstones, "DeltaFIFO replaced");
+    }
+
+    /// Queues a `Sync` delta for every cached key that has nothing queued, so a resync never
+    /// overwrites a newer pending change with the cached copy.
+    pub fn resync(&self) {
+        let Some(known) = &self.known else { return };
+        let mut inner = self.lock();
+        for key in known.list_keys() {
+            if inner.items.contains_key(&key) {
+                continue;
+            }
+            if let Some(obj) = known.get_by_key(&key) {
+                self.queue_action(&mut inner, Delta::new(DeltaType::Sync, obj));
+            }
+        }
+    }
+
+    /// Puts `deltas` back for `key` unless the key has deltas queued already (newer ones win).
+    pub fn add_if_not_present(&self, key: Arc<str>, deltas: Vec<Delta<T>>) {
+        let mut inner = self.lock();
+        Self::add_if_not_present_locked(&mut inner, key, deltas);
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    fn add_if_not_present_locked(inner: &mut Inner<T>, key: Arc<str>, deltas: Vec<Delta<T>>) {
+        if deltas.is_empty() || inner.items.contains_key(&key) {
+            return;
+        }
+        inner.populated = true;
+        inner.queue.push_back(key.clone());
+        inner.items.insert(key, deltas);
+    }
+
+    fn queue_action(&self, inner: &mut Inner<T>, delta: Delta<T>) {
+        let key = delta.object.shared_key().clone();
+        let deltas = inner.items.entry(key.clone()).or_default();
+        if deltas.is_empty() {
+            inner.queue.push_back(key);
+        }
+        deltas.push(delta);
+        dedup_deletes(deltas);
+        self.notify.notify_waiters();
+    }
+
+    /// Waits for a key, removes it with its deltas and calls `process(deltas, is_in_initial_list)`
+    /// while holding the queue, so nothing for that key is queued until processing is done.
+    ///
+    /// On [`PopError::Requeue`] the deltas go back (unless newer ones arrived) and the key is not
+    /// handed out again before the delay; other keys keep flowing meanwhile. Returns the key
+    /// processed and the process function's error, or [`Closed`] once closed and empty.
+    pub async fn pop<F>(&self, process: F) -> Result<(Arc<str>, Result<(), PopError>), Closed>
+    where
+        F: FnOnce(&[Delta<T>], bool) -> Result<(), PopError>,
+    {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wait_until;
+            {
+                let mut inner = self.lock();
+                let now = Instant::now();
+                let ready = if inner.not_before.is_empty() {
+                    (!inner.queue.is_empty()).then_some(0)
+                } else {
+                    inner
+                        .queue
+                        .iter()
+                        .position(|k| inner.not_before.get(k).is_none_or(|t| *t <= now))
+                };
+                if let Some(pos) = ready {
+                    let Some(key) = inner.queue.remove(pos) else {
+                        continue;
+                    };
+                    let deltas = inner.items.remove(&key).unwrap_or_default();
+                    inner.not_before.remove(&key);
+                    let is_in_initial_list = inner.initial_population_count > 0;
+                    if is_in_initial_list {
+                        inner.initial_population_count -= 1;
+                    }
+                    let result = process(&deltas, is_in_initial_list);
+                    if let Err(PopError::Requeue { after, .. }) = &result {
+                        inner.not_before.insert(key.clone(), now + *after);
+                        Self::add_if_not_present_locked(&mut inner, key.clone(), deltas);
+                    }
+                    return Ok((key, result));
+                }
+                if inner.closed && inner.queue.is_empty() {
+                    return Err(Closed);
+                }
+                wait_until = inner.not_before.values().min().copied();
+            }
+            match wait_until {
+                Some(t) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(t) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Closes the queue: `pop` returns [`Closed`] once what is queued is drained.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Whether the first list (or first add) has been fully popped and processed.
+    pub fn has_synced(&self) -> bool {
+        let inner = self.lock();
+        inner.populated && inner.initial_population_count == 0
+    }
+
+    /// The keys with queued deltas, oldest first.
+    pub fn list_keys(&self) -> Vec<Arc<str>> {
+        self.lock().queue.iter().cloned().collect()
+    }
+
+    /// The deltas queued for `key`.
+    pub fn get(&self, key: &str) -> Option<Vec<Delta<T>>> {
+        self.lock().items.get(key).cloned()
+    }
+
+    /// How many keys have queued deltas.
+    pub fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Collapses two trailing deletes into one, keeping the one with the real final state.
+fn dedup_deletes<T>(deltas: &mut Vec<Delta<T>>) {
+    let n = deltas.len();
+    if n < 2 || deltas[n - 1].kind != DeltaType::Deleted || deltas[n - 2].kind != DeltaType::Deleted
+    {
+        return;
+    }
+    let last = deltas.pop();
+    if let (Some(last), Some(prev)) = (last, deltas.last_mut()) {
+        if prev.final_state_unknown && !last.final_state_unknown {
+            *prev = last;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Indexer;
+
+    fn obj(key: &str, rev: i64) -> Arc<Object<i64>> {
+        Arc::new(Object::new(key, rev, rev))
+    }
+
+    fn fifo_with(cached: &[(&str, i64)]) -> (DeltaFifo<i64>, Indexer<i64>) {
+        let ix = Indexer::default();
+        for (k, r) in cached {
+            ix.add(obj(k, *r));
+        }
+        (DeltaFifo::new(Some(Arc::new(ix.clone()))), ix)
+    }
+
+    async fn pop_all(f: &DeltaFifo<i64>) -> Vec<(String, Vec<(DeltaType, i64, bool)>)> {
+        let mut out = vec![];
+        while !f.is_empty() {
+            let mut got = vec![];
+            let (key, _) = f
+                .pop(|d, _| {
+                    got = d
+                        .iter()
+                        .map(|d| (d.kind, d.object.mod_revision, d.final_state_unknown))
+                        .collect();
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            out.push((key.to_string(), got));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn coalesces_per_key_in_order() {
+        let (f, _) = fifo_with(&[]);
+        f.add(obj("a", 1));
+        f.add(obj("b", 2));
+        f.update(obj("a", 3));
+        assert_eq!(f.list_keys().len(), 2, "one slot per key");
+        let all = pop_all(&f).await;
+        assert_eq!(all[0].0, "a");
+        assert_eq!(
+            all[0].1,
+            [(DeltaType::Added, 1, false), (DeltaType::Updated, 3, false)]
+        );
+        assert_eq!(all[1].0, "b");
+    }
+
+    #[tokio::test]
+    async fn two_deletes_collapse_keeping_the_real_final_state() {
+        let (f, _) = fifo_with(&[("a", 1)]);
+        f.replace(vec![]); // tombstone for a
+        assert!(
+            !f.delete("a", 5, Some(obj("a", 4))),
+            "already deleted: nothing newer"
+        );
+        let deltas = f.get("a").unwrap();
+        assert_eq!(deltas.len(), 1);
+        assert!(deltas[0].final_state_unknown);
+
+        // A real delete followed by a tombstone keeps the real one.
+        let mut v = vec![
+            Delta::new(DeltaType::Deleted, obj("b", 2)),
+            Delta::tombstone(obj("b", 1)),
+        ];
+        dedup_deletes(&mut v);
+        assert_eq!(v.len(), 1);
+        assert!(!v[0].final_state_unknown);
+        // A tombstone followed by a real delete keeps the real one too.
+        let mut v = vec![
+            Delta::tombstone(obj("b", 1)),
+            Delta::new(DeltaType::Deleted, obj("b", 2)),
+        ];
+        dedup_deletes(&mut v);
+        assert_eq!(
+            (v.len(), v[0].final_state_unknown, v[0].object.mod_revision),
+            (1, false, 2)
+        );
+    }
+
+    #[tokio::test]
+    async fn delete_of_unknown_key_is_dropped() {
+        let (f, _) = fifo_with(&[("a", 1)]);
+        assert!(!f.delete("zzz", 9, None));
+        assert!(f.is_empty());
+        assert!(f.delete("a", 2, None), "cached key is deleted");
+        let d = f.get("a").unwrap();
+        assert_eq!(
+            (d[0].kind, d[0].object.mod_revision),
+            (DeltaType::Deleted, 1),
+            "carries last cached value"
+        );
+    }
+
+    #[tokio::test]
+    async fn delete_carries_newest_queued_state() {
+        let (f, _) = fifo_with(&[("a", 1)]);
+        f.update(obj("a", 2));
+        assert!(f.delete("a", 3, None));
+        let d = f.get("a").unwrap();
+        assert_eq!(d[1].object.mod_revision, 2);
+    }
+
+    #[tokio::test]
+    async fn duplicates_by_revision_are_dropped() {
+        let (f, _) = fifo_with(&[("a", 5)]);
+        assert!(!f.add_if_newer(DeltaType::Updated, obj("a", 5)));
+        assert!(!f.add_if_newer(DeltaType::Updated, obj("a", 4)));
+        assert!(f.add_if_newer(DeltaType::Updated, obj("a", 6)));
+        assert!(
+            !f.add_if_newer(DeltaType::Updated, obj("a", 6)),
+            "queued state counts too"
+        );
+        assert!(!f.delete("a", 6, None), "delete not newer than state");
+        assert!(f.delete("a", 7, None));
+        assert!(
+            f.add_if_newer(DeltaType::Added, obj("a", 3)),
+            "a deleted key accepts any revision (store wiped)"
+        );
+    }
+
+    #[tokio::test]
+    async fn replace_emits_tombstones_for_cached_and_queued_keys() {
+        let (f, _) = fifo_with(&[("cached-gone", 1), ("kept", 2)]);
+        f.add(obj("queued-gone", 3));
+        f.replace(vec![obj("kept", 4), obj("new", 5)]);
+        let all = pop_all(&f).await;
+        let by_key: HashMap<_, _> = all.into_iter().collect();
+        assert_eq!(by_key["cached-gone"], [(DeltaType::Deleted, 1, true)]);
+        assert_eq!(
+            by_key["queued-gone"],
+            [(DeltaType::Added, 3, false), (DeltaType::Deleted, 3, true)]
+        );
+        assert_eq!(by_key["kept"], [(DeltaType::Replaced, 4, false)]);
+        assert_eq!(by_key["new"], [(DeltaType::Replaced, 5, false)]);
+    }
+
+    #[tokio::test]
+    async fn resync_skips_keys_with_queued_deltas() {
+        let (f, _) = fifo_with(&[("a", 1), ("b", 2)]);
+        f.update(obj("a", 3));
+        f.resync();
+        let all: HashMap<_, _> = pop_all(&f).await.into_iter().collect();
+        assert_eq!(
+            all["a"],
+            [(DeltaType::Updated, 3, false)],
+            "stale cached copy not queued"
+        );
+        assert_eq!(all["b"], [(DeltaType::Sync, 2, false)]);
+    }
+
+    #[tokio::test]
+    async fn has_synced_counts_initial_items_and_tombstones() {
+        let (f, _) = fifo_with(&[("old", 1)]);
+        assert!(!f.has_synced());
+        f.replace(vec![obj("a", 2), obj("b", 3)]);
+        let mut initial = vec![];
+        for _ in 0..2 {
+            f.pop(|_, init| {
+                initial.push(init);
+                Ok(())
+            })
+            .await
+            .unwrap();
+            assert!(!f.has_synced(), "tombstone still pending");
+        }
+        f.pop(|_, init| {
+            initial.push(init);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert!(f.has_synced());
+        assert_eq!(initial, [true, true, true]);
+        f.add(obj("c", 4));
+        f.pop(|_, init| {
+            assert!(!init);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requeue_backs_off_and_yields_to_newer_deltas() {
+        let (f, _) = fifo_with(&[]);
+        f.add(obj("a", 1));
+        f.add(obj("b", 2));
+        let (key, res) = f
+            .pop(|_, _| {
+                Err(PopError::Requeue {
+                    reason: "boom".into(),
+                    after: Duration::from_secs(5),
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(&*key, "a");
+        assert!(res.is_err());
+        // b is handed out while a waits.
+        let start = Instant::now();
+        let (key, _) = f.pop(|_, _| Ok(())).await.unwrap();
+        assert_eq!(&*key, "b");
+        // Newer deltas for a join its slot; a comes back only after the delay.
+        f.update(obj("a", 7));
+        let mut seen = vec![];
+        let (key, _) = f
+            .pop(|d, _| {
+                seen = d.iter().map(|d| d.object.mod_revision).collect();
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(&*key, "a");
+        assert_eq!(seen, [1, 7]);
+        assert!(start.elapsed() >= Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn add_if_not_present_keeps_newer() {
+        let (f, _) = fifo_with(&[]);
+        f.update(obj("a", 5));
+        f.add_if_not_present("a".into(), vec![Delta::new(DeltaType::Added, obj("a", 1))]);
+        assert_eq!(f.get("a").unwrap().len(), 1);
+        assert_eq!(f.get("a").unwrap()[0].object.mod_revision, 5);
+    }
+
+    #[tokio::test]
+    async fn close_drains_then_fails() {
+        let (f, _) = fifo_with(&[]);
+        f.add(obj("a", 1));
+        f.close();
+        assert!(f.pop(|_, _| Ok(())).await.is_ok());
+        assert_eq!(f.pop(|_, _| Ok(())).await.unwrap_err(), Closed);
+    }
+}

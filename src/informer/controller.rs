@@ -1,0 +1,111 @@
+//! The controller loop: a reflector filling a DeltaFIFO, and a loop popping it into a process
+//! function (client-go's `cache.Controller` with its `Config`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::delta_fifo::{Delta, DeltaFifo, PopError};
+use crate::listwatch::ListerWatcher;
+use crate::reflector::{Reflector, ReflectorOptions, RevisionHandle};
+
+/// Processes the deltas of one key; gets whether they belong to the initial list.
+pub type ProcessFn<T> = Box<dyn FnMut(&[Delta<T>], bool) -> Result<(), String> + Send>;
+
+/// How a [`Controller`] is put together (client-go's `cache.Config`).
+pub struct ControllerConfig<T, L> {
+    /// The source.
+    pub lister_watcher: L,
+    /// The queue the reflector fills and the loop pops.
+    pub queue: Arc<DeltaFifo<T>>,
+    /// Called with each key's deltas, in queue order, one key at a time.
+    pub process: ProcessFn<T>,
+    /// Put failed deltas back (unless newer ones arrived) and retry them with a per-key backoff,
+    /// instead of dropping them (client-go's `RetryOnError`).
+    pub retry_on_error: bool,
+    /// The reflector's options (name, resync, error hook, backoff).
+    pub reflector: ReflectorOptions,
+}
+
+/// Runs a reflector and the loop that pops its queue.
+pub struct Controller<T, L> {
+    config: ControllerConfig<T, L>,
+}
+
+/// Retry delays for failed keys: 100 ms doubling to 30 s per key, cleared on success.
+const RETRY_BASE: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
+    /// A controller from its configuration.
+    pub fn new(config: ControllerConfig<T, L>) -> Self {
+        Controller { config }
+    }
+
+    /// Runs until the queue is closed (or the future is dropped). `on_start` receives the
+    /// reflector's revision handle once the reflector task is spawned.
+    pub async fn run(self) {
+        self.run_with(|_| {}).await
+    }
+
+    pub(crate) async fn run_with(self, on_start: impl FnOnce(RevisionHandle)) {
+        let ControllerConfig {
+            lister_watcher,
+            queue,
+            mut process,
+            retry_on_error,
+            reflector,
+        } = self.config;
+        let span = tracing::info_span!("controller", name = %reflector.name);
+        let reflector = Reflector::new(lister_watcher, queue.clone(), reflector);
+        on_start(reflector.revision());
+        let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
+        let mut failures: HashMap<Arc<str>, u32> = HashMap::new();
+        async move {
+            loop {
+                let popped = queue
+                    .pop(|deltas, initial| {
+                        process(deltas, initial).map_err(|reason| {
+                            let key = deltas.first().map(|d| d.object.key()).unwrap_or_default();
+                            if retry_on_error {
+                                let n = failures.entry(key.into()).or_insert(0);
+                                let after = RETRY_BASE
+                                    .saturating_mul(1u32 << (*n).min(20))
+                                    .min(RETRY_MAX);
+                                *n += 1;
+                                tracing::warn!(key, %reason, ?after, "processing failed; will retry");
+                                PopError::Requeue { reason, after }
+                            } else {
+                                tracing::warn!(key, %reason, "processing failed; dropped");
+                                PopError::Drop(reason)
+                            }
+                        })
+                    })
+                    .await;
+                match popped {
+                    Ok((key, Ok(()))) => {
+                        if !failures.is_empty() {
+                            failures.remove(&key);
+                        }
+                    }
+                    Ok((_, Err(_))) => {}
+                    Err(_closed) => break,
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        drop(reflector);
+    }
+}
+
+/// Aborts a spawned task when dropped, so a dropped informer leaves nothing running.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,221 @@
+//! What handlers receive: the handler trait, a builder of closures, and the event type.
+
+use std::sync::Arc;
+
+use crate::Object;
+
+/// The object a delete reports.
+#[derive(Debug)]
+pub enum DeletedObject<T> {
+    /// The watch saw the delete; this is the key's last state.
+    Deleted(Arc<Object<T>>),
+    /// A relist found the key gone (client-go's `DeletedFinalStateUnknown`): the object is the
+    /// last state the cache knew, and changes between it and the delete were missed.
+    FinalStateUnknown(Arc<Object<T>>),
+}
+
+impl<T> Clone for DeletedObject<T> {
+    fn clone(&self) -> Self {
+        match self {
+            DeletedObject::Deleted(o) => DeletedObject::Deleted(o.clone()),
+            DeletedObject::FinalStateUnknown(o) => DeletedObject::FinalStateUnknown(o.clone()),
+        }
+    }
+}
+
+impl<T> DeletedObject<T> {
+    /// The last known state of the deleted object.
+    pub fn object(&self) -> &Arc<Object<T>> {
+        match self {
+            DeletedObject::Deleted(o) | DeletedObject::FinalStateUnknown(o) => o,
+        }
+    }
+
+    /// The deleted key.
+    pub fn key(&self) -> &str {
+        self.object().key()
+    }
+
+    /// Whether this is a tombstone from a relist rather than a delete seen in the watch.
+    pub fn is_final_state_unknown(&self) -> bool {
+        matches!(self, DeletedObject::FinalStateUnknown(_))
+    }
+}
+
+/// One notification, as delivered by [`SharedIndexInformer::event_stream`](crate::SharedIndexInformer::event_stream).
+#[derive(Debug)]
+pub enum Event<T> {
+    /// A key appeared; `is_in_initial_list` is true for the objects of the first list (and the
+    /// synthetic adds a late handler receives).
+    Added {
+        /// The object.
+        object: Arc<Object<T>>,
+        /// Whether it belongs to the initial state rather than a later change.
+        is_in_initial_list: bool,
+    },
+    /// A key changed, or was resynced (then `old` and `new` are the same object).
+    Updated {
+        /// The state before.
+        old: Arc<Object<T>>,
+        /// The state after.
+        new: Arc<Object<T>>,
+    },
+    /// A key was deleted.
+    Deleted(DeletedObject<T>),
+}
+
+impl<T> Clone for Event<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Event::Added {
+                object,
+                is_in_initial_list,
+            } => Event::Added {
+                object: object.clone(),
+                is_in_initial_list: *is_in_initial_list,
+            },
+            Event::Updated { old, new } => Event::Updated {
+                old: old.clone(),
+                new: new.clone(),
+            },
+            Event::Deleted(d) => Event::Deleted(d.clone()),
+        }
+    }
+}
+
+impl<T> Event<T> {
+    /// The key the event is about.
+    pub fn key(&self) -> &str {
+        match self {
+            Event::Added { object, .. } => object.key(),
+            Event::Updated { new, .. } => new.key(),
+            Event::Deleted(d) => d.key(),
+        }
+    }
+}
+
+/// Receives the changes of an informer's cache (client-go's `ResourceEventHandler`).
+///
+/// Calls come from the handler's own thread, one at a time, in the order of the informer's
+/// queue: for one key always in revision order. The cache already holds the new state when a
+/// call is made. A handler that blocks delays only itself; one that panics has that one
+/// notification skipped and logged.
+pub trait ResourceEventHandler<T>: Send + Sync + 'static {
+    /// A key appeared in the cache.
+    fn on_add(&self, obj: &Arc<Object<T>>, is_in_initial_list: bool) {
+        let _ = (obj, is_in_initial_list);
+    }
+    /// A key changed; on resync `old` and `new` are the same object.
+    fn on_update(&self, old: &Arc<Object<T>>, new: &Arc<Object<T>>) {
+        let _ = (old, new);
+    }
+    /// A key left the cache.
+    fn on_delete(&self, obj: &DeletedObject<T>) {
+        let _ = obj;
+    }
+}
+
+type AddFn<T> = Box<dyn Fn(&Arc<Object<T>>, bool) + Send + Sync>;
+type UpdateFn<T> = Box<dyn Fn(&Arc<Object<T>>, &Arc<Object<T>>) + Send + Sync>;
+type DeleteFn<T> = Box<dyn Fn(&DeletedObject<T>) + Send + Sync>;
+
+/// A handler made of optional closures (client-go's `ResourceEventHandlerFuncs`).
+///
+/// ```
+/// use etcd_informer::ResourceEventHandlerFuncs;
+/// let handler = ResourceEventHandlerFuncs::<String>::new()
+///     .on_add(|obj, _| println!("created: {}", obj.key()))
+///     .on_update(|_, new| println!("updated: {}", new.key()))
+///     .on_delete(|obj| println!("deleted: {}", obj.key()));
+/// # let _ = handler;
+/// ```
+pub struct ResourceEventHandlerFuncs<T> {
+    add: Option<AddFn<T>>,
+    update: Option<UpdateFn<T>>,
+    delete: Option<DeleteFn<T>>,
+}
+
+impl<T> Default for ResourceEventHandlerFuncs<T> {
+    fn default() -> Self {
+        ResourceEventHandlerFuncs {
+            add: None,
+            update: None,
+            delete: None,
+        }
+    }
+}
+
+impl<T> ResourceEventHandlerFuncs<T> {
+    /// A handler that ignores everything until given closures.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Called on add, with whether the object is part of the initial list.
+    #[must_use]
+    pub fn on_add(mut self, f: impl Fn(&Arc<Object<T>>, bool) + Send + Sync + 'static) -> Self {
+        self.add = Some(Box::new(f));
+        self
+    }
+
+    /// Called on update (and resync, with `old` and `new` the same).
+    #[must_use]
+    pub fn on_update(
+        mut self,
+        f: impl Fn(&Arc<Object<T>>, &Arc<Object<T>>) + Send + Sync + 'static,
+    ) -> Self {
+        self.update = Some(Box::new(f));
+        self
+    }
+
+    /// Called on delete.
+    #[must_use]
+    pub fn on_delete(mut self, f: impl Fn(&DeletedObject<T>) + Send + Sync + 'static) -> Self {
+        self.delete = Some(Box::new(f));
+        self
+    }
+}
+
+impl<T: Send + Sync + 'static> ResourceEventHandler<T> for ResourceEventHandlerFuncs<T> {
+    fn on_add(&self, obj: &Arc<Object<T>>, is_in_initial_list: bool) {
+        if let Some(f) = &self.add {
+            f(obj, is_in_initial_list)
+        }
+    }
+    fn on_update(&self, old: &Arc<Object<T>>, new: &Arc<Object<T>>) {
+        if let Some(f) = &self.update {
+            f(old, new)
+        }
+    }
+    fn on_delete(&self, obj: &DeletedObject<T>) {
+        if let Some(f) = &self.delete {
+            f(obj)
+        }
+    }
+}
+
+impl<T, H: ResourceEventHandler<T> + ?Sized> ResourceEventHandler<T> for Arc<H> {
+    fn on_add(&self, obj: &Arc<Object<T>>, is_in_initial_list: bool) {
+        (**self).on_add(obj, is_in_initial_list)
+    }
+    fn on_update(&self, old: &Arc<Object<T>>, new: &Arc<Object<T>>) {
+        (**self).on_update(old, new)
+    }
+    fn on_delete(&self, obj: &DeletedObject<T>) {
+        (**self).on_delete(obj)
+    }
+}
+
+impl<T: 'static> Event<T> {
+    /// Delivers this event to `handler`.
+    pub fn dispatch(&self, handler: &dyn ResourceEventHandler<T>) {
+        match self {
+            Event::Added {
+                object,
+                is_in_initial_list,
+            } => handler.on_add(object, *is_in_initial_list),
+            Event::Updated { old, new } => handler.on_update(old, new),
+            Event::Deleted(d) => handler.on_delete(d),
+        }
+    }
+}

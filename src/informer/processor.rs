@@ -1,0 +1,293 @@
+//! Per-handler delivery: each handler has its own buffer and its own thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::handler::{Event, ResourceEventHandler};
+
+/// One registered handler: a buffer of events drained by a dedicated thread.
+///
+/// Invariant: `initial_pending` counts the initial adds queued for this handler and not yet
+/// returned from; the handler is synced once its informer is and this is zero.
+pub(crate) struct Listener<T> {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) resync_period: Duration,
+    next_resync: Mutex<Instant>,
+    buf: Mutex<Buffer<T>>,
+    ready: Condvar,
+    initial_pending: AtomicUsize,
+    delivered: AtomicU64,
+    panics: AtomicU64,
+    max_backlog: Option<usize>,
+}
+
+struct Buffer<T> {
+    queue: VecDeque<Event<T>>,
+    /// Compact when the queue grows past this (only with `max_backlog`).
+    compact_at: usize,
+    stopped: bool,
+}
+
+impl<T: Send + Sync + 'static> Listener<T> {
+    /// A listener whose thread calls `handler`; the thread ends when [`stop`](Self::stop) is called.
+    pub(crate) fn spawn(
+        id: u64,
+        name: String,
+        handler: Arc<dyn ResourceEventHandler<T>>,
+        resync_period: Duration,
+        max_backlog: Option<usize>,
+    ) -> std::io::Result<Arc<Self>> {
+        let listener = Arc::new(Listener {
+            id,
+            name,
+            resync_period,
+            next_resync: Mutex::new(Instant::now() + resync_period),
+            buf: Mutex::new(Buffer {
+                queue: VecDeque::new(),
+                compact_at: max_backlog.unwrap_or(usize::MAX),
+                stopped: false,
+            }),
+            ready: Condvar::new(),
+            initial_pending: AtomicUsize::new(0),
+            delivered: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
+            max_backlog,
+        });
+        let this = listener.clone();
+        std::thread::Builder::new()
+            .name(format!("handler-{}", listener.name))
+            .spawn(move || this.run(handler))?;
+        Ok(listener)
+    }
+
+    fn run(&self, handler: Arc<dyn ResourceEventHandler<T>>) {
+        let span = tracing::info_span!("handler", name = %self.name);
+        let _enter = span.enter();
+        loop {
+            let event = {
+                let mut buf = self.lock();
+                loop {
+                    if buf.stopped {
+                        return;
+                    }
+                    if let Some(e) = buf.queue.pop_front() {
+                        break e;
+                    }
+                    buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let initial = matches!(
+                event,
+                Event::Added {
+                    is_in_initial_list: true,
+                    ..
+                }
+            );
+            if catch_unwind(AssertUnwindSafe(|| event.dispatch(&*handler))).is_err() {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    key = event.key(),
+                    "event handler panicked; notification skipped"
+                );
+            }
+            self.delivered.fetch_add(1, Ordering::Relaxed);
+            if initial {
+                self.initial_pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+impl<T> Listener<T> {
+    fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
+        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues an event for the handler; never blocks on the handler.
+    pub(crate) fn push(&self, event: Event<T>) {
+        if matches!(
+            event,
+            Event::Added {
+                is_in_initial_list: true,
+                ..
+            }
+        ) {
+            self.initial_pending.fetch_add(1, Ordering::AcqRel);
+        }
+        let mut buf = self.lock();
+        if buf.stopped {
+            return;
+        }
+        buf.queue.push_back(event);
+        if buf.queue.len() > buf.compact_at {
+            let removed_initial = compact(&mut buf.queue);
+            self.initial_pending
+                .fetch_sub(removed_initial, Ordering::AcqRel);
+            let max = self.max_backlog.unwrap_or(usize::MAX);
+            // Compacting costs a pass over the backlog, so wait for it to double before the next.
+            buf.compact_at = max.max(buf.queue.len().saturating_mul(2));
+            tracing::debug!(handler = %self.name, backlog = buf.queue.len(), "handler backlog compacted");
+        }
+        drop(buf);
+        self.ready.notify_one();
+    }
+
+    /// Ends the thread after the notification it is handling; queued ones are dropped.
+    pub(crate) fn stop_thread(&self) {
+        let mut buf = self.lock();
+        buf.stopped = true;
+        buf.queue.clear();
+        drop(buf);
+        self.ready.notify_all();
+    }
+
+    pub(crate) fn initial_delivered(&self) -> bool {
+        self.initial_pending.load(Ordering::Acquire) == 0
+    }
+
+    pub(crate) fn backlog(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    /// Whether this handler's resync is due at `now`; if so, schedules the next one.
+    pub(crate) fn take_resync(&self, now: Instant) -> bool {
+        if self.resync_period.is_zero() {
+            return false;
+        }
+        let mut next = self.next_resync.lock().unwrap_or_else(|e| e.into_inner());
+        if *next > now {
+            return false;
+        }
+        *next = now + self.resync_period;
+        true
+    }
+}
+
+/// Merges the backlog per key so that it holds at most two events per key (a delete then a
+/// re-add), keeping each key's events in order and its final state exact. Returns how many
+/// initial adds were dropped (an add followed by a delete the handler never needs to see).
+fn compact<T>(queue: &mut VecDeque<Event<T>>) -> usize {
+    let mut slots: Vec<Vec<Event<T>>> = Vec::new();
+    let mut by_key: HashMap<Arc<str>, usize> = HashMap::new();
+    let mut removed_initial = 0;
+    for event in queue.drain(..) {
+        let key = match &event {
+            Event::Added { object, .. } => object.shared_key().clone(),
+            Event::Updated { new, .. } => new.shared_key().clone(),
+            Event::Deleted(d) => d.object().shared_key().clone(),
+        };
+        let slot = *by_key.entry(key).or_insert_with(|| {
+            slots.push(Vec::new());
+            slots.len() - 1
+        });
+        let events = &mut slots[slot];
+        let merged = match (events.pop(), event) {
+            (None, e) => vec![e],
+            (
+                Some(Event::Added {
+                    is_in_initial_list, ..
+                }),
+                Event::Updated { new, .. },
+            ) => {
+                vec![Event::Added {
+                    object: new,
+                    is_in_initial_list,
+                }]
+            }
+            (
+                Some(Event::Added {
+                    is_in_initial_list, ..
+                }),
+                Event::Deleted(_),
+            ) => {
+                removed_initial += usize::from(is_in_initial_list);
+                vec![]
+            }
+            (Some(Event::Updated { old, .. }), Event::Updated { new, .. }) => {
+                vec![Event::Updated { old, new }]
+            }
+            (Some(Event::Updated { .. }), Event::Deleted(d)) => vec![Event::Deleted(d)],
+            (Some(prev), next) => vec![prev, next],
+        };
+        events.extend(merged);
+    }
+    queue.extend(slots.into_iter().flatten());
+    removed_initial
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::informer::handler::DeletedObject;
+    use crate::Object;
+
+    fn o(key: &str, rev: i64) -> Arc<crate::Object<i64>> {
+        Arc::new(Object::new(key, rev, rev))
+    }
+
+    #[test]
+    fn compaction_keeps_every_final_state() {
+        let mut q = VecDeque::from(vec![
+            Event::Added {
+                object: o("a", 1),
+                is_in_initial_list: true,
+            },
+            Event::Updated {
+                old: o("b", 1),
+                new: o("b", 2),
+            },
+            Event::Updated {
+                old: o("a", 1),
+                new: o("a", 3),
+            },
+            Event::Updated {
+                old: o("b", 2),
+                new: o("b", 4),
+            },
+            Event::Added {
+                object: o("c", 5),
+                is_in_initial_list: false,
+            },
+            Event::Deleted(DeletedObject::Deleted(o("c", 5))),
+            Event::Deleted(DeletedObject::Deleted(o("b", 4))),
+            Event::Added {
+                object: o("b", 9),
+                is_in_initial_list: false,
+            },
+        ]);
+        let removed = compact(&mut q);
+        assert_eq!(removed, 0);
+        let got: Vec<String> = q
+            .iter()
+            .map(|e| match e {
+                Event::Added { object, .. } => {
+                    format!("add {} {}", object.key(), object.mod_revision)
+                }
+                Event::Updated { old, new } => {
+                    format!(
+                        "update {} {}->{}",
+                        new.key(),
+                        old.mod_revision,
+                        new.mod_revision
+                    )
+                }
+                Event::Deleted(d) => format!("delete {} {}", d.key(), d.object().mod_revision),
+            })
+            .collect();
+        assert_eq!(got, ["add a 3", "delete b 4", "add b 9"]);
+    }
+}

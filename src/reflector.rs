@@ -1,0 +1,281 @@
+//! The reflector: lists a source, then watches it, and mirrors every change into a DeltaFIFO.
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+use tracing::Instrument;
+
+use crate::delta_fifo::{DeltaFifo, DeltaType};
+use crate::listwatch::{Error, ListerWatcher, WatchEvent};
+
+/// Called with every list or watch failure.
+pub type WatchErrorHandler = Arc<dyn Fn(&Error) + Send + Sync>;
+
+/// Decides on each resync tick whether to resync now.
+pub type ShouldResync = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Exponential backoff with jitter, reset after a quiet period (client-go's
+/// `NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0)`).
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    reset_after: Duration,
+    jitter: f64,
+    next: Duration,
+    last: Option<Instant>,
+}
+
+impl Default for Backoff {
+    /// 800 ms doubling to 30 s, reset after 2 minutes without a failure, up to 100% jitter:
+    /// the reflector's figures in client-go.
+    fn default() -> Self {
+        Backoff::new(
+            Duration::from_millis(800),
+            Duration::from_secs(30),
+            Duration::from_secs(120),
+            1.0,
+        )
+    }
+}
+
+impl Backoff {
+    /// A backoff starting at `initial`, doubling up to `max`, starting over when the previous
+    /// failure is older than `reset_after`, each delay stretched by up to `jitter` × itself.
+    pub fn new(initial: Duration, max: Duration, reset_after: Duration, jitter: f64) -> Self {
+        Backoff {
+            initial,
+            max,
+            reset_after,
+            jitter,
+            next: initial,
+            last: None,
+        }
+    }
+
+    /// The delay before the next attempt.
+    pub fn next_delay(&mut self) -> Duration {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) >= self.reset_after)
+        {
+            self.next = self.initial;
+        }
+        let base = self.next;
+        self.next = (self.next * 2).min(self.max);
+        let delay = base.mul_f64(1.0 + self.jitter * fastrand::f64());
+        // The next failure is measured from the end of this delay, not its start.
+        self.last = Some(now + delay);
+        delay
+    }
+}
+
+/// Options of a [`Reflector`].
+#[derive(Clone)]
+pub struct ReflectorOptions {
+    /// A name for logs and spans (the prefix, for the etcd source).
+    pub name: String,
+    /// How often to ask whether to resync; zero disables resync.
+    pub resync_period: Duration,
+    /// Asked on each resync tick; resync happens only when it says yes (always when `None`).
+    pub should_resync: Option<ShouldResync>,
+    /// Called with every list or watch failure, after it is logged.
+    pub watch_error_handler: Option<WatchErrorHandler>,
+    /// Delays between retries.
+    pub backoff: Backoff,
+}
+
+impl Default for ReflectorOptions {
+    fn default() -> Self {
+        ReflectorOptions {
+            name: "reflector".into(),
+            resync_period: Duration::ZERO,
+            should_resync: None,
+            watch_error_handler: None,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+impl fmt::Debug for ReflectorOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReflectorOptions")
+            .field("name", &self.name)
+            .field("resync_period", &self.resync_period)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lists a [`ListerWatcher`], replaces the [`DeltaFifo`] with the list, then watches from the
+/// list's revision and queues every change (client-go's `Reflector`).
+///
+/// - On [`Error::Expired`] (compaction) it relists and replaces, which turns keys that vanished
+///   meanwhile into tombstones.
+/// - On a transient error it watches again from the last revision it delivered, after a backoff.
+/// - A list at a revision lower than one already seen means the store was wiped or restored: it
+///   is logged and replaces the cache like any relist.
+/// - Events not newer than the state the FIFO knows for their key are dropped as duplicates.
+pub struct Reflector<T, L> {
+    lw: L,
+    fifo: Arc<DeltaFifo<T>>,
+    options: ReflectorOptions,
+    last_synced: Arc<AtomicI64>,
+}
+
+/// A cloneable view of the revision a reflector has synced to.
+#[derive(Debug, Clone)]
+pub struct RevisionHandle(Arc<AtomicI64>);
+
+impl RevisionHandle {
+    /// The last revision the reflector knows the cache to be complete at (0 before the first
+    /// list): client-go's `LastSyncResourceVersion`.
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+enum WatchEnd {
+    /// Relist: the revision is gone.
+    Expired,
+    /// Watch again from the last revision, after a backoff.
+    Failed,
+}
+
+impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
+    /// A reflector from `lw` into `fifo`.
+    pub fn new(lw: L, fifo: Arc<DeltaFifo<T>>, options: ReflectorOptions) -> Self {
+        Reflector {
+            lw,
+            fifo,
+            options,
+            last_synced: Arc::new(AtomicI64::new(0)),
+        }
+    }
+
+    /// A handle to read the last synced revision while the reflector runs.
+    pub fn revision(&self) -> RevisionHandle {
+        RevisionHandle(self.last_synced.clone())
+    }
+
+    /// Runs until the returned future is dropped. Never returns otherwise.
+    pub async fn run(self) {
+        let span = tracing::info_span!("reflector", name = %self.options.name);
+        self.run_inner().instrument(span).await
+    }
+
+    async fn run_inner(mut self) {
+        let mut backoff = self.options.backoff.clone();
+        let mut highest_seen = 0i64;
+        loop {
+            // List.
+            let list = match self.lw.list().await {
+                Ok(list) => list,
+                Err(e) => {
+                    self.report(&e);
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue;
+                }
+            };
+            if list.revision < highest_seen {
+                tracing::warn!(
+                    list_revision = list.revision,
+                    highest_seen,
+                    "revision went backwards: the store was wiped or restored; replacing the cache"
+                );
+            }
+            let mut revision = list.revision;
+            highest_seen = revision;
+            let items = list.items.into_iter().map(Arc::new).collect();
+            self.fifo.replace(items);
+            self.last_synced.store(revision, Ordering::Release);
+            tracing::debug!(revision, "listed");
+
+            // Watch until the revision expires.
+            loop {
+                match self.watch(&mut revision).await {
+                    WatchEnd::Expired => break,
+                    WatchEnd::Failed => tokio::time::sleep(backoff.next_delay()).await,
+                }
+            }
+            highest_seen = highest_seen.max(revision);
+        }
+    }
+
+    async fn watch(&mut self, revision: &mut i64) -> WatchEnd {
+        let mut stream = match self.lw.watch(*revision).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.report(&e);
+                return if e.is_expired() {
+                    WatchEnd::Expired
+                } else {
+                    WatchEnd::Failed
+                };
+            }
+        };
+        let period = self.options.resync_period;
+        let mut resync =
+            (!period.is_zero()).then(|| tokio::time::interval_at(Instant::now() + period, period));
+        loop {
+            let event = tokio::select! {
+                biased;
+                event = stream.next() => event,
+                _ = async { resync.as_mut().unwrap().tick().await }, if resync.is_some() => {
+                    if self.options.should_resync.as_ref().is_none_or(|f| f()) {
+                        tracing::trace!("resync");
+                        self.fifo.resync();
+                    }
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                tracing::debug!(revision = *revision, "watch ended; watching again");
+                return WatchEnd::Failed;
+            };
+            match event {
+                WatchEvent::Added(obj) => {
+                    *revision = obj.mod_revision.max(*revision);
+                    self.fifo.add_if_newer(DeltaType::Added, Arc::new(obj));
+                }
+                WatchEvent::Modified(obj) => {
+                    *revision = obj.mod_revision.max(*revision);
+                    self.fifo.add_if_newer(DeltaType::Updated, Arc::new(obj));
+                }
+                WatchEvent::Deleted {
+                    key,
+                    revision: r,
+                    last,
+                } => {
+                    *revision = r.max(*revision);
+                    self.fifo.delete(&key, r, last.map(Arc::new));
+                }
+                WatchEvent::Bookmark(r) => *revision = r.max(*revision),
+                WatchEvent::Error(e) => {
+                    self.report(&e);
+                    return if e.is_expired() {
+                        WatchEnd::Expired
+                    } else {
+                        WatchEnd::Failed
+                    };
+                }
+            }
+            self.last_synced.store(*revision, Ordering::Release);
+        }
+    }
+
+    fn report(&self, e: &Error) {
+        if e.is_expired() {
+            tracing::info!(error = %e, "revision expired; relisting");
+        } else {
+            tracing::warn!(error = %e, "list/watch failed; retrying with backoff");
+        }
+        if let Some(h) = &self.options.watch_error_handler {
+            h(e);
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The thread-safe store and its indexes: client-go's `Store`, `ThreadSafeStore` and `Indexer`.
+
+mod indexer;
+
+pub use indexer::{
+    namespace_index_func, namespace_indexers, Index, IndexFunc, Indexer, Indexers, StoreError,
+    NAMESPACE_INDEX,
+};
+
+use std::sync::Arc;
+
+use crate::Object;
+
+/// Read access to a set of objects by key: what the DeltaFIFO needs of the cache ("known
+/// objects") to find the last state of a key.
+pub trait Store<T>: Send + Sync {
+    /// The object stored under `key`.
+    fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>>;
+    /// Every key stored.
+    fn list_keys(&self) -> Vec<Arc<str>>;
+    /// Every object stored.
+    fn list(&self) -> Vec<Arc<Object<T>>>;
+}
+
+/// The key of an object in the cache: its key relative to the watched prefix (client-go's
+/// `MetaNamespaceKeyFunc`, which gives `namespace/name`).
+pub fn meta_namespace_key_func<T>(obj: &Object<T>) -> &str {
+    obj.key()
+}

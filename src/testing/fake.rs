@@ -1,0 +1,249 @@
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::listwatch::{
+    BoxFuture, Error, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
+};
+use crate::Object;
+
+/// An in-memory, revisioned source that a test drives by hand (client-go's
+/// `FakeControllerSource`), so controllers can be unit-tested without etcd.
+///
+/// It behaves like an etcd prefix: every write gets the next revision, lists are consistent
+/// snapshots, watches replay history after their start revision, and a start revision at or below
+/// the compacted one fails as [`Error::Expired`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use etcd_informer::testing::FakeSource;
+/// use etcd_informer::{SharedIndexInformer, ListerWatcher};
+/// let source = FakeSource::new();
+/// source.put("tmp/a", "one".to_string());
+/// let informer = SharedIndexInformer::new(source.clone(), Default::default());
+/// tokio::spawn(informer.clone().run());
+/// informer.wait_for_cache_sync().await;
+/// assert_eq!(informer.lister().get("tmp/a").unwrap().value, "one");
+/// # }
+/// ```
+pub struct FakeSource<T> {
+    inner: Arc<Mutex<Inner<T>>>,
+}
+
+impl<T> Clone for FakeSource<T> {
+    fn clone(&self) -> Self {
+        FakeSource {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<T> {
+    revision: i64,
+    compacted: i64,
+    objects: BTreeMap<String, Object<T>>,
+    history: Vec<Change<T>>,
+    watchers: Vec<mpsc::UnboundedSender<WatchEvent<T>>>,
+    list_errors: VecDeque<Error>,
+    watch_errors: VecDeque<Error>,
+    lists: usize,
+    watches: usize,
+}
+
+enum Change<T> {
+    Put(Object<T>),
+    Delete(Arc<str>, i64),
+}
+
+impl<T: Clone> Change<T> {
+    fn revision(&self) -> i64 {
+        match self {
+            Change::Put(o) => o.mod_revision,
+            Change::Delete(_, r) => *r,
+        }
+    }
+
+    fn event(&self) -> WatchEvent<T> {
+        match self {
+            Change::Put(o) if o.version == 1 => WatchEvent::Added(o.clone()),
+            Change::Put(o) => WatchEvent::Modified(o.clone()),
+            Change::Delete(key, revision) => WatchEvent::Deleted {
+                key: key.clone(),
+                revision: *revision,
+                last: None,
+            },
+        }
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Default for FakeSource<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
+    /// An empty source at revision 1.
+    pub fn new() -> Self {
+        FakeSource {
+            inner: Arc::new(Mutex::new(Inner {
+                revision: 1,
+                compacted: 0,
+                objects: BTreeMap::new(),
+                history: Vec::new(),
+                watchers: Vec::new(),
+                list_errors: VecDeque::new(),
+                watch_errors: VecDeque::new(),
+                lists: 0,
+                watches: 0,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes `value` under `key`; returns the new revision.
+    pub fn put(&self, key: &str, value: T) -> i64 {
+        let mut inner = self.lock();
+        inner.revision += 1;
+        let revision = inner.revision;
+        let object = match inner.objects.get(key) {
+            Some(prev) => {
+                let mut next = prev.clone();
+                next.mod_revision = revision;
+                next.version += 1;
+                next.value = value;
+                next
+            }
+            None => Object::new(key, revision, value),
+        };
+        inner.objects.insert(key.to_owned(), object.clone());
+        inner.record(Change::Put(object));
+        revision
+    }
+
+    /// Deletes `key`; returns the revision of the delete, or `None` if it did not exist.
+    pub fn delete(&self, key: &str) -> Option<i64> {
+        let mut inner = self.lock();
+        inner.objects.remove(key)?;
+        inner.revision += 1;
+        let revision = inner.revision;
+        inner.record(Change::Delete(key.into(), revision));
+        Some(revision)
+    }
+
+    /// Forgets the history up to the current revision, like etcd's compaction: later watches
+    /// from an older revision fail as expired. Open watches are not affected.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.compacted = inner.revision;
+        inner.history.clear();
+    }
+
+    /// Ends every open watch with `error` (use [`Error::Transient`] for a lost connection,
+    /// [`Error::Expired`] for a compaction the watch noticed).
+    pub fn break_watches(&self, error: Error) {
+        let mut inner = self.lock();
+        for w in inner.watchers.drain(..) {
+            let _ = w.send(WatchEvent::Error(error.clone()));
+        }
+    }
+
+    /// Sends a bookmark at the current revision on every open watch.
+    pub fn bookmark(&self) {
+        let mut inner = self.lock();
+        let revision = inner.revision;
+        inner
+            .watchers
+            .retain(|w| w.send(WatchEvent::Bookmark(revision)).is_ok());
+    }
+
+    /// Makes the next list fail with `error`.
+    pub fn fail_next_list(&self, error: Error) {
+        self.lock().list_errors.push_back(error);
+    }
+
+    /// Makes the next watch fail to start with `error`.
+    pub fn fail_next_watch(&self, error: Error) {
+        self.lock().watch_errors.push_back(error);
+    }
+
+    /// Sends an arbitrary event on every open watch (for duplicates and other misbehaviour).
+    pub fn inject(&self, event: impl Fn() -> WatchEvent<T>) {
+        let mut inner = self.lock();
+        inner.watchers.retain(|w| w.send(event()).is_ok());
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> i64 {
+        self.lock().revision
+    }
+
+    /// How many lists were served (failed ones included).
+    pub fn list_count(&self) -> usize {
+        self.lock().lists
+    }
+
+    /// How many watches were started (failed ones included).
+    pub fn watch_count(&self) -> usize {
+        self.lock().watches
+    }
+
+    /// How many watches are open.
+    pub fn open_watches(&self) -> usize {
+        let mut inner = self.lock();
+        inner.watchers.retain(|w| !w.is_closed());
+        inner.watchers.len()
+    }
+}
+
+impl<T: Clone> Inner<T> {
+    fn record(&mut self, change: Change<T>) {
+        self.watchers.retain(|w| w.send(change.event()).is_ok());
+        self.history.push(change);
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
+    fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
+        let mut inner = self.lock();
+        inner.lists += 1;
+        let result = match inner.list_errors.pop_front() {
+            Some(e) => Err(e),
+            None => Ok(ListResult {
+                items: inner.objects.values().cloned().collect(),
+                revision: inner.revision,
+            }),
+        };
+        Box::pin(async move { result })
+    }
+
+    fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
+        let mut inner = self.lock();
+        inner.watches += 1;
+        let result = if let Some(e) = inner.watch_errors.pop_front() {
+            Err(e)
+        } else if after_revision < inner.compacted {
+            Err(Error::Expired {
+                revision: after_revision,
+                reason: format!("compacted at {}", inner.compacted),
+            })
+        } else {
+            let (tx, rx) = mpsc::unbounded_channel();
+            for change in inner
+                .history
+                .iter()
+                .filter(|c| c.revision() > after_revision)
+            {
+                let _ = tx.send(change.event());
+            }
+            inner.watchers.push(tx);
+            Ok(Box::pin(UnboundedReceiverStream::new(rx)) as WatchStream<T>)
+        };
+        Box::pin(async move { result })
+    }
+}
