@@ -78,6 +78,7 @@ pub use informer::{
     SharedIndexInformer,
 };
 pub use lister::Lister;
+pub use listwatch::etcd::{connect, connect_options, EtcdListerWatcher, EtcdOptions};
 
 pub use listwatch::{ListResult, ListWatch, ListerWatcher, WatchEvent, WatchStream};
 pub use object::{split_key, Object};

@@ -1,1 +1,656 @@
-//! The etcd source.
+//! The etcd source: a [`ListerWatcher`] over a key prefix.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::PbKeyValue;
+use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
+use tokio::sync::{mpsc, OnceCell};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
+
+use super::{BoxFuture, Error, ListResult, ListerWatcher, Result, WatchEvent, WatchStream};
+use crate::codec::{Codec, DecodeError};
+use crate::Object;
+
+/// Called with every value that does not decode.
+pub type DecodeErrorHandler = Arc<dyn Fn(&DecodeError) + Send + Sync>;
+
+/// The gRPC message size our clients accept. tonic's default of 4 MiB fails a page of large
+/// values on every retry, forever; pages are bounded by [`EtcdOptions::page_size`] instead.
+pub const MAX_DECODING_MESSAGE_SIZE: usize = 1 << 30;
+
+/// Connection options every etcd client of an informer should have:
+///
+/// - **require leader**: without it a watch on a member cut off from its cluster hangs
+///   silently, and reads may be served stale; with it the member cancels the stream with "no
+///   leader" and we retry, possibly on another endpoint;
+/// - **gRPC keepalive** (ping every 10 s, give up after 5 s without an answer, also while idle):
+///   etcd-client has it off, so a killed or frozen etcd would leave a watch waiting forever;
+/// - a 5 s connect timeout, so an unreachable endpoint is reported, not waited on.
+pub fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_require_leader(true)
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+        .with_keep_alive_while_idle(true)
+        .with_connect_timeout(Duration::from_secs(5))
+}
+
+/// Connects to etcd with [`connect_options`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), etcd_client::Error> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
+    endpoints: S,
+) -> Result<Client, etcd_client::Error> {
+    Client::connect(endpoints, Some(connect_options())).await
+}
+
+/// Options of an [`EtcdListerWatcher`].
+#[derive(Clone)]
+pub struct EtcdOptions {
+    /// Keys per list page (see the crate's BENCHMARKS.md). etcd 3.4 walks every remaining key of
+    /// the range for each page, so small pages cost quadratically on large prefixes.
+    pub page_size: i64,
+    /// Give up on one page after this long.
+    pub page_timeout: Duration,
+    /// Ask etcd for the previous value of each changed key. Not needed (the cache holds the last
+    /// value of every key), and it cut etcd 3.4's write throughput 5-13x in our measurements.
+    pub prev_kv: bool,
+    /// Accept a prefix that does not end with `/` (then `/a` also matches `/ab`).
+    pub raw_prefix: bool,
+    /// How often an idle watch asks etcd for a progress notification, to prove it is alive.
+    pub progress_interval: Duration,
+    /// A watch that receives nothing at all (no event, no progress) for this long is dead:
+    /// it fails as transient and the reflector watches again.
+    pub idle_timeout: Duration,
+    /// Events buffered between the etcd stream and the reflector.
+    pub watch_buffer: usize,
+    /// Called with every value that does not decode (after it is logged and counted).
+    pub on_decode_error: Option<DecodeErrorHandler>,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            page_size: 10_000,
+            page_timeout: Duration::from_secs(60),
+            prev_kv: false,
+            raw_prefix: false,
+            progress_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(20),
+            watch_buffer: 1024,
+            on_decode_error: None,
+        }
+    }
+}
+
+impl fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("page_size", &self.page_size)
+            .field("page_timeout", &self.page_timeout)
+            .field("prev_kv", &self.prev_kv)
+            .field("raw_prefix", &self.raw_prefix)
+            .field("progress_interval", &self.progress_interval)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("watch_buffer", &self.watch_buffer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A bad argument to [`EtcdListerWatcher`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The prefix is empty or does not end with `/`.
+    #[error(
+        "prefix {0:?} must end with '/' (otherwise it also matches sibling keys, e.g. /a matches /ab); \
+         set EtcdOptions::raw_prefix to watch a raw byte prefix"
+    )]
+    Prefix(String),
+    /// An option is out of range.
+    #[error("option {name} is invalid: {why}")]
+    Option {
+        /// The option.
+        name: &'static str,
+        /// Why.
+        why: &'static str,
+    },
+}
+
+/// A [`ListerWatcher`] over every key under an etcd prefix, decoding values with a [`Codec`].
+///
+/// - `list` reads the prefix in pages, every page pinned to the first page's revision (and
+///   checked: no key may be newer than it), decoding each page while the next is fetched;
+/// - `watch(r)` watches the prefix from `r + 1`; a compacted revision, or an etcd whose revision
+///   is below `r` (wiped or restored), is [`Error::Expired`], so the reflector relists;
+/// - deletes carry no value unless [`EtcdOptions::prev_kv`] is set: the cache supplies it;
+/// - progress notifications become bookmarks only on etcd versions whose progress revision can be
+///   trusted (3.4.25+, 3.5.8+); on older ones they only prove the watch is alive;
+/// - a value that does not decode is reported ([`DecodeError`]: key and revision, via `tracing`,
+///   [`decode_errors`](Self::decode_errors) and [`EtcdOptions::on_decode_error`]) and the key is
+///   treated as absent; nothing else is affected.
+///
+/// Keys are relative to the prefix and must be UTF-8 (others are reported like bad values).
+pub struct EtcdListerWatcher<T> {
+    client: Client,
+    prefix: Arc<[u8]>,
+    range_end: Vec<u8>,
+    codec: Arc<dyn Codec<T>>,
+    options: EtcdOptions,
+    decode_errors: Arc<AtomicU64>,
+    trust_progress: Arc<OnceCell<bool>>,
+}
+
+impl<T> Clone for EtcdListerWatcher<T> {
+    fn clone(&self) -> Self {
+        EtcdListerWatcher {
+            client: self.client.clone(),
+            prefix: self.prefix.clone(),
+            range_end: self.range_end.clone(),
+            codec: self.codec.clone(),
+            options: self.options.clone(),
+            decode_errors: self.decode_errors.clone(),
+            trust_progress: self.trust_progress.clone(),
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
+    /// A source over `prefix` (which must end with `/`) with default options.
+    pub fn new(
+        client: Client,
+        prefix: impl Into<Vec<u8>>,
+        codec: impl Codec<T>,
+    ) -> Result<Self, ConfigError> {
+        Self::with_options(client, prefix, codec, EtcdOptions::default())
+    }
+
+    /// A source over `prefix` with `options`.
+    pub fn with_options(
+        client: Client,
+        prefix: impl Into<Vec<u8>>,
+        codec: impl Codec<T>,
+        options: EtcdOptions,
+    ) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        if !options.raw_prefix && !prefix.ends_with(b"/") {
+            return Err(ConfigError::Prefix(
+                String::from_utf8_lossy(&prefix).into_owned(),
+            ));
+        }
+        if options.page_size < 1 {
+            return Err(ConfigError::Option {
+                name: "page_size",
+                why: "must be at least 1",
+            });
+        }
+        if options.watch_buffer < 1 {
+            return Err(ConfigError::Option {
+                name: "watch_buffer",
+                why: "must be at least 1",
+            });
+        }
+        if options.progress_interval.is_zero() || options.idle_timeout <= options.progress_interval
+        {
+            return Err(ConfigError::Option {
+                name: "idle_timeout",
+                why: "must be longer than a non-zero progress_interval",
+            });
+        }
+        Ok(EtcdListerWatcher {
+            client,
+            range_end: prefix_range_end(&prefix),
+            prefix: prefix.into(),
+            codec: Arc::new(codec),
+            options,
+            decode_errors: Arc::new(AtomicU64::new(0)),
+            trust_progress: Arc::new(OnceCell::new()),
+        })
+    }
+
+    /// The watched prefix, lossily as UTF-8.
+    pub fn prefix(&self) -> String {
+        String::from_utf8_lossy(&self.prefix).into_owned()
+    }
+
+    /// How many values failed to decode so far.
+    pub fn decode_errors(&self) -> u64 {
+        self.decode_errors.load(Ordering::Relaxed)
+    }
+
+    fn decoder(&self) -> Decoder<T> {
+        Decoder {
+            prefix: self.prefix.clone(),
+            codec: self.codec.clone(),
+            errors: self.decode_errors.clone(),
+            on_error: self.options.on_decode_error.clone(),
+        }
+    }
+
+    async fn list_inner(&self) -> Result<ListResult<T>> {
+        let mut kv = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+        let mut revision = 0i64;
+        let mut start = self.prefix.to_vec();
+        let mut decoding = Vec::new();
+        let mut pages = 0;
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(self.range_end.clone())
+                .with_limit(self.options.page_size);
+            if revision != 0 {
+                // Every page after the first is read at the first page's revision: the header of
+                // each response carries etcd's *current* revision, never the one read at.
+                options = options.with_revision(revision);
+            }
+            let mut resp = tokio::time::timeout(
+                self.options.page_timeout,
+                kv.get(start.clone(), Some(options)),
+            )
+            .await
+            .map_err(|_| {
+                Error::Transient(format!(
+                    "list of {} timed out after {:?} (page {pages})",
+                    self.prefix(),
+                    self.options.page_timeout
+                ))
+            })?
+            .map_err(|e| classify(e, revision))?;
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
+            pages += 1;
+            let more = resp.more();
+            let kvs: Vec<PbKeyValue> = resp.take_kvs().into_iter().map(|kv| kv.0).collect();
+            if let Some(newer) = kvs.iter().find(|kv| kv.mod_revision > revision) {
+                return Err(Error::Transient(format!(
+                    "list of {} is inconsistent: key {:?} has mod_revision {} above the list revision {revision}",
+                    self.prefix(),
+                    String::from_utf8_lossy(&newer.key),
+                    newer.mod_revision
+                )));
+            }
+            if more {
+                match kvs.last() {
+                    Some(last) => {
+                        start = last.key.clone();
+                        start.push(0);
+                    }
+                    None => {
+                        return Err(Error::Transient(format!(
+                            "list of {}: etcd said more keys follow an empty page",
+                            self.prefix()
+                        )))
+                    }
+                }
+            }
+            // Decode this page on a blocking thread while the next one is fetched.
+            let decoder = self.decoder();
+            decoding.push(tokio::task::spawn_blocking(move || {
+                kvs.iter()
+                    .filter_map(|kv| decoder.object(kv))
+                    .collect::<Vec<_>>()
+            }));
+            if !more {
+                break;
+            }
+        }
+        let mut items = Vec::new();
+        for page in decoding {
+            let page = page.await.map_err(|e| {
+                Error::Transient(format!("decoding a page of {} failed: {e}", self.prefix()))
+            })?;
+            if items.is_empty() {
+                items = page;
+            } else {
+                items.extend(page);
+            }
+        }
+        tracing::debug!(prefix = %self.prefix(), revision, pages, items = items.len(), "listed");
+        Ok(ListResult { items, revision })
+    }
+
+    async fn trust_progress(&self) -> bool {
+        *self
+            .trust_progress
+            .get_or_init(|| async {
+                let mut maintenance = self.client.maintenance_client();
+                match maintenance.status().await {
+                    Ok(status) => progress_is_trustworthy(status.version()),
+                    Err(_) => false,
+                }
+            })
+            .await
+    }
+}
+
+impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
+    fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
+        Box::pin(self.list_inner())
+    }
+
+    fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
+        Box::pin(async move {
+            let trust_progress = self.trust_progress().await;
+            let mut options = WatchOptions::new()
+                .with_range(self.range_end.clone())
+                .with_start_revision(after_revision + 1)
+                .with_progress_notify();
+            if self.options.prev_kv {
+                options = options.with_prev_key();
+            }
+            let stream = self
+                .client
+                .watch_client()
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
+                .watch(self.prefix.to_vec(), Some(options))
+                .await
+                .map_err(|e| classify(e, after_revision))?;
+            let (tx, rx) = mpsc::channel(self.options.watch_buffer);
+            let task = WatchTask {
+                decoder: self.decoder(),
+                after: after_revision,
+                trust_progress,
+                progress_interval: self.options.progress_interval,
+                idle_timeout: self.options.idle_timeout,
+                tx,
+            };
+            let span =
+                tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);
+            tokio::spawn(task.run(stream).instrument(span));
+            Ok(Box::pin(ReceiverStream::new(rx)) as WatchStream<T>)
+        })
+    }
+}
+
+/// Turns etcd values into objects, reporting those that do not decode.
+struct Decoder<T> {
+    prefix: Arc<[u8]>,
+    codec: Arc<dyn Codec<T>>,
+    errors: Arc<AtomicU64>,
+    on_error: Option<DecodeErrorHandler>,
+}
+
+impl<T: 'static> Decoder<T> {
+    /// The key relative to the prefix; a key that is not UTF-8 is reported.
+    fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
+        let key = relative_key(&self.prefix, full);
+        if key.is_none() {
+            self.report(full, revision, "the key is not UTF-8".into());
+        }
+        key
+    }
+
+    fn object(&self, kv: &PbKeyValue) -> Option<Object<T>> {
+        let key = self.key(&kv.key, kv.mod_revision)?;
+        match self.codec.decode(&kv.value) {
+            Ok(value) => {
+                let mut obj = Object::new(key, kv.mod_revision, value);
+                obj.create_revision = kv.create_revision;
+                obj.version = kv.version;
+                obj.lease = kv.lease;
+                Some(obj)
+            }
+            Err(source) => {
+                self.report(&kv.key, kv.mod_revision, source);
+                None
+            }
+        }
+    }
+
+    fn report(&self, key: &[u8], revision: i64, source: crate::codec::CodecError) {
+        let error = DecodeError {
+            key: String::from_utf8_lossy(key).into_owned(),
+            revision,
+            source,
+        };
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(key = %error.key, revision, error = %error.source, "undecodable value; treating the key as absent");
+        if let Some(h) = &self.on_error {
+            h(&error);
+        }
+    }
+}
+
+/// Reads one etcd watch stream and forwards its events.
+struct WatchTask<T> {
+    decoder: Decoder<T>,
+    after: i64,
+    trust_progress: bool,
+    progress_interval: Duration,
+    idle_timeout: Duration,
+    tx: mpsc::Sender<WatchEvent<T>>,
+}
+
+const PUT: i32 = 0;
+const DELETE: i32 = 1;
+
+impl<T: Send + Sync + 'static> WatchTask<T> {
+    async fn run(mut self, stream: etcd_client::WatchStream) {
+        let (mut requests, mut responses) = stream.split();
+        let mut progress = tokio::time::interval(self.progress_interval);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_heard = tokio::time::Instant::now();
+        loop {
+            let message = tokio::select! {
+                m = responses.message() => m,
+                _ = progress.tick() => {
+                    if last_heard.elapsed() >= self.idle_timeout {
+                        let _ = self.tx.send(WatchEvent::Error(Error::Transient(format!(
+                            "watch received nothing for {:?}; assuming the connection is dead", self.idle_timeout
+                        )))).await;
+                        return;
+                    }
+                    // A liveness probe: etcd answers on this stream once the watch is synced.
+                    if requests.request_progress().await.is_err() {
+                        let _ = self.tx.send(WatchEvent::Error(Error::transient("watch stream closed"))).await;
+                        return;
+                    }
+                    continue;
+                }
+                _ = self.tx.closed() => return,
+            };
+            last_heard = tokio::time::Instant::now();
+            let response = match message {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    let _ = self
+                        .tx
+                        .send(WatchEvent::Error(Error::transient(
+                            "etcd ended the watch stream",
+                        )))
+                        .await;
+                    return;
+                }
+                Err(e) => {
+                    let _ = self
+                        .tx
+                        .send(WatchEvent::Error(classify(e, self.after)))
+                        .await;
+                    return;
+                }
+            };
+            if let Err(e) = self.handle(response).await {
+                let _ = self.tx.send(WatchEvent::Error(e)).await;
+                return;
+            }
+        }
+    }
+
+    /// Forwards one response; an error ends the watch.
+    async fn handle(&mut self, mut response: etcd_client::WatchResponse) -> Result<(), Error> {
+        let header_revision = response.header().map_or(0, |h| h.revision());
+        if response.compact_revision() != 0 {
+            return Err(Error::Expired {
+                revision: self.after + 1,
+                reason: format!(
+                    "etcd compacted up to revision {}",
+                    response.compact_revision()
+                ),
+            });
+        }
+        if response.canceled() {
+            let reason = response.cancel_reason().to_owned();
+            return Err(if reason.contains("compacted") {
+                Error::Expired {
+                    revision: self.after + 1,
+                    reason,
+                }
+            } else {
+                Error::Transient(format!("etcd canceled the watch: {reason}"))
+            });
+        }
+        if header_revision != 0 && header_revision < self.after {
+            return Err(Error::Expired {
+                revision: self.after + 1,
+                reason: format!(
+                    "etcd is at revision {header_revision}, below the watched revision {}: the store was wiped or restored",
+                    self.after
+                ),
+            });
+        }
+        let events = std::mem::take(&mut response.0.events);
+        if events.is_empty() {
+            if !response.created() && self.trust_progress && header_revision > self.after {
+                self.after = header_revision;
+                self.send(WatchEvent::Bookmark(header_revision)).await?;
+            }
+            return Ok(());
+        }
+        for event in events {
+            let Some(kv) = event.kv else { continue };
+            let revision = kv.mod_revision;
+            if revision <= self.after {
+                // Already delivered before a reconnect: etcd has shipped bugs that repeat events.
+                continue;
+            }
+            let forwarded = match event.r#type {
+                PUT => match self.decoder.object(&kv) {
+                    Some(obj) if obj.version == 1 => WatchEvent::Added(obj),
+                    Some(obj) => WatchEvent::Modified(obj),
+                    // Undecodable (already reported): from now on the key is absent.
+                    None => match relative_key(&self.decoder.prefix, &kv.key) {
+                        Some(key) => WatchEvent::Deleted {
+                            key,
+                            revision,
+                            last: None,
+                        },
+                        None => continue,
+                    },
+                },
+                DELETE => {
+                    let Some(key) = self.decoder.key(&kv.key, revision) else {
+                        continue;
+                    };
+                    WatchEvent::Deleted {
+                        key,
+                        revision,
+                        last: event.prev_kv.and_then(|p| self.decoder.object(&p)),
+                    }
+                }
+                other => {
+                    tracing::warn!(
+                        event_type = other,
+                        revision,
+                        "unknown etcd event type; skipped"
+                    );
+                    continue;
+                }
+            };
+            self.send(forwarded).await?;
+        }
+        Ok(())
+    }
+
+    async fn send(&self, event: WatchEvent<T>) -> Result<(), Error> {
+        self.tx
+            .send(event)
+            .await
+            .map_err(|_| Error::transient("the reflector stopped watching"))
+    }
+}
+
+/// `full` without `prefix`, if it is UTF-8.
+fn relative_key(prefix: &[u8], full: &[u8]) -> Option<Arc<str>> {
+    let relative = full.strip_prefix(prefix).unwrap_or(full);
+    std::str::from_utf8(relative).ok().map(Arc::from)
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
+fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff (or empty): every key from the prefix on.
+    vec![0]
+}
+
+/// Sorts etcd errors into expired (relist) and transient (retry).
+fn classify(e: etcd_client::Error, revision: i64) -> Error {
+    let message = e.to_string();
+    if message.contains("required revision has been compacted") || message.contains("compacted") {
+        Error::Expired {
+            revision,
+            reason: message,
+        }
+    } else {
+        Error::Transient(message)
+    }
+}
+
+/// Whether an etcd version reports progress revisions that can be trusted to advance the watch:
+/// RequestProgress could report a revision ahead of undelivered events before 3.4.25 / 3.5.8.
+fn progress_is_trustworthy(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| {
+        p.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+            .unwrap_or(0)
+    });
+    let (major, minor, patch) = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    match (major, minor) {
+        (3, 4) => patch >= 25,
+        (3, 5) => patch >= 8,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_end_of_prefix() {
+        assert_eq!(prefix_range_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_range_end(b"a\xff"), b"b");
+        assert_eq!(prefix_range_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn progress_trust_by_version() {
+        assert!(!progress_is_trustworthy("3.4.23"));
+        assert!(progress_is_trustworthy("3.4.25"));
+        assert!(!progress_is_trustworthy("3.5.7"));
+        assert!(progress_is_trustworthy("3.5.17"));
+        assert!(progress_is_trustworthy("3.6.0"));
+        assert!(!progress_is_trustworthy("garbage"));
+    }
+}

@@ -1,0 +1,741 @@
+//! The pipeline rules of SEMANTICS.md, on the in-memory source (no etcd needed).
+#![cfg(feature = "testing")]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_informer::listwatch::Error;
+use etcd_informer::testing::FakeSource;
+use etcd_informer::{
+    Controller, ControllerConfig, DeltaFifo, DeltaType, Event, InformerOptions, ListerWatcher,
+    Object, ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchEvent,
+};
+use tokio_stream::StreamExt;
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// Waits (in real time) until `cond` holds, failing after 10 s with `what`.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
+    let (a, u, d) = (log.clone(), log.clone(), log.clone());
+    ResourceEventHandlerFuncs::new()
+        .on_add(move |o, init| {
+            a.lock()
+                .unwrap()
+                .push(format!("add {} {} {}", o.key(), o.value, init))
+        })
+        .on_update(move |old, new| {
+            u.lock()
+                .unwrap()
+                .push(format!("update {} {}->{}", new.key(), old.value, new.value))
+        })
+        .on_delete(move |o| {
+            d.lock().unwrap().push(format!(
+                "delete {} {} {}",
+                o.key(),
+                o.object().value,
+                if o.is_final_state_unknown() {
+                    "tombstone"
+                } else {
+                    "final"
+                }
+            ))
+        })
+}
+
+fn fast_options() -> InformerOptions<String> {
+    InformerOptions {
+        name: "test".into(),
+        backoff: etcd_informer::Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+            Duration::from_secs(120),
+            0.0,
+        ),
+        ..Default::default()
+    }
+}
+
+fn started(
+    source: &FakeSource<String>,
+    options: InformerOptions<String>,
+) -> SharedIndexInformer<String> {
+    let informer = SharedIndexInformer::new(source.clone(), options);
+    tokio::spawn(informer.clone().run());
+    informer
+}
+
+fn snapshot(log: &Log) -> Vec<String> {
+    log.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn add_update_delete_reach_handler_in_order_with_values() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("ns/a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    let reg = informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    eventually("handler synced", || reg.has_synced()).await;
+    source.put("ns/a", "2".into());
+    eventually("update", || snapshot(&log).len() == 2).await;
+    source.put("ns/b", "x".into());
+    eventually("add", || snapshot(&log).len() == 3).await;
+    source.delete("ns/a");
+    eventually("delete", || snapshot(&log).len() == 4).await;
+    assert_eq!(
+        snapshot(&log),
+        [
+            "add ns/a 1 true",
+            "update ns/a 1->2",
+            "add ns/b x false",
+            "delete ns/a 2 final"
+        ]
+    );
+    assert!(informer.lister().get("ns/a").is_none());
+    assert_eq!(informer.last_synced_revision(), source.revision());
+}
+
+#[tokio::test]
+async fn store_is_updated_before_handlers_are_notified() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let lister = informer.lister();
+    let violations = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (v1, v2, s1, s2) = (
+        violations.clone(),
+        violations.clone(),
+        seen.clone(),
+        seen.clone(),
+    );
+    let l2 = lister.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_update(move |_, new| {
+                    s1.fetch_add(1, Ordering::SeqCst);
+                    if lister
+                        .get(new.key())
+                        .is_none_or(|c| c.mod_revision < new.mod_revision)
+                    {
+                        v1.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+                .on_delete(move |o| {
+                    s2.fetch_add(1, Ordering::SeqCst);
+                    if let Some(c) = l2.get(o.key()) {
+                        if c.mod_revision <= o.object().mod_revision {
+                            v2.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    source.put("k", "0".into());
+    for i in 1..200 {
+        source.put("k", i.to_string());
+    }
+    eventually("all updates", || seen.load(Ordering::SeqCst) == 199).await;
+    source.delete("k");
+    eventually("the delete", || seen.load(Ordering::SeqCst) == 200).await;
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn per_key_revision_order_for_every_handler() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let logs: Vec<Arc<Mutex<HashMap<String, Vec<i64>>>>> =
+        (0..3).map(|_| Default::default()).collect();
+    for log in &logs {
+        let (a, u) = (log.clone(), log.clone());
+        informer
+            .add_event_handler(
+                ResourceEventHandlerFuncs::new()
+                    .on_add(move |o, _| {
+                        a.lock()
+                            .unwrap()
+                            .entry(o.key().into())
+                            .or_default()
+                            .push(o.mod_revision)
+                    })
+                    .on_update(move |_, o| {
+                        u.lock()
+                            .unwrap()
+                            .entry(o.key().into())
+                            .or_default()
+                            .push(o.mod_revision)
+                    }),
+            )
+            .unwrap();
+    }
+    informer.wait_for_cache_sync().await;
+    for i in 0..300 {
+        source.put(&format!("k{}", i % 7), i.to_string());
+    }
+    for log in &logs {
+        eventually("300 events", || {
+            log.lock().unwrap().values().map(Vec::len).sum::<usize>() == 300
+        })
+        .await;
+        for (key, revs) in log.lock().unwrap().iter() {
+            assert!(
+                revs.windows(2).all(|w| w[0] < w[1]),
+                "{key}: {revs:?} out of order"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn relist_after_compaction_delivers_tombstones_with_last_state() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("ns/keep", "k1".into());
+    source.put("ns/gone", "g1".into());
+    source.put("ns/gone", "g2".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    // Break the first watch before it starts, so the deletes below happen while disconnected.
+    source.fail_next_watch(Error::transient("connection refused"));
+    tokio::spawn(informer.clone().run());
+    eventually("synced", || informer.has_synced()).await;
+    source.break_watches(Error::transient("connection reset"));
+    source.fail_next_watch(Error::transient("still down"));
+    source.delete("ns/gone");
+    source.put("ns/new", "n1".into());
+    source.compact();
+    source.break_watches(Error::transient("connection reset"));
+    eventually("relisted", || {
+        snapshot(&log).iter().any(|l| l.starts_with("delete"))
+    })
+    .await;
+    eventually("new key", || informer.lister().get("ns/new").is_some()).await;
+    let log = snapshot(&log);
+    assert!(
+        log.contains(&"delete ns/gone g2 tombstone".to_string()),
+        "{log:?}"
+    );
+    assert!(log.contains(&"add ns/new n1 false".to_string()), "{log:?}");
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("ns/keep") && !l.starts_with("add")),
+        "unchanged key not re-delivered: {log:?}"
+    );
+    assert!(source.list_count() >= 2);
+    let keys: Vec<String> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| o.key().to_string())
+        .collect();
+    assert_eq!(keys, ["ns/keep", "ns/new"]);
+}
+
+#[tokio::test]
+async fn transient_watch_errors_resume_without_relist() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    for i in 2..5 {
+        source.break_watches(Error::transient("reset"));
+        source.put("a", i.to_string());
+    }
+    eventually("latest value", || {
+        informer.lister().get("a").is_some_and(|o| o.value == "4")
+    })
+    .await;
+    assert_eq!(source.list_count(), 1, "no relist for transient errors");
+    assert!(source.watch_count() >= 2);
+}
+
+#[tokio::test]
+async fn duplicate_and_stale_events_are_dropped() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    let rev = source.put("a", "new".into());
+    eventually("add", || snapshot(&log).len() == 1).await;
+    source.inject(|| WatchEvent::Modified(Object::new("a", rev, "duplicate".to_string())));
+    source.inject(|| WatchEvent::Modified(Object::new("a", rev - 1, "stale".to_string())));
+    source.inject(|| WatchEvent::Deleted {
+        key: "nobody".into(),
+        revision: rev + 5,
+        last: None,
+    });
+    source.put("b", "marker".into());
+    eventually("marker", || snapshot(&log).len() == 2).await;
+    assert_eq!(snapshot(&log), ["add a new false", "add b marker false"]);
+}
+
+#[tokio::test]
+async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    let g = gate.clone();
+    let slow = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new().on_add(move |_, _| drop(g.lock().unwrap())),
+        )
+        .unwrap();
+    let fast_count = Arc::new(AtomicUsize::new(0));
+    let f = fast_count.clone();
+    informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| {
+            f.fetch_add(1, Ordering::SeqCst);
+        }))
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    for i in 0..100 {
+        source.put(&format!("k{i}"), "v".into());
+    }
+    eventually("fast handler got all", || {
+        fast_count.load(Ordering::SeqCst) == 100
+    })
+    .await;
+    eventually("cache has all", || informer.lister().len() == 100).await;
+    assert!(
+        slow.backlog() >= 99,
+        "slow handler backlog {}",
+        slow.backlog()
+    );
+    drop(held);
+    eventually("slow handler drains", || {
+        slow.backlog() == 0 && slow.delivered() == 100
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bounded_backlog_keeps_final_state_of_every_key() {
+    let source: FakeSource<String> = FakeSource::new();
+    let options = InformerOptions {
+        max_handler_backlog: Some(16),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    let state: Arc<Mutex<HashMap<String, String>>> = Default::default();
+    let (g1, g2, g3) = (gate.clone(), gate.clone(), gate.clone());
+    let (s1, s2, s3) = (state.clone(), state.clone(), state.clone());
+    let reg = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_add(move |o, _| {
+                    drop(g1.lock().unwrap());
+                    assert!(
+                        s1.lock()
+                            .unwrap()
+                            .insert(o.key().into(), o.value.clone())
+                            .is_none(),
+                        "add of a present key"
+                    );
+                })
+                .on_update(move |_, o| {
+                    drop(g2.lock().unwrap());
+                    assert!(
+                        s2.lock()
+                            .unwrap()
+                            .insert(o.key().into(), o.value.clone())
+                            .is_some(),
+                        "update of an absent key"
+                    );
+                })
+                .on_delete(move |o| {
+                    drop(g3.lock().unwrap());
+                    s3.lock().unwrap().remove(o.key());
+                }),
+        )
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    for i in 0..2000 {
+        let key = format!("k{}", i % 8);
+        if i % 13 == 0 {
+            source.delete(&key);
+        } else {
+            source.put(&key, i.to_string());
+        }
+    }
+    eventually("cache caught up", || {
+        informer.last_synced_revision() == source.revision()
+    })
+    .await;
+    assert!(reg.backlog() <= 32, "backlog {} not bounded", reg.backlog());
+    drop(held);
+    eventually("handler drained", || reg.backlog() == 0).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cache: HashMap<String, String> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), o.value.clone()))
+        .collect();
+    assert_eq!(*state.lock().unwrap(), cache);
+    assert_eq!(reg.panics(), 0, "no handler assertion failed");
+}
+
+#[tokio::test]
+async fn late_handler_gets_cached_objects_then_live_stream_without_gap_or_duplicate() {
+    let source: FakeSource<String> = FakeSource::new();
+    for i in 0..50 {
+        source.put(&format!("k{i}"), "0".into());
+    }
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let writer = {
+        let source = source.clone();
+        tokio::spawn(async move {
+            for round in 1..=20 {
+                for i in 0..50 {
+                    source.put(&format!("k{i}"), round.to_string());
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let state: Arc<Mutex<HashMap<String, (i64, String)>>> = Default::default();
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (s1, s2, e1, e2) = (state.clone(), state.clone(), errors.clone(), errors.clone());
+    let reg = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_add(move |o, _| {
+                    if s1
+                        .lock()
+                        .unwrap()
+                        .insert(o.key().into(), (o.mod_revision, o.value.clone()))
+                        .is_some()
+                    {
+                        e1.lock()
+                            .unwrap()
+                            .push(format!("duplicate add {}", o.key()));
+                    }
+                })
+                .on_update(move |old, new| {
+                    let mut s = s2.lock().unwrap();
+                    match s.get(new.key()) {
+                        Some((rev, _)) if *rev == old.mod_revision => {}
+                        other => e2.lock().unwrap().push(format!(
+                            "gap on {}: had {other:?}, old {}",
+                            new.key(),
+                            old.mod_revision
+                        )),
+                    }
+                    s.insert(new.key().into(), (new.mod_revision, new.value.clone()));
+                }),
+        )
+        .unwrap();
+    writer.await.unwrap();
+    eventually("caught up", || {
+        informer.last_synced_revision() == source.revision()
+    })
+    .await;
+    eventually("handler synced and drained", || {
+        reg.has_synced() && reg.backlog() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    let state = state.lock().unwrap();
+    assert_eq!(state.len(), 50);
+    assert!(state.values().all(|(_, v)| v == "20"));
+}
+
+#[tokio::test]
+async fn removed_handler_gets_nothing_more() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let log = Log::default();
+    let reg = informer.add_event_handler(recorder(&log)).unwrap();
+    informer.wait_for_cache_sync().await;
+    source.put("a", "1".into());
+    eventually("one", || snapshot(&log).len() == 1).await;
+    informer.remove_event_handler(&reg);
+    source.put("b", "1".into());
+    eventually("cache has b", || informer.lister().get("b").is_some()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(snapshot(&log).len(), 1);
+}
+
+#[tokio::test]
+async fn panicking_handler_is_skipped_not_fatal() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let log = Log::default();
+    let l = log.clone();
+    let reg = informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |o, _| {
+            if o.key() == "boom" {
+                panic!("handler bug");
+            }
+            l.lock().unwrap().push(o.key().to_string());
+        }))
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    source.put("boom", "x".into());
+    source.put("after", "y".into());
+    eventually("after delivered", || snapshot(&log) == ["after"]).await;
+    assert_eq!(reg.panics(), 1);
+    assert!(informer.lister().get("boom").is_some(), "cache unaffected");
+}
+
+#[tokio::test]
+async fn handler_synced_only_after_its_initial_adds() {
+    let source: FakeSource<String> = FakeSource::new();
+    for i in 0..10 {
+        source.put(&format!("k{i}"), "v".into());
+    }
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    let g = gate.clone();
+    let reg = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new().on_add(move |_, _| drop(g.lock().unwrap())),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    assert_eq!(
+        informer.lister().len(),
+        10,
+        "informer synced means every item applied"
+    );
+    assert!(!reg.has_synced(), "handler still has initial adds pending");
+    drop(held);
+    eventually("handler synced", || reg.has_synced()).await;
+}
+
+#[tokio::test]
+async fn wait_for_cache_sync_is_cancellable() {
+    let source: FakeSource<String> = FakeSource::new();
+    for _ in 0..1000 {
+        source.fail_next_list(Error::transient("etcd down"));
+    }
+    let informer = started(&source, fast_options());
+    let waited =
+        tokio::time::timeout(Duration::from_millis(100), informer.wait_for_cache_sync()).await;
+    assert!(waited.is_err());
+    assert!(!informer.has_synced());
+}
+
+#[tokio::test(start_paused = true)]
+async fn resync_redelivers_cache_to_due_handlers_only_without_listing() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let counts: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let same_object = Arc::new(AtomicUsize::new(0));
+    for (i, period) in [Duration::from_secs(1), Duration::ZERO]
+        .into_iter()
+        .enumerate()
+    {
+        let c = counts[i].clone();
+        let same = same_object.clone();
+        informer
+            .add_event_handler_with_resync(
+                ResourceEventHandlerFuncs::new().on_update(move |old, new| {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    if Arc::ptr_eq(old, new) {
+                        same.fetch_add(1, Ordering::SeqCst);
+                    }
+                }),
+                period,
+            )
+            .unwrap();
+    }
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while counts[0].load(Ordering::SeqCst) < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "no resync");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        counts[1].load(Ordering::SeqCst),
+        0,
+        "handler without resync got a Sync"
+    );
+    assert_eq!(
+        same_object.load(Ordering::SeqCst),
+        counts[0].load(Ordering::SeqCst),
+        "sync is update(old == new)"
+    );
+    assert_eq!(source.list_count(), 1, "resync never lists");
+}
+
+#[tokio::test(start_paused = true)]
+async fn list_failures_back_off_exponentially() {
+    let source: FakeSource<String> = FakeSource::new();
+    for _ in 0..4 {
+        source.fail_next_list(Error::transient("etcd down"));
+    }
+    let errors = Arc::new(AtomicUsize::new(0));
+    let e = errors.clone();
+    let options = InformerOptions {
+        watch_error_handler: Some(Arc::new(move |_: &Error| {
+            e.fetch_add(1, Ordering::SeqCst);
+        })),
+        ..InformerOptions::default()
+    };
+    let informer = started(&source, options);
+    let start = tokio::time::Instant::now();
+    informer.wait_for_cache_sync().await;
+    let took = start.elapsed();
+    // 800 ms + 1.6 s + 3.2 s + 6.4 s = 12 s at least, at most twice that with jitter.
+    assert!(took >= Duration::from_secs(12), "{took:?}");
+    assert!(took <= Duration::from_secs(25), "{took:?}");
+    assert_eq!(errors.load(Ordering::SeqCst), 4);
+    assert_eq!(source.list_count(), 5);
+}
+
+#[tokio::test]
+async fn bookmarks_advance_the_synced_revision() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let other = FakeSource::<String>::new();
+    drop(other);
+    // Advance the revision without touching anything the informer caches, then bookmark.
+    source.put("x", "1".into());
+    source.delete("x");
+    eventually("watch open", || source.open_watches() == 1).await;
+    source.bookmark();
+    eventually("bookmark applied", || {
+        informer.last_synced_revision() == source.revision()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn event_stream_and_transform() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "hello".into());
+    let options = InformerOptions {
+        transform: Some(Arc::new(|o: Object<String>| o.map(|v| v.to_uppercase()))),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    let mut stream = informer.event_stream().unwrap();
+    let first = stream.next().await.unwrap();
+    assert!(matches!(&first, Event::Added { object, .. } if object.value == "HELLO"));
+    source.delete("a");
+    let second = stream.next().await.unwrap();
+    assert!(matches!(&second, Event::Deleted(d) if d.key() == "a" && !d.is_final_state_unknown()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn controller_retry_on_error_backs_off_per_key() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("bad", "1".into());
+    source.put("good", "1".into());
+    let fifo = Arc::new(DeltaFifo::new(None));
+    let attempts: Arc<Mutex<Vec<(String, tokio::time::Instant)>>> = Default::default();
+    let a = attempts.clone();
+    let controller = Controller::new(ControllerConfig {
+        lister_watcher: source.clone(),
+        queue: fifo.clone(),
+        process: Box::new(move |deltas, _| {
+            let key = deltas[0].object.key().to_string();
+            let mut a = a.lock().unwrap();
+            a.push((key.clone(), tokio::time::Instant::now()));
+            let failures = a.iter().filter(|(k, _)| k == "bad").count();
+            if key == "bad" && failures <= 3 {
+                return Err("not yet".into());
+            }
+            Ok(())
+        }),
+        retry_on_error: true,
+        reflector: ReflectorOptions::default(),
+    });
+    tokio::spawn(controller.run());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k == "bad")
+        .count()
+        < 4
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let a = attempts.lock().unwrap();
+    let bad: Vec<_> = a
+        .iter()
+        .filter(|(k, _)| k == "bad")
+        .map(|(_, t)| *t)
+        .collect();
+    let gaps: Vec<Duration> = bad.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps[0] >= Duration::from_millis(100)
+            && gaps[1] >= Duration::from_millis(200)
+            && gaps[2] >= Duration::from_millis(400),
+        "{gaps:?}"
+    );
+    assert_eq!(
+        a.iter().filter(|(k, _)| k == "good").count(),
+        1,
+        "other keys flow once"
+    );
+}
+
+#[tokio::test]
+async fn reflector_feeds_a_fifo_popped_by_hand() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let fifo = Arc::new(DeltaFifo::new(None));
+    let reflector =
+        etcd_informer::Reflector::new(source.clone(), fifo.clone(), ReflectorOptions::default());
+    let task = tokio::spawn(reflector.run());
+    let mut kinds = vec![];
+    let (_, processed) = fifo
+        .pop(|d, _| {
+            kinds.extend(d.iter().map(|d| d.kind));
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(processed.is_ok());
+    source.put("a", "2".into());
+    let (_, processed) = fifo
+        .pop(|d, _| {
+            kinds.extend(d.iter().map(|d| d.kind));
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(processed.is_ok());
+    assert_eq!(kinds, [DeltaType::Replaced, DeltaType::Updated]);
+    task.abort();
+    let _ = source.list().await;
+}
