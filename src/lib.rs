@@ -64,6 +64,13 @@ pub mod workqueue;
 
 mod object;
 
+/// The example objects' protobuf messages (schemas in `proto/`), for the protobuf codec.
+#[cfg(feature = "protobuf")]
+pub mod proto {
+    #![allow(missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/etcd_informer.examples.rs"));
+}
+
 #[cfg(feature = "bincode")]
 pub use codec::BincodeCodec;
 #[cfg(feature = "json")]

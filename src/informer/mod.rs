@@ -1,11 +1,13 @@
 //! Informers: the controller loop, the single-handler `Informer` and the `SharedIndexInformer`.
 
 mod controller;
+mod factory;
 mod handler;
 mod processor;
 mod shared_informer;
 
 pub use controller::{Controller, ControllerConfig, ProcessFn};
+pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use shared_informer::{
     EventStream, HandlerRegistration, InformerError, InformerOptions, SharedIndexInformer,
