@@ -51,9 +51,11 @@
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod codec;
 pub mod delta_fifo;
 pub mod informer;
+pub mod leader_election;
 pub mod lister;
 pub mod listwatch;
 pub mod reflector;
