@@ -85,7 +85,11 @@ impl<T> Clone for TypedClient<T> {
 
 impl<T: Send + Sync + 'static> TypedClient<T> {
     /// A client for keys under `prefix` (which must end with `/`).
-    pub fn new(client: Client, prefix: impl Into<String>, codec: impl Codec<T>) -> Result<Self, ConfigError> {
+    pub fn new(
+        client: Client,
+        prefix: impl Into<String>,
+        codec: impl Codec<T>,
+    ) -> Result<Self, ConfigError> {
         let prefix = prefix.into();
         if !prefix.ends_with('/') {
             return Err(ConfigError::Prefix(prefix));
@@ -102,10 +106,12 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
     }
 
     fn encode(&self, key: &str, value: &T) -> Result<Vec<u8>, WriteError> {
-        self.codec.encode(value).map_err(|source| WriteError::Encode {
-            key: self.full(key),
-            source,
-        })
+        self.codec
+            .encode(value)
+            .map_err(|source| WriteError::Encode {
+                key: self.full(key),
+                source,
+            })
     }
 
     fn etcd(&self, key: &str) -> impl FnOnce(etcd_client::Error) -> WriteError {
@@ -116,15 +122,23 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
     /// The object under `key` (relative to the prefix), if any.
     pub async fn get(&self, key: &str) -> Result<Option<Object<T>>, WriteError> {
         let full = self.full(key);
-        let resp = self.client.kv_client().get(full.clone(), None).await.map_err(self.etcd(key))?;
+        let resp = self
+            .client
+            .kv_client()
+            .get(full.clone(), None)
+            .await
+            .map_err(self.etcd(key))?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
         };
-        let value = self.codec.decode(kv.value()).map_err(|source| DecodeError {
-            key: full,
-            revision: kv.mod_revision(),
-            source,
-        })?;
+        let value = self
+            .codec
+            .decode(kv.value())
+            .map_err(|source| DecodeError {
+                key: full,
+                revision: kv.mod_revision(),
+                source,
+            })?;
         let mut obj = Object::new(key, kv.mod_revision(), value);
         obj.create_revision = kv.create_revision();
         obj.version = kv.version();
@@ -159,7 +173,11 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
         let bytes = self.encode(key, value)?;
         let full = self.full(key);
         let txn = Txn::new()
-            .when([Compare::mod_revision(full.clone(), CompareOp::Equal, expected)])
+            .when([Compare::mod_revision(
+                full.clone(),
+                CompareOp::Equal,
+                expected,
+            )])
             .and_then([TxnOp::put(full, bytes, None)]);
         self.commit(key, expected, txn).await
     }
@@ -168,13 +186,22 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
     pub async fn delete(&self, key: &str, expected: i64) -> Result<i64, WriteError> {
         let full = self.full(key);
         let txn = Txn::new()
-            .when([Compare::mod_revision(full.clone(), CompareOp::Equal, expected)])
+            .when([Compare::mod_revision(
+                full.clone(),
+                CompareOp::Equal,
+                expected,
+            )])
             .and_then([TxnOp::delete(full, None)]);
         self.commit(key, expected, txn).await
     }
 
     async fn commit(&self, key: &str, expected: i64, txn: Txn) -> Result<i64, WriteError> {
-        let resp = self.client.kv_client().txn(txn).await.map_err(self.etcd(key))?;
+        let resp = self
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(self.etcd(key))?;
         if resp.succeeded() {
             return Ok(resp.header().map_or(0, |h| h.revision()));
         }

@@ -100,9 +100,7 @@ impl LeaderElector {
             .id();
         let (lost_tx, lost) = watch::channel(None);
         let span = tracing::info_span!("leader_lease", election = %self.election, identity = %self.identity, lease);
-        let keeper = tokio::spawn(
-            keep_alive(self.clone(), lease, lost_tx).instrument(span),
-        );
+        let keeper = tokio::spawn(keep_alive(self.clone(), lease, lost_tx).instrument(span));
         let campaign = self
             .client
             .election_client()
@@ -164,7 +162,9 @@ impl Leadership {
         let _ = self
             .client
             .election_client()
-            .resign(Some(etcd_client::ResignOptions::new().with_leader(self.leader_key.clone())))
+            .resign(Some(
+                etcd_client::ResignOptions::new().with_leader(self.leader_key.clone()),
+            ))
             .await;
         let _ = self.client.lease_client().revoke(self.lease).await;
     }
@@ -178,7 +178,11 @@ impl Drop for Leadership {
 
 /// Renews the lease every TTL/3 until told to stop; reports loss when a renewal is overdue
 /// (TTL*2/3 since the last acknowledged one) or etcd says the lease is gone.
-async fn keep_alive(elector: LeaderElector, lease: i64, lost: watch::Sender<Option<ElectionError>>) {
+async fn keep_alive(
+    elector: LeaderElector,
+    lease: i64,
+    lost: watch::Sender<Option<ElectionError>>,
+) {
     let ttl = elector.ttl;
     let period = ttl / 3;
     let deadline_after = ttl * 2 / 3;
@@ -194,7 +198,8 @@ async fn keep_alive(elector: LeaderElector, lease: i64, lost: watch::Sender<Opti
     let mut stream = None;
     loop {
         if stream.is_none() {
-            let connect = tokio::time::timeout(period, elector.client.lease_client().keep_alive(lease)).await;
+            let connect =
+                tokio::time::timeout(period, elector.client.lease_client().keep_alive(lease)).await;
             if let Ok(Ok(pair)) = connect {
                 stream = Some(pair);
             }
@@ -215,7 +220,10 @@ async fn keep_alive(elector: LeaderElector, lease: i64, lost: watch::Sender<Opti
             }
         }
         if last_ok.elapsed() >= deadline_after {
-            report(format!("no lease renewal for {:?} (TTL {ttl:?}): etcd unreachable", last_ok.elapsed()));
+            report(format!(
+                "no lease renewal for {:?} (TTL {ttl:?}): etcd unreachable",
+                last_ok.elapsed()
+            ));
             return;
         }
         let next = (last_ok + period).max(Instant::now() + Duration::from_millis(100));

@@ -59,6 +59,7 @@ pub mod leader_election;
 pub mod lister;
 pub mod listwatch;
 pub mod reflector;
+pub mod runner;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

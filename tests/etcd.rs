@@ -21,7 +21,9 @@ type State = BTreeMap<String, (i64, String)>;
 
 async fn shared_client() -> Client {
     let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
-    connect(&etcd.endpoints).await.expect("connect to the test etcd")
+    connect(&etcd.endpoints)
+        .await
+        .expect("connect to the test etcd")
 }
 
 /// Options that notice a dead watch within seconds rather than the production 20 s.
@@ -60,13 +62,25 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
 fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
     let (a, u, d) = (log.clone(), log.clone(), log.clone());
     ResourceEventHandlerFuncs::new()
-        .on_add(move |o, _| a.lock().unwrap().push(format!("add {}={}", o.key(), o.value)))
+        .on_add(move |o, _| {
+            a.lock()
+                .unwrap()
+                .push(format!("add {}={}", o.key(), o.value))
+        })
         .on_update(move |old, new| {
-            u.lock().unwrap().push(format!("update {}={}->{}", new.key(), old.value, new.value))
+            u.lock()
+                .unwrap()
+                .push(format!("update {}={}->{}", new.key(), old.value, new.value))
         })
         .on_delete(move |o| {
-            let kind = if o.is_final_state_unknown() { "tombstone" } else { "delete" };
-            d.lock().unwrap().push(format!("{kind} {}={}", o.key(), o.object().value))
+            let kind = if o.is_final_state_unknown() {
+                "tombstone"
+            } else {
+                "delete"
+            };
+            d.lock()
+                .unwrap()
+                .push(format!("{kind} {}={}", o.key(), o.object().value))
         })
 }
 
@@ -89,7 +103,11 @@ fn start(client: &Client, prefix: &str, etcd: EtcdOptions, backoff: Duration) ->
     let log = Log::default();
     informer.add_event_handler(recorder(&log)).unwrap();
     tokio::spawn(informer.clone().run());
-    Running { informer, log, lists }
+    Running {
+        informer,
+        log,
+        lists,
+    }
 }
 
 async fn synced(r: &Running) {
@@ -109,7 +127,10 @@ async fn etcd_state(client: &Client, prefix: &str) -> State {
         .map(|kv| {
             (
                 kv.key_str().unwrap()[prefix.len()..].to_string(),
-                (kv.mod_revision(), kv.value_str().unwrap_or("<bytes>").to_string()),
+                (
+                    kv.mod_revision(),
+                    kv.value_str().unwrap_or("<bytes>").to_string(),
+                ),
             )
         })
         .collect()
@@ -125,7 +146,12 @@ fn cache_state(informer: &SharedIndexInformer<String>) -> State {
 }
 
 /// Waits until the cache equals etcd under `prefix`, failing after `within`.
-async fn converges(informer: &SharedIndexInformer<String>, client: &Client, prefix: &str, within: Duration) {
+async fn converges(
+    informer: &SharedIndexInformer<String>,
+    client: &Client,
+    prefix: &str,
+    within: Duration,
+) {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let want = etcd_state(client, prefix).await;
@@ -143,7 +169,10 @@ async fn converges(informer: &SharedIndexInformer<String>, client: &Client, pref
 async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + within;
     while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -155,7 +184,9 @@ fn log_of(r: &Running) -> Vec<String> {
 async fn put_many(client: &Client, prefix: &str, n: usize, value: &str) {
     let mut kv = client.kv_client();
     for i in 0..n {
-        kv.put(format!("{prefix}ns{}/k{i:04}", i % 3), value, None).await.unwrap();
+        kv.put(format!("{prefix}ns{}/k{i:04}", i % 3), value, None)
+            .await
+            .unwrap();
     }
 }
 
@@ -172,7 +203,11 @@ async fn initial_sync_over_several_pages_has_every_key_and_revision() {
     synced(&r).await;
     let want = etcd_state(&client, &prefix).await;
     assert_eq!(want.len(), 95);
-    assert_eq!(cache_state(&r.informer), want, "synced cache equals etcd, revisions included");
+    assert_eq!(
+        cache_state(&r.informer),
+        want,
+        "synced cache equals etcd, revisions included"
+    );
     assert_eq!(r.informer.lister().by_namespace("ns1").unwrap().len(), 32);
     assert!(r.informer.last_synced_revision() >= want.values().map(|v| v.0).max().unwrap());
 }
@@ -187,11 +222,17 @@ async fn list_under_concurrent_writes_is_consistent() {
         tokio::spawn(async move {
             let mut kv = client.kv_client();
             for i in 0..300 {
-                kv.put(format!("{prefix}ns{}/k{:04}", i % 3, (i * 7) % 300), format!("w{i}"), None)
-                    .await
-                    .unwrap();
+                kv.put(
+                    format!("{prefix}ns{}/k{:04}", i % 3, (i * 7) % 300),
+                    format!("w{i}"),
+                    None,
+                )
+                .await
+                .unwrap();
                 if i % 10 == 0 {
-                    kv.delete(format!("{prefix}ns0/k{:04}", (i * 3) % 300), None).await.unwrap();
+                    kv.delete(format!("{prefix}ns0/k{:04}", (i * 3) % 300), None)
+                        .await
+                        .unwrap();
                 }
             }
         })
@@ -210,15 +251,31 @@ async fn list_under_concurrent_writes_is_consistent() {
 async fn add_update_delete_reach_handlers_in_order_with_values() {
     let client = shared_client().await;
     let prefix = unique_prefix("events");
-    let r = start(&client, &prefix, quick_etcd_options(), Duration::from_millis(100));
+    let r = start(
+        &client,
+        &prefix,
+        quick_etcd_options(),
+        Duration::from_millis(100),
+    );
     synced(&r).await;
     let mut kv = client.kv_client();
     kv.put(format!("{prefix}tmp/a"), "1", None).await.unwrap();
     kv.put(format!("{prefix}tmp/a"), "2", None).await.unwrap();
     kv.delete(format!("{prefix}tmp/a"), None).await.unwrap();
     kv.put(format!("{prefix}tmp/a"), "3", None).await.unwrap();
-    eventually("4 events", Duration::from_secs(10), || log_of(&r).len() == 4).await;
-    assert_eq!(log_of(&r), ["add tmp/a=1", "update tmp/a=1->2", "delete tmp/a=2", "add tmp/a=3"]);
+    eventually("4 events", Duration::from_secs(10), || {
+        log_of(&r).len() == 4
+    })
+    .await;
+    assert_eq!(
+        log_of(&r),
+        [
+            "add tmp/a=1",
+            "update tmp/a=1->2",
+            "delete tmp/a=2",
+            "add tmp/a=3"
+        ]
+    );
     let obj = r.informer.lister().get("tmp/a").unwrap();
     assert_eq!((obj.version, obj.create_revision), (1, obj.mod_revision));
 }
@@ -228,9 +285,15 @@ async fn undecodable_value_is_reported_with_its_key_and_others_flow() {
     let client = shared_client().await;
     let prefix = unique_prefix("undecodable");
     let mut kv = client.kv_client();
-    kv.put(format!("{prefix}ok/before"), "fine", None).await.unwrap();
-    kv.put(format!("{prefix}bad/listed"), vec![0xff, 0xfe], None).await.unwrap();
-    kv.put(format!("{prefix}bad/later"), "fine for now", None).await.unwrap();
+    kv.put(format!("{prefix}ok/before"), "fine", None)
+        .await
+        .unwrap();
+    kv.put(format!("{prefix}bad/listed"), vec![0xff, 0xfe], None)
+        .await
+        .unwrap();
+    kv.put(format!("{prefix}bad/later"), "fine for now", None)
+        .await
+        .unwrap();
     let reported: Arc<Mutex<Vec<String>>> = Default::default();
     let rep = reported.clone();
     let etcd = EtcdOptions {
@@ -241,12 +304,29 @@ async fn undecodable_value_is_reported_with_its_key_and_others_flow() {
     synced(&r).await;
     assert_eq!(*reported.lock().unwrap(), [format!("{prefix}bad/listed")]);
     assert!(r.informer.lister().get("bad/listed").is_none());
-    kv.put(format!("{prefix}bad/later"), vec![0xc3, 0x28], None).await.unwrap();
-    kv.put(format!("{prefix}ok/after"), "fine", None).await.unwrap();
-    eventually("later key reported", Duration::from_secs(10), || reported.lock().unwrap().len() == 2).await;
-    eventually("ok/after cached", Duration::from_secs(10), || r.informer.lister().get("ok/after").is_some()).await;
-    assert!(r.informer.lister().get("bad/later").is_none(), "a key turned undecodable leaves the cache");
-    assert!(log_of(&r).contains(&"delete bad/later=fine for now".to_string()), "{:?}", log_of(&r));
+    kv.put(format!("{prefix}bad/later"), vec![0xc3, 0x28], None)
+        .await
+        .unwrap();
+    kv.put(format!("{prefix}ok/after"), "fine", None)
+        .await
+        .unwrap();
+    eventually("later key reported", Duration::from_secs(10), || {
+        reported.lock().unwrap().len() == 2
+    })
+    .await;
+    eventually("ok/after cached", Duration::from_secs(10), || {
+        r.informer.lister().get("ok/after").is_some()
+    })
+    .await;
+    assert!(
+        r.informer.lister().get("bad/later").is_none(),
+        "a key turned undecodable leaves the cache"
+    );
+    assert!(
+        log_of(&r).contains(&"delete bad/later=fine for now".to_string()),
+        "{:?}",
+        log_of(&r)
+    );
     assert_eq!(r.informer.lister().len(), 2);
 }
 
@@ -257,16 +337,41 @@ async fn prefix_boundary_and_large_values() {
     let prefix = format!("{base}a/");
     let mut kv = client.kv_client();
     let big = "x".repeat(1 << 20);
-    kv.put(format!("{base}ab/sibling"), "no", None).await.unwrap();
-    kv.put(format!("{prefix}big/listed"), big.clone(), None).await.unwrap();
-    let r = start(&client, &prefix, quick_etcd_options(), Duration::from_millis(100));
+    kv.put(format!("{base}ab/sibling"), "no", None)
+        .await
+        .unwrap();
+    kv.put(format!("{prefix}big/listed"), big.clone(), None)
+        .await
+        .unwrap();
+    let r = start(
+        &client,
+        &prefix,
+        quick_etcd_options(),
+        Duration::from_millis(100),
+    );
     synced(&r).await;
-    kv.put(format!("{base}ab/sibling2"), "no", None).await.unwrap();
-    kv.put(format!("{prefix}big/watched"), big.clone(), None).await.unwrap();
-    eventually("big watched value", Duration::from_secs(10), || r.informer.lister().get("big/watched").is_some()).await;
-    let keys: Vec<String> = r.informer.lister().list().iter().map(|o| o.key().to_string()).collect();
+    kv.put(format!("{base}ab/sibling2"), "no", None)
+        .await
+        .unwrap();
+    kv.put(format!("{prefix}big/watched"), big.clone(), None)
+        .await
+        .unwrap();
+    eventually("big watched value", Duration::from_secs(10), || {
+        r.informer.lister().get("big/watched").is_some()
+    })
+    .await;
+    let keys: Vec<String> = r
+        .informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| o.key().to_string())
+        .collect();
     assert_eq!(keys, ["big/listed", "big/watched"]);
-    assert_eq!(r.informer.lister().get("big/listed").unwrap().value.len(), 1 << 20);
+    assert_eq!(
+        r.informer.lister().get("big/listed").unwrap().value.len(),
+        1 << 20
+    );
 
     let no_slash = EtcdListerWatcher::new(client.clone(), format!("{base}a"), RawCodec);
     assert!(matches!(no_slash, Err(ConfigError::Prefix(_))));
@@ -274,7 +379,10 @@ async fn prefix_boundary_and_large_values() {
         client.clone(),
         format!("{base}a"),
         RawCodec,
-        EtcdOptions { raw_prefix: true, ..Default::default() },
+        EtcdOptions {
+            raw_prefix: true,
+            ..Default::default()
+        },
     );
     assert!(raw.is_ok(), "a raw prefix is allowed when asked for");
 }
@@ -289,7 +397,12 @@ async fn compaction_while_disconnected_relists_with_tombstones() {
         kv.put(format!("{prefix}ns/{k}"), "v1", None).await.unwrap();
     }
     // A long first backoff: the window in which we change etcd behind the informer's back.
-    let r = start(&client, prefix, quick_etcd_options(), Duration::from_secs(6));
+    let r = start(
+        &client,
+        prefix,
+        quick_etcd_options(),
+        Duration::from_secs(6),
+    );
     synced(&r).await;
     assert_eq!(r.lists.load(Ordering::SeqCst), 1);
     server.stop().await.unwrap();
@@ -297,7 +410,9 @@ async fn compaction_while_disconnected_relists_with_tombstones() {
     let other = connect(server.endpoints()).await.unwrap();
     let mut kv = other.kv_client();
     kv.delete(format!("{prefix}ns/gone"), None).await.unwrap();
-    kv.put(format!("{prefix}ns/changed"), "v2", None).await.unwrap();
+    kv.put(format!("{prefix}ns/changed"), "v2", None)
+        .await
+        .unwrap();
     let put = kv.put(format!("{prefix}ns/new"), "v1", None).await.unwrap();
     let rev = put.header().unwrap().revision();
     let mut other_kv = other.kv_client();
@@ -306,7 +421,10 @@ async fn compaction_while_disconnected_relists_with_tombstones() {
     assert!(r.lists.load(Ordering::SeqCst) >= 2, "relisted");
     let log = log_of(&r);
     assert!(log.contains(&"tombstone ns/gone=v1".to_string()), "{log:?}");
-    assert!(log.contains(&"update ns/changed=v1->v2".to_string()), "{log:?}");
+    assert!(
+        log.contains(&"update ns/changed=v1->v2".to_string()),
+        "{log:?}"
+    );
     assert!(log.contains(&"add ns/new=v1".to_string()), "{log:?}");
 }
 
@@ -316,13 +434,21 @@ async fn restart_on_same_data_resumes_without_relist() {
     let client = connect(server.endpoints()).await.unwrap();
     let prefix = "/restart/";
     put_many(&client, prefix, 5, "v1").await;
-    let r = start(&client, prefix, quick_etcd_options(), Duration::from_millis(200));
+    let r = start(
+        &client,
+        prefix,
+        quick_etcd_options(),
+        Duration::from_millis(200),
+    );
     synced(&r).await;
     server.restart().await.unwrap();
     let mut kv = client.kv_client();
     let mut put = None;
     for _ in 0..100 {
-        match kv.put(format!("{prefix}ns0/after-restart"), "v2", None).await {
+        match kv
+            .put(format!("{prefix}ns0/after-restart"), "v2", None)
+            .await
+        {
             Ok(p) => {
                 put = Some(p);
                 break;
@@ -332,7 +458,11 @@ async fn restart_on_same_data_resumes_without_relist() {
     }
     assert!(put.is_some(), "etcd answers after restart");
     converges(&r.informer, &client, prefix, Duration::from_secs(30)).await;
-    assert_eq!(r.lists.load(Ordering::SeqCst), 1, "resumed the watch, no relist");
+    assert_eq!(
+        r.lists.load(Ordering::SeqCst),
+        1,
+        "resumed the watch, no relist"
+    );
 }
 
 #[tokio::test]
@@ -341,32 +471,58 @@ async fn wiped_etcd_is_noticed_and_relisted() {
     let client = connect(server.endpoints()).await.unwrap();
     let prefix = "/wipe/";
     put_many(&client, prefix, 20, "old").await;
-    let r = start(&client, prefix, quick_etcd_options(), Duration::from_millis(200));
+    let r = start(
+        &client,
+        prefix,
+        quick_etcd_options(),
+        Duration::from_millis(200),
+    );
     synced(&r).await;
     let before = r.informer.last_synced_revision();
     server.wipe().await.unwrap();
     let fresh = connect(server.endpoints()).await.unwrap();
-    fresh.kv_client().put(format!("{prefix}ns0/fresh"), "new", None).await.unwrap();
+    fresh
+        .kv_client()
+        .put(format!("{prefix}ns0/fresh"), "new", None)
+        .await
+        .unwrap();
     converges(&r.informer, &fresh, prefix, Duration::from_secs(30)).await;
     assert!(r.lists.load(Ordering::SeqCst) >= 2, "relisted");
-    assert!(r.informer.last_synced_revision() < before, "revision went backwards with the store");
-    let tombstones = log_of(&r).iter().filter(|l| l.starts_with("tombstone")).count();
+    assert!(
+        r.informer.last_synced_revision() < before,
+        "revision went backwards with the store"
+    );
+    let tombstones = log_of(&r)
+        .iter()
+        .filter(|l| l.starts_with("tombstone"))
+        .count();
     assert_eq!(tombstones, 20);
 }
 
 #[tokio::test]
 async fn cluster_member_stopped_or_paused_informer_keeps_up() {
-    let cluster = EtcdCluster::start(3).await.unwrap_or_else(|e| panic!("{e}"));
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let client = connect(cluster.endpoints()).await.unwrap();
     let prefix = "/cluster/";
     put_many(&client, prefix, 10, "v1").await;
-    let r = start(&client, prefix, quick_etcd_options(), Duration::from_millis(200));
+    let r = start(
+        &client,
+        prefix,
+        quick_etcd_options(),
+        Duration::from_millis(200),
+    );
     synced(&r).await;
 
     // Stop one member; write through another; the informer catches up within bounded time.
     cluster.stop_member(0).await.unwrap();
     let writer = connect([cluster.member_endpoint(1)]).await.unwrap();
-    writer.kv_client().put(format!("{prefix}ns0/after-stop"), "v2", None).await.unwrap();
+    writer
+        .kv_client()
+        .put(format!("{prefix}ns0/after-stop"), "v2", None)
+        .await
+        .unwrap();
     converges(&r.informer, &writer, prefix, Duration::from_secs(30)).await;
 
     // Pause another member (SIGSTOP): the cluster keeps quorum with the remaining two? No:
@@ -377,7 +533,11 @@ async fn cluster_member_stopped_or_paused_informer_keeps_up() {
     let mut kv = writer.kv_client();
     let mut written = false;
     for _ in 0..100 {
-        if kv.put(format!("{prefix}ns0/after-pause"), "v3", None).await.is_ok() {
+        if kv
+            .put(format!("{prefix}ns0/after-pause"), "v3", None)
+            .await
+            .is_ok()
+        {
             written = true;
             break;
         }

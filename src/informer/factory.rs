@@ -79,7 +79,8 @@ impl SharedInformerFactory {
             }
         }
         let name = String::from_utf8_lossy(&prefix).into_owned();
-        let lw = EtcdListerWatcher::with_options(self.client.clone(), prefix, codec, self.etcd.clone())?;
+        let lw =
+            EtcdListerWatcher::with_options(self.client.clone(), prefix, codec, self.etcd.clone())?;
         let informer = SharedIndexInformer::new(
             lw,
             InformerOptions {

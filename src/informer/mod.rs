@@ -6,9 +6,11 @@ mod handler;
 mod processor;
 mod shared_informer;
 
+pub(crate) use controller::AbortOnDrop;
 pub use controller::{Controller, ControllerConfig, ProcessFn};
 pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
+pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
     EventStream, HandlerRegistration, InformerError, InformerOptions, SharedIndexInformer,
     TransformFn, MIN_RESYNC_PERIOD,
