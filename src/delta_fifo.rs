@@ -566,29 +566,35 @@ mod tests {
         f.replace(vec![obj("a", 2), obj("b", 3)]);
         let mut initial = vec![];
         for _ in 0..2 {
-            f.pop(|_, init| {
+            let (_, r) = f
+                .pop(|_, init| {
+                    initial.push(init);
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            assert!(r.is_ok());
+            assert!(!f.has_synced(), "tombstone still pending");
+        }
+        let (_, r) = f
+            .pop(|_, init| {
                 initial.push(init);
                 Ok(())
             })
             .await
             .unwrap();
-            assert!(!f.has_synced(), "tombstone still pending");
-        }
-        f.pop(|_, init| {
-            initial.push(init);
-            Ok(())
-        })
-        .await
-        .unwrap();
+        assert!(r.is_ok());
         assert!(f.has_synced());
         assert_eq!(initial, [true, true, true]);
         f.add(obj("c", 4));
-        f.pop(|_, init| {
-            assert!(!init);
-            Ok(())
-        })
-        .await
-        .unwrap();
+        let (_, r) = f
+            .pop(|_, init| {
+                assert!(!init);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert!(r.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,51 @@
+//! The reflector and DeltaFIFO driven by the controller loop, with a process function
+//! printing `<DeltaType>: <key>` (the seed's controller example, over etcd).
+mod common;
+
+use std::sync::Arc;
+
+use etcd_informer::{
+    Controller, ControllerConfig, DeltaFifo, DeltaType, EtcdListerWatcher, Indexer, JsonCodec,
+    ReflectorOptions,
+};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (client, _etcd) = common::etcd().await;
+    let prefix = common::prefix();
+    let lw = EtcdListerWatcher::new(
+        client,
+        prefix.clone(),
+        JsonCodec::<common::ConfigMap>::new(),
+    )?;
+    let store = Indexer::with_namespace_index();
+    let fifo = Arc::new(DeltaFifo::new(Some(Arc::new(store.clone()))));
+    let controller = Controller::new(ControllerConfig {
+        lister_watcher: lw,
+        queue: fifo.clone(),
+        process: Box::new(move |deltas, _| {
+            for d in deltas {
+                say!("{}: {}", d.kind, d.object.key());
+                match d.kind {
+                    DeltaType::Deleted => {
+                        store.delete(d.object.key());
+                    }
+                    _ => {
+                        store.add(d.object.clone());
+                    }
+                }
+            }
+            Ok(())
+        }),
+        retry_on_error: true,
+        reflector: ReflectorOptions {
+            name: prefix,
+            ..Default::default()
+        },
+    });
+    let run = tokio::spawn(controller.run());
+    common::shutdown_signal().await;
+    fifo.close();
+    let _ = run.await;
+    Ok(())
+}
