@@ -151,6 +151,11 @@ impl Leadership {
         }
     }
 
+    /// The lease that holds leadership.
+    pub fn lease_id(&self) -> i64 {
+        self.lease
+    }
+
     /// Whether leadership is still held.
     pub fn is_leader(&self) -> bool {
         self.lost.borrow().is_none() && !self.keeper.is_finished()

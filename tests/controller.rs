@@ -1,0 +1,383 @@
+//! The controller toolkit against real etcd: safe writes, the runner, leader election.
+#![cfg(feature = "testing")]
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::Client;
+use etcd_informer::client::{TypedClient, WriteError};
+use etcd_informer::leader_election::LeaderElector;
+use etcd_informer::runner::{Action, Runner};
+use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer};
+use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
+
+async fn shared_client() -> Client {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    connect(&etcd.endpoints)
+        .await
+        .expect("connect to the test etcd")
+}
+
+async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn informer(client: &Client, prefix: &str) -> SharedIndexInformer<String> {
+    let lw = EtcdListerWatcher::new(client.clone(), prefix, TextCodec).unwrap();
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    tokio::spawn(informer.clone().run());
+    informer
+}
+
+#[tokio::test]
+async fn safe_writes_detect_conflicts() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("safe_writes");
+    let typed = TypedClient::new(client.clone(), prefix.clone(), TextCodec).unwrap();
+    let rev = typed.create("a", &"one".to_string()).await.unwrap();
+    let again = typed.create("a", &"two".to_string()).await.unwrap_err();
+    assert!(again.is_conflict(), "{again}");
+    let read = typed.get("a").await.unwrap().unwrap();
+    assert_eq!((read.value.as_str(), read.mod_revision), ("one", rev));
+
+    // Someone else writes between our read and our update.
+    client
+        .kv_client()
+        .put(format!("{prefix}a"), "theirs", None)
+        .await
+        .unwrap();
+    match typed
+        .update("a", &"ours".to_string(), read.mod_revision)
+        .await
+    {
+        Err(WriteError::Conflict {
+            expected, actual, ..
+        }) => {
+            assert_eq!(expected, rev);
+            assert!(actual.unwrap() > rev);
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(
+        typed.get("a").await.unwrap().unwrap().value,
+        "theirs",
+        "their write survived"
+    );
+    assert!(typed.delete("a", rev).await.unwrap_err().is_conflict());
+    let current = typed.get("a").await.unwrap().unwrap();
+    let updated = typed
+        .update("a", &"ours".to_string(), current.mod_revision)
+        .await
+        .unwrap();
+    typed.delete("a", updated).await.unwrap();
+    assert!(typed.get("a").await.unwrap().is_none());
+    assert!(
+        typed
+            .update("a", &"x".to_string(), updated)
+            .await
+            .unwrap_err()
+            .is_conflict(),
+        "deleted key"
+    );
+
+    client
+        .kv_client()
+        .put(format!("{prefix}bad"), vec![0xff], None)
+        .await
+        .unwrap();
+    match typed.get("bad").await {
+        Err(WriteError::Decode(e)) => assert_eq!(e.key, format!("{prefix}bad")),
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+    assert!(TypedClient::new(client, "/no-slash", TextCodec).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_reconciles_each_key_alone_backs_off_and_drains_on_shutdown() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("runner");
+    for i in 0..5 {
+        client
+            .kv_client()
+            .put(format!("{prefix}ns/k{i}"), "0", None)
+            .await
+            .unwrap();
+    }
+    client
+        .kv_client()
+        .put(format!("{prefix}ns/failing"), "0", None)
+        .await
+        .unwrap();
+    let informer = informer(&client, &prefix);
+    let runner = Runner::new("test").watch(&informer).workers(4);
+    let in_flight: Arc<Mutex<HashSet<String>>> = Default::default();
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let unsynced = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let done: Arc<Mutex<Vec<String>>> = Default::default();
+    let slow_finished = Arc::new(AtomicBool::new(false));
+    let (f, o, u, d, s, inf) = (
+        in_flight.clone(),
+        overlaps.clone(),
+        unsynced.clone(),
+        done.clone(),
+        slow_finished.clone(),
+        informer.clone(),
+    );
+    let fail = failures.clone();
+    let reconcile = move |key: String| {
+        let (f, o, u, d, s, fail, inf) = (
+            f.clone(),
+            o.clone(),
+            u.clone(),
+            d.clone(),
+            s.clone(),
+            fail.clone(),
+            inf.clone(),
+        );
+        async move {
+            if !inf.has_synced() {
+                u.fetch_add(1, Ordering::SeqCst);
+            }
+            if !f.lock().unwrap().insert(key.clone()) {
+                o.fetch_add(1, Ordering::SeqCst);
+            }
+            let result = if key == "ns/failing" {
+                fail.fetch_add(1, Ordering::SeqCst);
+                Err("always fails".to_string())
+            } else if key == "ns/slow" {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                s.store(true, Ordering::SeqCst);
+                Ok(Action::Done)
+            } else {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(Action::Done)
+            };
+            f.lock().unwrap().remove(&key);
+            d.lock().unwrap().push(key);
+            result
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(runner.run(reconcile, async move {
+        let _ = stop_rx.await;
+    }));
+    // Hammer one key with changes while it is being reconciled.
+    for i in 0..50 {
+        client
+            .kv_client()
+            .put(format!("{prefix}ns/k0"), i.to_string(), None)
+            .await
+            .unwrap();
+    }
+    eventually("every key reconciled", Duration::from_secs(10), || {
+        let d = done.lock().unwrap();
+        (0..5).all(|i| d.contains(&format!("ns/k{i}")))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let attempts = failures.load(Ordering::SeqCst);
+    // 5 ms doubling: about 8 attempts in a second; a spinning retry would make thousands.
+    assert!(
+        (3..=20).contains(&attempts),
+        "failing key retried {attempts} times in ~1 s"
+    );
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "a key was reconciled by two workers at once"
+    );
+    assert_eq!(
+        unsynced.load(Ordering::SeqCst),
+        0,
+        "reconciled before the informer synced"
+    );
+    let k0 = done
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|k| *k == "ns/k0")
+        .count();
+    assert!(k0 < 51, "changes coalesce: {k0} reconciles for 51 versions");
+
+    // Shutdown waits for a reconcile in flight.
+    client
+        .kv_client()
+        .put(format!("{prefix}ns/slow"), "0", None)
+        .await
+        .unwrap();
+    eventually("slow reconcile started", Duration::from_secs(10), || {
+        in_flight.lock().unwrap().contains("ns/slow")
+    })
+    .await;
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("runner stops")
+        .unwrap();
+    assert!(
+        slow_finished.load(Ordering::SeqCst),
+        "shutdown returned before the reconcile in flight finished"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_requeue_after() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("requeue");
+    client
+        .kv_client()
+        .put(format!("{prefix}ns/a"), "0", None)
+        .await
+        .unwrap();
+    let informer = informer(&client, &prefix);
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let runner = Runner::new("requeue").watch(&informer);
+    let run = runner.run(
+        move |_key| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(Action::RequeueAfter(Duration::from_millis(100)))
+            }
+        },
+        tokio::time::sleep(Duration::from_millis(1050)),
+    );
+    run.await;
+    let n = count.load(Ordering::SeqCst);
+    assert!(
+        (5..=12).contains(&n),
+        "{n} reconciles in ~1 s with a 100 ms requeue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_hands_over_and_never_overlaps() {
+    let client = shared_client().await;
+    let election = unique_prefix("election");
+    let a =
+        LeaderElector::new(client.clone(), election.clone(), "a").with_ttl(Duration::from_secs(2));
+    let b =
+        LeaderElector::new(client.clone(), election.clone(), "b").with_ttl(Duration::from_secs(2));
+    let leading_a = a.campaign().await.unwrap();
+    assert!(leading_a.is_leader());
+    let b_task = tokio::spawn(async move {
+        let l = b.campaign().await.unwrap();
+        (tokio::time::Instant::now(), l)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b_task.is_finished(), "b cannot lead while a does");
+
+    // a's lease is revoked (as an operator or a partition would): a notices promptly.
+    let revoked_at = tokio::time::Instant::now();
+    client
+        .lease_client()
+        .revoke(leading_a.lease_id())
+        .await
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(3), leading_a.lost()).await;
+    assert!(lost.is_ok(), "a noticed the revoked lease");
+    let a_stopped = tokio::time::Instant::now();
+    let (b_started, leading_b) = tokio::time::timeout(Duration::from_secs(5), b_task)
+        .await
+        .expect("b takes over")
+        .unwrap();
+    assert!(
+        b_started - revoked_at < Duration::from_secs(3),
+        "b took over within about the TTL"
+    );
+    assert!(
+        a_stopped <= b_started + Duration::from_millis(700),
+        "a stopped acting about when b started"
+    );
+    leading_b.resign().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_leader_is_replaced_after_the_ttl() {
+    let client = shared_client().await;
+    let election = unique_prefix("crash");
+    let a =
+        LeaderElector::new(client.clone(), election.clone(), "a").with_ttl(Duration::from_secs(2));
+    let b =
+        LeaderElector::new(client.clone(), election.clone(), "b").with_ttl(Duration::from_secs(2));
+    let leading_a = a.campaign().await.unwrap();
+    let crashed_at = tokio::time::Instant::now();
+    drop(leading_a); // a crashes: its lease is no longer renewed
+    let leading_b = tokio::time::timeout(Duration::from_secs(6), b.campaign())
+        .await
+        .expect("b leads")
+        .unwrap();
+    let waited = crashed_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "b waited for a's lease to expire ({waited:?})"
+    );
+    leading_b.resign().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_cut_off_from_etcd_stops_its_workers_within_the_ttl() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect(server.endpoints()).await.unwrap();
+    client
+        .kv_client()
+        .put("/cut/ns/a", "0", None)
+        .await
+        .unwrap();
+    let informer = informer(&client, "/cut/");
+    let elector =
+        LeaderElector::new(client.clone(), "/cut-election/", "a").with_ttl(Duration::from_secs(3));
+    let reconciles = Arc::new(AtomicUsize::new(0));
+    let r = reconciles.clone();
+    let runner = Runner::new("cut").watch(&informer);
+    let run = tokio::spawn(async move {
+        runner
+            .run_as_leader(
+                &elector,
+                move |_k| {
+                    let r = r.clone();
+                    async move {
+                        r.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, String>(Action::RequeueAfter(Duration::from_millis(50)))
+                    }
+                },
+                std::future::pending::<()>(),
+            )
+            .await
+    });
+    eventually("leading and reconciling", Duration::from_secs(10), || {
+        reconciles.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    server.pause().unwrap();
+    let paused_at = tokio::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(6), run).await;
+    let took = paused_at.elapsed();
+    server.resume().unwrap();
+    let result = result
+        .expect("run_as_leader returned after losing the lease")
+        .unwrap();
+    assert!(result.is_err(), "reports the loss");
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped within the TTL: {took:?}"
+    );
+    let after = reconciles.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        reconciles.load(Ordering::SeqCst),
+        after,
+        "no reconcile after losing leadership"
+    );
+}
