@@ -15,6 +15,22 @@ use etcd_informer::{
 use tokio_stream::StreamExt;
 
 type Log = Arc<Mutex<Vec<String>>>;
+type RevisionsByKey = Arc<Mutex<HashMap<String, Vec<i64>>>>;
+
+/// Holds handlers back until opened (a handler thread blocks in `pass`).
+#[derive(Default)]
+struct Gate(std::sync::atomic::AtomicBool);
+
+impl Gate {
+    fn pass(&self) {
+        while !self.0.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    fn open(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
 
 /// Waits (in real time) until `cond` holds, failing after 10 s with `what`.
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
@@ -161,8 +177,7 @@ async fn store_is_updated_before_handlers_are_notified() {
 async fn per_key_revision_order_for_every_handler() {
     let source: FakeSource<String> = FakeSource::new();
     let informer = started(&source, fast_options());
-    let logs: Vec<Arc<Mutex<HashMap<String, Vec<i64>>>>> =
-        (0..3).map(|_| Default::default()).collect();
+    let logs: Vec<RevisionsByKey> = (0..3).map(|_| Default::default()).collect();
     for log in &logs {
         let (a, u) = (log.clone(), log.clone());
         informer
@@ -292,13 +307,10 @@ async fn duplicate_and_stale_events_are_dropped() {
 async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
     let source: FakeSource<String> = FakeSource::new();
     let informer = started(&source, fast_options());
-    let gate = Arc::new(Mutex::new(()));
-    let held = gate.lock().unwrap();
+    let gate = Arc::new(Gate::default());
     let g = gate.clone();
     let slow = informer
-        .add_event_handler(
-            ResourceEventHandlerFuncs::new().on_add(move |_, _| drop(g.lock().unwrap())),
-        )
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| g.pass()))
         .unwrap();
     let fast_count = Arc::new(AtomicUsize::new(0));
     let f = fast_count.clone();
@@ -321,7 +333,7 @@ async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
         "slow handler backlog {}",
         slow.backlog()
     );
-    drop(held);
+    gate.open();
     eventually("slow handler drains", || {
         slow.backlog() == 0 && slow.delivered() == 100
     })
@@ -336,8 +348,7 @@ async fn bounded_backlog_keeps_final_state_of_every_key() {
         ..fast_options()
     };
     let informer = started(&source, options);
-    let gate = Arc::new(Mutex::new(()));
-    let held = gate.lock().unwrap();
+    let gate = Arc::new(Gate::default());
     let state: Arc<Mutex<HashMap<String, String>>> = Default::default();
     let (g1, g2, g3) = (gate.clone(), gate.clone(), gate.clone());
     let (s1, s2, s3) = (state.clone(), state.clone(), state.clone());
@@ -345,7 +356,7 @@ async fn bounded_backlog_keeps_final_state_of_every_key() {
         .add_event_handler(
             ResourceEventHandlerFuncs::<String>::new()
                 .on_add(move |o, _| {
-                    drop(g1.lock().unwrap());
+                    g1.pass();
                     assert!(
                         s1.lock()
                             .unwrap()
@@ -355,7 +366,7 @@ async fn bounded_backlog_keeps_final_state_of_every_key() {
                     );
                 })
                 .on_update(move |_, o| {
-                    drop(g2.lock().unwrap());
+                    g2.pass();
                     assert!(
                         s2.lock()
                             .unwrap()
@@ -365,7 +376,7 @@ async fn bounded_backlog_keeps_final_state_of_every_key() {
                     );
                 })
                 .on_delete(move |o| {
-                    drop(g3.lock().unwrap());
+                    g3.pass();
                     s3.lock().unwrap().remove(o.key());
                 }),
         )
@@ -384,7 +395,7 @@ async fn bounded_backlog_keeps_final_state_of_every_key() {
     })
     .await;
     assert!(reg.backlog() <= 32, "backlog {} not bounded", reg.backlog());
-    drop(held);
+    gate.open();
     eventually("handler drained", || reg.backlog() == 0).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let cache: HashMap<String, String> = informer
@@ -514,13 +525,10 @@ async fn handler_synced_only_after_its_initial_adds() {
         source.put(&format!("k{i}"), "v".into());
     }
     let informer = SharedIndexInformer::new(source.clone(), fast_options());
-    let gate = Arc::new(Mutex::new(()));
-    let held = gate.lock().unwrap();
+    let gate = Arc::new(Gate::default());
     let g = gate.clone();
     let reg = informer
-        .add_event_handler(
-            ResourceEventHandlerFuncs::new().on_add(move |_, _| drop(g.lock().unwrap())),
-        )
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| g.pass()))
         .unwrap();
     tokio::spawn(informer.clone().run());
     informer.wait_for_cache_sync().await;
@@ -530,7 +538,7 @@ async fn handler_synced_only_after_its_initial_adds() {
         "informer synced means every item applied"
     );
     assert!(!reg.has_synced(), "handler still has initial adds pending");
-    drop(held);
+    gate.open();
     eventually("handler synced", || reg.has_synced()).await;
 }
 
