@@ -11,6 +11,7 @@ use etcd_informer::{
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let prefix = common::prefix();
     let lw = EtcdListerWatcher::new(
@@ -44,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     });
     let run = tokio::spawn(controller.run());
-    common::shutdown_signal().await;
+    shutdown.await;
     fifo.close();
     let _ = run.await;
     Ok(())

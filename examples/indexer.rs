@@ -12,6 +12,7 @@ const LABEL_INDEX: &str = "label";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let lw = EtcdListerWatcher::new(
         client,
@@ -46,7 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for key in keys {
         say!("{key}");
     }
-    common::shutdown_signal().await;
+    shutdown.await;
     informer.stop();
     let _ = run.await;
     Ok(())

@@ -6,6 +6,7 @@ use etcd_informer::{EtcdListerWatcher, Informer, JsonCodec, ResourceEventHandler
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let lw = EtcdListerWatcher::new(
         client,
@@ -18,7 +19,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .on_delete(|cm| say!("deleted: {}", cm.key()));
     let informer = Informer::new(lw, handler, Default::default())?;
     let run = tokio::spawn(informer.clone().run());
-    common::shutdown_signal().await;
+    shutdown.await;
     informer.stop();
     let _ = run.await;
     Ok(())

@@ -128,6 +128,7 @@ where
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let identity = common::arg("id", &format!("pid-{}", std::process::id()));
     let ttl = Duration::from_secs(common::arg("ttl", "5").parse().unwrap_or(5));
@@ -157,7 +158,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         identity.clone(),
     )
     .with_ttl(ttl);
-    let shutdown = common::shutdown_signal();
     tokio::pin!(shutdown);
     println!("[{identity}] waiting to lead");
     loop {

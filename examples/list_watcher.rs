@@ -7,6 +7,7 @@ use tokio_stream::StreamExt;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let lw = EtcdListerWatcher::new(
         client,
@@ -63,7 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     tokio::select! {
         _ = watching => {}
-        _ = common::shutdown_signal() => {}
+        _ = shutdown => {}
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use etcd_informer::{EtcdListerWatcher, Informer, ProstCodec, ResourceEventHandle
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let prefix = common::arg("prefix", "/registry/configmaps-pb/");
     let writer = TypedClient::new(
@@ -29,7 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .on_delete(|cm| say!("deleted: {}", cm.key()));
     let informer = Informer::new(lw, handler, Default::default())?;
     let run = tokio::spawn(informer.clone().run());
-    common::shutdown_signal().await;
+    shutdown.await;
     informer.stop();
     let _ = run.await;
     Ok(())

@@ -5,6 +5,7 @@ use etcd_informer::{EtcdListerWatcher, JsonCodec, ResourceEventHandlerFuncs, Sha
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let lw = EtcdListerWatcher::new(
         client,
@@ -21,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(informer.clone().run());
     informer.wait_for_cache_sync().await;
     say!("synced: {} objects", informer.lister().len());
-    common::shutdown_signal().await;
+    shutdown.await;
     informer.stop();
     Ok(())
 }

@@ -10,6 +10,7 @@ use etcd_informer::{
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let prefix = common::prefix();
     let lw = EtcdListerWatcher::new(
@@ -50,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     tokio::select! {
         _ = popping => {}
-        _ = common::shutdown_signal() => fifo.close(),
+        _ = shutdown => fifo.close(),
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ use etcd_informer::{EtcdListerWatcher, JsonCodec, ResourceEventHandlerFuncs, Sha
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
     let (client, _etcd) = common::etcd().await;
     let lw = EtcdListerWatcher::new(
         client,
@@ -20,7 +21,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ResourceEventHandlerFuncs::new().on_add(|cm, _| say!("created, name: {}", cm.name())),
     )?;
     let run = tokio::spawn(informer.clone().run());
-    common::shutdown_signal().await;
+    shutdown.await;
     informer.stop();
     let _ = run.await;
     Ok(())

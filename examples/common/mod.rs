@@ -103,12 +103,26 @@ async fn try_connect(endpoints: &[String], within: Duration) -> Result<Client, S
         .unwrap_or_else(|_| Err(format!("no answer within {within:?}")))
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled, so call it first thing: a signal arriving earlier would
+/// kill the process instead of stopping it cleanly.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut term = signal(SignalKind::terminate()).ok();
+    async move {
+        async fn recv(s: Option<&mut tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            _ = recv(int.as_mut()) => {}
+            _ = recv(term.as_mut()) => {}
+        }
     }
 }
 
