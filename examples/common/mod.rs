@@ -44,6 +44,13 @@ pub fn prefix() -> String {
 /// does not answer); else 127.0.0.1:2379 if it answers; else a throwaway etcd started here, if
 /// the binary exists. Keep the returned server alive as long as the example runs.
 pub async fn etcd() -> (Client, Option<EtcdServer>) {
+    // Library warnings (undecodable values, retries) go to stderr; RUST_LOG=debug shows more.
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     if let Ok(list) = std::env::var("ETCD_ENDPOINTS") {
         let endpoints: Vec<String> = list
             .split(',')

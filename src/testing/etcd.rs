@@ -27,7 +27,9 @@
 //! 3. Dropping an [`EtcdServer`] or [`EtcdCluster`] SIGKILLs and reaps its processes and then
 //!    removes the temporary directories.
 //!
-//! On other Unix systems only 2 and 3 apply.
+//! On other Unix systems only 2 and 3 apply. When a test process is interrupted (Ctrl-C), its
+//! etcd still dies, but its temporary directory stays; the next start removes such directories
+//! (they are named after the pid that created them, and only dead pids' directories go).
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -56,6 +58,8 @@ const RESTART_ATTEMPTS: usize = 5;
 /// Lines of the etcd log quoted in errors.
 const LOG_TAIL_LINES: usize = 30;
 const LOG_FILE: &str = "etcd.log";
+/// Temporary directories are named `etcd-informer-<pid>-<random>`.
+const DIR_PREFIX: &str = "etcd-informer-";
 const DATA_SUBDIR: &str = "data";
 const READINESS_KEY: &str = "/etcd-informer-harness/readiness";
 const INSTALL_HINT: &str = "install etcd (`apt-get install etcd-server` on Debian/Ubuntu), \
@@ -91,7 +95,7 @@ pub enum HarnessError {
         source: io::Error,
     },
     /// etcd exited while it was starting.
-    #[error("etcd ({}) for {endpoint} exited during startup with {status}; last lines of its log {}:\n{log_tail}", bin.display(), log.display())]
+    #[error("etcd ({}) for {endpoint} exited while starting ({status}); last lines of its log {}:\n{log_tail}", bin.display(), log.display())]
     Exited {
         /// The etcd binary.
         bin: PathBuf,
@@ -156,7 +160,7 @@ impl HarnessError {
 
 /// Options for [`EtcdServer::start_with`] and [`EtcdCluster::start_with`].
 #[derive(Debug, Clone, Default)]
-pub struct EtcdOptions {
+pub struct ServerOptions {
     /// Parent directory of the temporary data directories (default: the system temp dir).
     /// `/dev/shm` keeps benchmarks off the disk.
     pub data_root: Option<PathBuf>,
@@ -325,6 +329,41 @@ fn pick_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
     Ok(ports)
 }
 
+/// Removes temporary directories left behind by test processes that died without cleaning up
+/// (e.g. on Ctrl-C, which skips destructors and `atexit`; their etcd died with them thanks to
+/// PR_SET_PDEATHSIG). Directory names carry the creating pid; only directories whose process
+/// no longer exists are removed. Runs once per root per process.
+fn sweep_stale_dirs(root: &Path) {
+    static SWEPT: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    if !lock(SWEPT.get_or_init(Default::default)).insert(root.to_path_buf()) {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        if pid <= 0 || pid as u32 == std::process::id() {
+            continue;
+        }
+        // SAFETY: signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && entry.path().join(LOG_FILE).is_file() {
+            tracing::debug!(dir = %entry.path().display(), "removing stale etcd directory");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 fn log_tail(path: &Path) -> String {
     let read = || -> io::Result<String> {
         let mut file = File::open(path)?;
@@ -400,7 +439,7 @@ pub struct EtcdMember {
 impl EtcdMember {
     fn new(
         bin: &Path,
-        options: &EtcdOptions,
+        options: &ServerOptions,
         name: String,
         client_port: u16,
         peer_port: u16,
@@ -408,8 +447,9 @@ impl EtcdMember {
         token: &str,
     ) -> Result<Self, HarnessError> {
         let root = options.data_root.clone().unwrap_or_else(std::env::temp_dir);
+        sweep_stale_dirs(&root);
         let dir = tempfile::Builder::new()
-            .prefix("etcd-informer-")
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir_in(&root)
             .map_err(|e| {
                 HarnessError::io(
@@ -732,7 +772,7 @@ static CLUSTER_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Starts `n` members forming a new cluster, with fresh ports on each attempt.
 async fn start_members(
     n: usize,
-    options: &EtcdOptions,
+    options: &ServerOptions,
     bin: &Path,
 ) -> Result<Vec<EtcdMember>, HarnessError> {
     if n == 0 {
@@ -814,16 +854,19 @@ pub struct EtcdServer {
 impl EtcdServer {
     /// Starts etcd with default options and waits until it serves requests (up to 30 s).
     pub async fn start() -> Result<EtcdServer, HarnessError> {
-        Self::start_with(EtcdOptions::default()).await
+        Self::start_with(ServerOptions::default()).await
     }
 
     /// Starts etcd with `options` and waits until it serves requests (up to 30 s).
-    pub async fn start_with(options: EtcdOptions) -> Result<EtcdServer, HarnessError> {
+    pub async fn start_with(options: ServerOptions) -> Result<EtcdServer, HarnessError> {
         let bin = find_etcd_binary()?;
         Self::start_with_bin(&bin, &options).await
     }
 
-    async fn start_with_bin(bin: &Path, options: &EtcdOptions) -> Result<EtcdServer, HarnessError> {
+    async fn start_with_bin(
+        bin: &Path,
+        options: &ServerOptions,
+    ) -> Result<EtcdServer, HarnessError> {
         let mut members = start_members(1, options, bin).await?;
         let member = members
             .pop()
@@ -936,7 +979,7 @@ impl EtcdServer {
 ///     let cluster = EtcdCluster::start(3).await?;
 ///     let leader = cluster.leader_index().await.expect("a leader");
 ///     cluster.stop_member(leader).await?;
-///     let mut client = cluster.member(leader.wrapping_add(1) % 3).client().await;
+///     let mut client = cluster.member((leader + 1) % 3).client().await;
 ///     client.put("/k", "v", None).await?;
 ///     cluster.restart_member(leader).await?;
 ///     Ok(())
@@ -950,11 +993,11 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `n` members and waits until all answer and a leader exists (up to 30 s).
     pub async fn start(n: usize) -> Result<EtcdCluster, HarnessError> {
-        Self::start_with(n, EtcdOptions::default()).await
+        Self::start_with(n, ServerOptions::default()).await
     }
 
     /// [`start`](Self::start) with options applied to every member.
-    pub async fn start_with(n: usize, options: EtcdOptions) -> Result<EtcdCluster, HarnessError> {
+    pub async fn start_with(n: usize, options: ServerOptions) -> Result<EtcdCluster, HarnessError> {
         let bin = find_etcd_binary()?;
         let members = start_members(n, &options, &bin).await?;
         Ok(EtcdCluster { members })
@@ -1141,7 +1184,7 @@ pub async fn test_etcd_with_env(
     let bin = resolve_etcd_binary(etcd_bin, std::env::var_os("PATH").as_deref())?;
     let server = SHARED
         .get_or_try_init(|| async {
-            let server = EtcdServer::start_with_bin(&bin, &EtcdOptions::default()).await?;
+            let server = EtcdServer::start_with_bin(&bin, &ServerOptions::default()).await?;
             // SAFETY: registers a plain `extern "C"` function that neither unwinds nor relies on
             // thread-local state.
             if unsafe { libc::atexit(kill_shared_at_exit) } != 0 {
