@@ -23,7 +23,7 @@
 //! ```no_run
 //! use etcd_informer::{EtcdListerWatcher, JsonCodec, ResourceEventHandlerFuncs, SharedIndexInformer};
 //!
-//! #[derive(Debug, serde::Deserialize)]
+//! #[derive(Debug, serde::Deserialize, serde::Serialize)]
 //! struct ConfigMap { data: std::collections::BTreeMap<String, String> }
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -85,7 +85,7 @@ pub use delta_fifo::{Delta, DeltaFifo, DeltaType};
 pub use informer::{
     Controller, ControllerConfig, DeletedObject, Event, EventStream, HandlerRegistration, Informer,
     InformerError, InformerOptions, ResourceEventHandler, ResourceEventHandlerFuncs,
-    SharedIndexInformer,
+    SharedIndexInformer, SharedInformerFactory,
 };
 pub use lister::Lister;
 pub use listwatch::etcd::{connect, connect_options, EtcdListerWatcher, EtcdOptions};

@@ -136,8 +136,8 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
 /// ```
 /// use etcd_informer::{ListWatch, ListResult, Object, WatchStream};
 /// let lw = ListWatch::new(
-///     || async { Ok(ListResult { items: vec![Object::new("a", 1, 1u32)], revision: 1 }) },
-///     |_after: i64| async { Ok(Box::pin(tokio_stream::empty()) as WatchStream<u32>) },
+///     || async { Ok::<_, etcd_informer::listwatch::Error>(ListResult { items: vec![Object::new("a", 1, 1u32)], revision: 1 }) },
+///     |_after: i64| async { Ok::<_, etcd_informer::listwatch::Error>(Box::pin(tokio_stream::empty()) as WatchStream<u32>) },
 /// );
 /// # let _ = lw;
 /// ```
