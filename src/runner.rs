@@ -53,6 +53,16 @@ pub struct Runner {
     queue: WorkQueue<String>,
     workers: usize,
     synced: Vec<Synced>,
+    /// Removes this runner's handlers from their informers; run on drop.
+    unregister: Vec<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        for unregister in self.unregister.drain(..) {
+            unregister();
+        }
+    }
 }
 
 impl fmt::Debug for Runner {
@@ -73,6 +83,7 @@ impl Runner {
             queue: WorkQueue::new(),
             workers: 1,
             synced: Vec::new(),
+            unregister: Vec::new(),
         }
     }
 
@@ -126,7 +137,7 @@ impl Runner {
     }
 
     /// Runs until `shutdown` resolves, then stops taking keys and waits for the reconciles in
-    /// flight to finish.
+    /// flight to finish. The runner's handlers leave their informers when it returns.
     pub async fn run<F, Fut, E>(self, reconcile: F, shutdown: impl Future<Output = ()>)
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,

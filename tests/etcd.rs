@@ -547,3 +547,118 @@ async fn cluster_member_stopped_or_paused_informer_keeps_up() {
     converges(&r.informer, &writer, prefix, Duration::from_secs(30)).await;
     cluster.resume_member(1).unwrap();
 }
+
+#[tokio::test]
+async fn factory_shares_one_informer_per_prefix_and_type() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("factory");
+    let other = unique_prefix("factory-other");
+    put_many(&client, &prefix, 12, "v").await;
+    put_many(&client, &other, 3, "v").await;
+    let factory = etcd_informer::SharedInformerFactory::new(client.clone());
+    let a = factory
+        .informer_for::<String, _>(prefix.clone(), TextCodec)
+        .unwrap();
+    let b = factory
+        .informer_for::<String, _>(prefix.clone(), TextCodec)
+        .unwrap();
+    let c = factory
+        .informer_for::<Vec<u8>, _>(prefix.clone(), RawCodec)
+        .unwrap();
+    let d = factory
+        .informer_for::<String, _>(other.clone(), TextCodec)
+        .unwrap();
+    assert!(factory
+        .informer_for::<String, _>("/no-slash", TextCodec)
+        .is_err());
+    assert!(!factory.has_synced());
+    factory.start();
+    tokio::time::timeout(Duration::from_secs(30), factory.wait_for_cache_sync())
+        .await
+        .expect("all synced");
+    let key = "ns0/k0000";
+    assert!(
+        Arc::ptr_eq(&a.lister().get(key).unwrap(), &b.lister().get(key).unwrap()),
+        "one shared cache"
+    );
+    assert_eq!(
+        (a.lister().len(), c.lister().len(), d.lister().len()),
+        (12, 12, 3)
+    );
+    factory.shutdown().await;
+}
+
+/// Connects to one member only, with short request timeouts, so the test controls which member
+/// the informer talks to.
+async fn connect_member(endpoint: String) -> Client {
+    Client::connect([endpoint], Some(etcd_informer::connect_options()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn leaderless_or_frozen_member_is_noticed_not_waited_on() {
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = "/noticed/";
+    let client = connect_member(cluster.member_endpoint(0)).await;
+    client
+        .kv_client()
+        .put(format!("{prefix}ns/a"), "1", None)
+        .await
+        .unwrap();
+    let errors: Arc<Mutex<Vec<String>>> = Default::default();
+    let e = errors.clone();
+    let lw =
+        EtcdListerWatcher::with_options(client.clone(), prefix, TextCodec, quick_etcd_options())
+            .unwrap();
+    let informer = SharedIndexInformer::new(
+        lw,
+        InformerOptions {
+            watch_error_handler: Some(Arc::new(move |err: &etcd_informer::listwatch::Error| {
+                e.lock().unwrap().push(err.to_string())
+            })),
+            ..informer_options(Duration::from_millis(200))
+        },
+    );
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+
+    // Member 0 loses its peers: with require-leader, etcd cancels the watch ("no leader")
+    // instead of leaving it silently stale.
+    cluster.stop_member(1).await.unwrap();
+    cluster.stop_member(2).await.unwrap();
+    eventually(
+        "watch error reported without a leader",
+        Duration::from_secs(20),
+        || !errors.lock().unwrap().is_empty(),
+    )
+    .await;
+    let first = errors.lock().unwrap()[0].clone();
+    eprintln!("first watch error: {first}");
+    assert!(
+        first.to_lowercase().contains("leader") || first.contains("nothing for"),
+        "{first}"
+    );
+    cluster.restart_member(1).await.unwrap();
+    cluster.restart_member(2).await.unwrap();
+
+    // Member 0 freezes (SIGSTOP): no event, no progress; the silent watch is declared dead.
+    let before = errors.lock().unwrap().len();
+    cluster.pause_member(0).unwrap();
+    eventually("frozen member detected", Duration::from_secs(20), || {
+        errors.lock().unwrap().len() > before
+    })
+    .await;
+    cluster.resume_member(0).unwrap();
+    let writer = connect_member(cluster.member_endpoint(1)).await;
+    writer
+        .kv_client()
+        .put(format!("{prefix}ns/b"), "2", None)
+        .await
+        .unwrap();
+    converges(&informer, &writer, prefix, Duration::from_secs(30)).await;
+}

@@ -747,3 +747,27 @@ async fn reflector_feeds_a_fifo_popped_by_hand() {
     task.abort();
     let _ = source.list().await;
 }
+
+#[tokio::test]
+async fn indexers_added_after_start_reindex_the_cache() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a/1", "red".into());
+    source.put("b/2", "blue".into());
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let mut by_value: etcd_informer::Indexers<String> = HashMap::new();
+    by_value.insert(
+        "value".into(),
+        Arc::new(|o: &Object<String>| vec![o.value.clone()]),
+    );
+    informer.add_indexers(by_value).unwrap();
+    assert_eq!(
+        informer.lister().by_index("value", "red").unwrap()[0].key(),
+        "a/1"
+    );
+    source.put("c/3", "red".into());
+    eventually("new object indexed", || {
+        informer.lister().by_index("value", "red").unwrap().len() == 2
+    })
+    .await;
+}
