@@ -11,6 +11,9 @@ use tokio::time::Instant;
 use crate::store::Store;
 use crate::Object;
 
+/// Capacity (in keys) above which a drained queue releases its memory.
+const SHRINK_ABOVE: usize = 1024;
+
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeltaType {
@@ -169,6 +172,8 @@ impl<T> DeltaFifo<T> {
         let mut inner = self.lock();
         inner.populated = true;
         self.queue_action(&mut inner, Delta::new(DeltaType::Added, obj));
+        drop(inner);
+        self.notify.notify_waiters();
     }
 
     /// Queues an `Updated` delta.
@@ -176,6 +181,8 @@ impl<T> DeltaFifo<T> {
         let mut inner = self.lock();
         inner.populated = true;
         self.queue_action(&mut inner, Delta::new(DeltaType::Updated, obj));
+        drop(inner);
+        self.notify.notify_waiters();
     }
 
     /// Queues a watch event's object as `kind` unless the FIFO already knows the key at the same
@@ -190,6 +197,8 @@ impl<T> DeltaFifo<T> {
         }
         inner.populated = true;
         self.queue_action(&mut inner, Delta::new(kind, obj));
+        drop(inner);
+        self.notify.notify_waiters();
         true
     }
 
@@ -211,6 +220,8 @@ impl<T> DeltaFifo<T> {
             .filter(|l| l.mod_revision >= newest.mod_revision)
             .unwrap_or(newest);
         self.queue_action(&mut inner, Delta::new(DeltaType::Deleted, object));
+        drop(inner);
+        self.notify.notify_waiters();
         true
     }
 
@@ -250,6 +261,8 @@ impl<T> DeltaFifo<T> {
             inner.populated = true;
             inner.initial_population_count = list_len + tombstones;
         }
+        drop(inner);
+        self.notify.notify_waiters();
         tracing::debug!(items = list_len, tombstones, "DeltaFIFO replaced");
     }
 
@@ -266,6 +279,8 @@ impl<T> DeltaFifo<T> {
                 self.queue_action(&mut inner, Delta::new(DeltaType::Sync, obj));
             }
         }
+        drop(inner);
+        self.notify.notify_waiters();
     }
 
     /// Puts `deltas` back for `key` unless the key has deltas queued already (newer ones win).
@@ -285,6 +300,7 @@ impl<T> DeltaFifo<T> {
         inner.items.insert(key, deltas);
     }
 
+    /// Appends a delta to its key's slot. Callers wake `pop` once they release the lock.
     fn queue_action(&self, inner: &mut Inner<T>, delta: Delta<T>) {
         let key = delta.object.shared_key().clone();
         let deltas = inner.items.entry(key.clone()).or_default();
@@ -293,7 +309,6 @@ impl<T> DeltaFifo<T> {
         }
         deltas.push(delta);
         dedup_deletes(deltas);
-        self.notify.notify_waiters();
     }
 
     /// Waits for a key, removes it with its deltas and calls `process(deltas, is_in_initial_list)`
@@ -336,6 +351,11 @@ impl<T> DeltaFifo<T> {
                     if let Err(PopError::Requeue { after, .. }) = &result {
                         inner.not_before.insert(key.clone(), now + *after);
                         Self::add_if_not_present_locked(&mut inner, key.clone(), deltas);
+                    } else if inner.queue.is_empty() && inner.items.capacity() > SHRINK_ABOVE {
+                        // A relist of a big prefix grows the maps; give that memory back once
+                        // it is drained instead of keeping it for the informer's lifetime.
+                        inner.items.shrink_to_fit();
+                        inner.queue.shrink_to_fit();
                     }
                     return Ok((key, result));
                 }

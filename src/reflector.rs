@@ -195,11 +195,13 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             self.last_synced.store(revision, Ordering::Release);
             tracing::debug!(revision, "listed");
 
-            // Watch until the revision expires.
+            // Watch until the revision expires, then relist after a backoff too: a relist
+            // storm against a struggling etcd makes it worse.
             loop {
-                match self.watch(&mut revision).await {
-                    WatchEnd::Expired => break,
-                    WatchEnd::Failed => tokio::time::sleep(backoff.next_delay()).await,
+                let end = self.watch(&mut revision).await;
+                tokio::time::sleep(backoff.next_delay()).await;
+                if let WatchEnd::Expired = end {
+                    break;
                 }
             }
             highest_seen = highest_seen.max(revision);

@@ -10,6 +10,9 @@ use tokio::time::Instant;
 
 use super::handler::{Event, ResourceEventHandler};
 
+/// Capacity (in events) above which a drained backlog releases its memory.
+const SHRINK_ABOVE: usize = 1024;
+
 /// One registered handler: a buffer of events drained by a dedicated thread.
 ///
 /// Invariant: `initial_pending` counts the initial adds queued for this handler and not yet
@@ -77,6 +80,10 @@ impl<T: Send + Sync + 'static> Listener<T> {
                         return;
                     }
                     if let Some(e) = buf.queue.pop_front() {
+                        if buf.queue.is_empty() && buf.queue.capacity() > SHRINK_ABOVE {
+                            // The initial list fills every backlog; do not keep that memory.
+                            buf.queue.shrink_to_fit();
+                        }
                         break e;
                     }
                     buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
