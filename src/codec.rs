@@ -191,6 +191,17 @@ mod tests {
             assert!(c.decode(&bytes).is_err(), "trailing bytes");
             assert!(c.decode(&[0xff, 0xff]).is_err());
         }
+        #[cfg(feature = "protobuf")]
+        {
+            let c = ProstCodec::<crate::proto::ConfigMap>::new();
+            let cm = crate::proto::ConfigMap {
+                namespace: "tmp".into(),
+                name: "demo".into(),
+                ..Default::default()
+            };
+            assert_eq!(c.decode(&c.encode(&cm).unwrap()).unwrap(), cm);
+            assert!(c.decode(&[0xff, 0xff, 0xff]).is_err());
+        }
         assert_eq!(TextCodec.decode(b"hi").unwrap(), "hi");
         assert!(TextCodec.decode(b"\xff\xfe").is_err());
         assert_eq!(RawCodec.decode(b"\xff").unwrap(), vec![0xff]);
