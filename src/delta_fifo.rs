@@ -382,6 +382,11 @@ impl<T> DeltaFifo<T> {
         self.notify.notify_waiters();
     }
 
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Whether the first list (or first add) has been fully popped and processed.
     pub fn has_synced(&self) -> bool {
         let inner = self.lock();

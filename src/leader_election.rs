@@ -48,13 +48,13 @@ pub struct LeaderElector {
 }
 
 /// Leadership held; see [`LeaderElector::campaign`]. Dropping it stops renewing the lease (it
-/// then expires after its TTL); [`resign`](Self::resign) hands leadership over at once.
+/// then expires after its TTL, as if this process had crashed); [`resign`](Self::resign) hands
+/// leadership over at once.
 pub struct Leadership {
     client: Client,
     leader_key: LeaderKey,
-    lease: i64,
     lost: watch::Receiver<Option<ElectionError>>,
-    keeper: tokio::task::JoinHandle<()>,
+    guard: LeaseGuard,
 }
 
 impl LeaderElector {
@@ -68,10 +68,11 @@ impl LeaderElector {
         }
     }
 
-    /// The lease TTL (whole seconds, at least 2): how long a dead leader blocks a successor.
+    /// The lease TTL, rounded down to whole seconds (etcd's unit), at least 2 s: how long a
+    /// dead leader blocks a successor.
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl.max(Duration::from_secs(2));
+        self.ttl = Duration::from_secs(ttl.as_secs().max(2));
         self
     }
 
@@ -88,9 +89,11 @@ impl LeaderElector {
         }
     }
 
-    /// Waits until this candidate leads. Cancel by dropping the future (the lease then expires).
+    /// Waits until this candidate leads. Cancel by dropping the future: the lease is then
+    /// revoked, so a campaign won at that very moment does not block other candidates.
     pub async fn campaign(&self) -> Result<Leadership, ElectionError> {
         let ttl_secs = self.ttl.as_secs() as i64;
+        let granted_at = Instant::now();
         let lease = self
             .client
             .lease_client()
@@ -100,7 +103,14 @@ impl LeaderElector {
             .id();
         let (lost_tx, lost) = watch::channel(None);
         let span = tracing::info_span!("leader_lease", election = %self.election, identity = %self.identity, lease);
-        let keeper = tokio::spawn(keep_alive(self.clone(), lease, lost_tx).instrument(span));
+        let mut guard = LeaseGuard {
+            client: self.client.clone(),
+            lease,
+            keeper: tokio::spawn(
+                keep_alive(self.clone(), lease, granted_at, lost_tx).instrument(span),
+            ),
+            revoke_on_drop: true,
+        };
         let campaign = self
             .client
             .election_client()
@@ -109,27 +119,48 @@ impl LeaderElector {
         let leader_key = match campaign.map(|mut r| r.take_leader()) {
             Ok(Some(key)) => key,
             Ok(None) => {
-                keeper.abort();
                 return Err(ElectionError::Etcd {
                     election: self.election.clone(),
                     what: "campaign",
                     message: "etcd returned no leader key".into(),
-                });
+                })
             }
-            Err(e) => {
-                keeper.abort();
-                let _ = self.client.lease_client().revoke(lease).await;
-                return Err(self.error("campaign")(e));
-            }
+            Err(e) => return Err(self.error("campaign")(e)),
         };
         tracing::info!(election = %self.election, identity = %self.identity, "became leader");
+        // From here on, dropping leadership only stops renewing (a crash, as far as others
+        // can tell); `resign` revokes.
+        guard.revoke_on_drop = false;
         Ok(Leadership {
             client: self.client.clone(),
             leader_key,
-            lease,
             lost,
-            keeper,
+            guard,
         })
+    }
+}
+
+/// Owns the lease renewal task: stops it when dropped, and revokes the lease if the campaign
+/// never completed.
+struct LeaseGuard {
+    client: Client,
+    lease: i64,
+    keeper: tokio::task::JoinHandle<()>,
+    revoke_on_drop: bool,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.keeper.abort();
+        if self.revoke_on_drop {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let mut leases = self.client.lease_client();
+                let lease = self.lease;
+                runtime.spawn(async move {
+                    let _ = leases.revoke(lease).await;
+                });
+            }
+        }
     }
 }
 
@@ -153,17 +184,17 @@ impl Leadership {
 
     /// The lease that holds leadership.
     pub fn lease_id(&self) -> i64 {
-        self.lease
+        self.guard.lease
     }
 
     /// Whether leadership is still held.
     pub fn is_leader(&self) -> bool {
-        self.lost.borrow().is_none() && !self.keeper.is_finished()
+        self.lost.borrow().is_none() && !self.guard.keeper.is_finished()
     }
 
     /// Gives leadership up at once so another candidate can take over.
     pub async fn resign(self) {
-        self.keeper.abort();
+        self.guard.keeper.abort();
         let _ = self
             .client
             .election_client()
@@ -171,27 +202,25 @@ impl Leadership {
                 etcd_client::ResignOptions::new().with_leader(self.leader_key.clone()),
             ))
             .await;
-        let _ = self.client.lease_client().revoke(self.lease).await;
+        let _ = self.client.lease_client().revoke(self.guard.lease).await;
     }
 }
 
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        self.keeper.abort();
-    }
-}
-
-/// Renews the lease every TTL/3 until told to stop; reports loss when a renewal is overdue
-/// (TTL*2/3 since the last acknowledged one) or etcd says the lease is gone.
+/// Renews the lease every TTL/3 and reports loss once no renewal has been acknowledged for
+/// TTL*2/3 (measured from when the acknowledged request was *sent*, and checked before every
+/// wait), or as soon as etcd says the lease is gone. The server keeps the lease for a full TTL
+/// after it receives a renewal, so loss is always reported at least TTL/3 before another
+/// candidate can win.
 async fn keep_alive(
     elector: LeaderElector,
     lease: i64,
+    granted_at: Instant,
     lost: watch::Sender<Option<ElectionError>>,
 ) {
     let ttl = elector.ttl;
     let period = ttl / 3;
-    let deadline_after = ttl * 2 / 3;
-    let mut last_ok = Instant::now();
+    let margin = ttl * 2 / 3;
+    let retry = Duration::from_millis(100);
     let report = |why: String| {
         tracing::warn!(%why, "leadership lost");
         let _ = lost.send(Some(ElectionError::Lost {
@@ -200,38 +229,54 @@ async fn keep_alive(
             why,
         }));
     };
+    let mut last_ok = granted_at;
     let mut stream = None;
     loop {
-        if stream.is_none() {
-            let connect =
-                tokio::time::timeout(period, elector.client.lease_client().keep_alive(lease)).await;
-            if let Ok(Ok(pair)) = connect {
-                stream = Some(pair);
-            }
-        }
-        if let Some((keeper, responses)) = stream.as_mut() {
-            let renewed = tokio::time::timeout(period, async {
-                keeper.keep_alive().await?;
-                responses.message().await
-            })
-            .await;
-            match renewed {
-                Ok(Ok(Some(resp))) if resp.ttl() > 0 => last_ok = Instant::now(),
-                Ok(Ok(Some(_))) => {
-                    report(format!("lease {lease} expired or was revoked"));
-                    return;
-                }
-                _ => stream = None,
-            }
-        }
-        if last_ok.elapsed() >= deadline_after {
+        let deadline = last_ok + margin;
+        if Instant::now() >= deadline {
             report(format!(
-                "no lease renewal for {:?} (TTL {ttl:?}): etcd unreachable",
+                "no lease renewal acknowledged for {:?} (TTL {ttl:?}): etcd unreachable",
                 last_ok.elapsed()
             ));
             return;
         }
-        let next = (last_ok + period).max(Instant::now() + Duration::from_millis(100));
-        tokio::time::sleep_until(next.min(last_ok + deadline_after)).await;
+        let (keeper, responses) = match stream.as_mut() {
+            Some((keeper, responses)) => (keeper, responses),
+            None => {
+                match tokio::time::timeout_at(
+                    deadline,
+                    elector.client.lease_client().keep_alive(lease),
+                )
+                .await
+                {
+                    Ok(Ok(pair)) => stream = Some(pair),
+                    Ok(Err(_)) => {
+                        tokio::time::sleep_until((Instant::now() + retry).min(deadline)).await
+                    }
+                    Err(_) => {}
+                }
+                continue;
+            }
+        };
+        let sent = Instant::now();
+        let renewed = tokio::time::timeout_at(deadline, async {
+            keeper.keep_alive().await?;
+            responses.message().await
+        })
+        .await;
+        match renewed {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => last_ok = sent,
+            Ok(Ok(Some(_))) => {
+                report(format!("lease {lease} expired or was revoked"));
+                return;
+            }
+            Ok(_) => {
+                stream = None;
+                tokio::time::sleep_until((Instant::now() + retry).min(deadline)).await;
+                continue;
+            }
+            Err(_) => continue,
+        }
+        tokio::time::sleep_until(last_ok + period).await;
     }
 }

@@ -132,8 +132,8 @@ pub struct Reflector<T, L> {
 pub struct RevisionHandle(Arc<AtomicI64>);
 
 impl RevisionHandle {
-    /// The last revision the reflector knows the cache to be complete at (0 before the first
-    /// list): client-go's `LastSyncResourceVersion`.
+    /// The last revision the reflector has read up to and queued (0 before the first list):
+    /// client-go's `LastSyncResourceVersion`. The cache reaches it once the queue is drained.
     pub fn get(&self) -> i64 {
         self.0.load(Ordering::Acquire)
     }
@@ -170,6 +170,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
 
     async fn run_inner(mut self) {
         let mut backoff = self.options.backoff.clone();
+        // One resync schedule for the reflector's life, so frequent re-watches do not keep
+        // pushing the next resync away.
+        let period = self.options.resync_period;
+        let mut resync =
+            (!period.is_zero()).then(|| tokio::time::interval_at(Instant::now() + period, period));
         let mut highest_seen = 0i64;
         loop {
             // List.
@@ -181,16 +186,20 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     continue;
                 }
             };
+            let items = list.items.into_iter().map(Arc::new).collect();
             if list.revision < highest_seen {
                 tracing::warn!(
                     list_revision = list.revision,
                     highest_seen,
                     "revision went backwards: the store was wiped or restored; replacing the cache"
                 );
+                // Revisions start over in the new store, so an object listed at the revision
+                // the cache holds may still differ: retire every cached key (tombstones), then
+                // add the list afresh, rather than letting equal revisions pass as unchanged.
+                self.fifo.replace(Vec::new());
             }
             let mut revision = list.revision;
             highest_seen = revision;
-            let items = list.items.into_iter().map(Arc::new).collect();
             self.fifo.replace(items);
             self.last_synced.store(revision, Ordering::Release);
             tracing::debug!(revision, "listed");
@@ -198,7 +207,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // Watch until the revision expires, then relist after a backoff too: a relist
             // storm against a struggling etcd makes it worse.
             loop {
-                let end = self.watch(&mut revision).await;
+                let end = self.watch(&mut revision, &mut resync).await;
                 tokio::time::sleep(backoff.next_delay()).await;
                 if let WatchEnd::Expired = end {
                     break;
@@ -208,7 +217,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         }
     }
 
-    async fn watch(&mut self, revision: &mut i64) -> WatchEnd {
+    async fn watch(
+        &mut self,
+        revision: &mut i64,
+        resync: &mut Option<tokio::time::Interval>,
+    ) -> WatchEnd {
         let mut stream = match self.lw.watch(*revision).await {
             Ok(s) => s,
             Err(e) => {
@@ -220,14 +233,17 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 };
             }
         };
-        let period = self.options.resync_period;
-        let mut resync =
-            (!period.is_zero()).then(|| tokio::time::interval_at(Instant::now() + period, period));
         loop {
+            let tick = async {
+                match resync.as_mut() {
+                    Some(interval) => interval.tick().await,
+                    None => std::future::pending().await,
+                }
+            };
             let event = tokio::select! {
                 biased;
                 event = stream.next() => event,
-                _ = async { resync.as_mut().unwrap().tick().await }, if resync.is_some() => {
+                _ = tick => {
                     if self.options.should_resync.as_ref().is_none_or(|f| f()) {
                         tracing::trace!("resync");
                         self.fifo.resync();

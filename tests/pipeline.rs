@@ -93,6 +93,22 @@ fn started(
     informer
 }
 
+/// Whether the informer's cache holds exactly the source's objects at their revisions.
+fn caught_up(informer: &SharedIndexInformer<String>, source: &FakeSource<String>) -> bool {
+    let cache: Vec<(String, i64)> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), o.mod_revision))
+        .collect();
+    let want: Vec<(String, i64)> = source
+        .objects()
+        .iter()
+        .map(|o| (o.key().to_string(), o.mod_revision))
+        .collect();
+    cache == want
+}
+
 fn snapshot(log: &Log) -> Vec<String> {
     log.lock().unwrap().clone()
 }
@@ -390,10 +406,7 @@ async fn bounded_backlog_keeps_final_state_of_every_key() {
             source.put(&key, i.to_string());
         }
     }
-    eventually("cache caught up", || {
-        informer.last_synced_revision() == source.revision()
-    })
-    .await;
+    eventually("cache caught up", || caught_up(&informer, &source)).await;
     assert!(reg.backlog() <= 32, "backlog {} not bounded", reg.backlog());
     gate.open();
     eventually("handler drained", || reg.backlog() == 0).await;
@@ -461,10 +474,7 @@ async fn late_handler_gets_cached_objects_then_live_stream_without_gap_or_duplic
         )
         .unwrap();
     writer.await.unwrap();
-    eventually("caught up", || {
-        informer.last_synced_revision() == source.revision()
-    })
-    .await;
+    eventually("caught up", || caught_up(&informer, &source)).await;
     eventually("handler synced and drained", || {
         reg.has_synced() && reg.backlog() == 0
     })
@@ -628,19 +638,20 @@ async fn list_failures_back_off_exponentially() {
 #[tokio::test]
 async fn bookmarks_advance_the_synced_revision() {
     let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
     let informer = started(&source, fast_options());
     informer.wait_for_cache_sync().await;
-    let other = FakeSource::<String>::new();
-    drop(other);
-    // Advance the revision without touching anything the informer caches, then bookmark.
-    source.put("x", "1".into());
-    source.delete("x");
     eventually("watch open", || source.open_watches() == 1).await;
-    source.bookmark();
+    let ahead = source.revision() + 10;
+    source.inject(|| WatchEvent::Bookmark(ahead));
     eventually("bookmark applied", || {
-        informer.last_synced_revision() == source.revision()
+        informer.last_synced_revision() == ahead
     })
     .await;
+    // The next watch resumes after the bookmark, not before it: here the bookmark is ahead of
+    // the store, so resuming from it fails as expired and the informer relists.
+    source.break_watches(Error::transient("reset"));
+    eventually("relisted", || source.list_count() == 2).await;
 }
 
 #[tokio::test]
@@ -770,4 +781,116 @@ async fn indexers_added_after_start_reindex_the_cache() {
         informer.lister().by_index("value", "red").unwrap().len() == 2
     })
     .await;
+}
+
+#[tokio::test]
+async fn resync_fires_every_period_in_real_time() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let s = syncs.clone();
+    informer
+        .add_event_handler_with_resync(
+            ResourceEventHandlerFuncs::<String>::new().on_update(move |_, _| {
+                s.fetch_add(1, Ordering::SeqCst);
+            }),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let n = syncs.load(Ordering::SeqCst);
+    assert!(
+        (3..=4).contains(&n),
+        "{n} resyncs in 3.5 s with a 1 s period"
+    );
+}
+
+#[tokio::test]
+async fn stopped_informer_lets_handler_threads_finish_and_end() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let token = Arc::new(());
+    let held = token.clone();
+    // The handler holds the informer too: a cycle that must not keep its thread alive.
+    let inf = informer.clone();
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let d = delivered.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new().on_add(move |_, _| {
+                let _ = (&held, inf.has_synced());
+                d.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    informer.stop();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap();
+    drop(informer);
+    eventually("handler thread ended and dropped its handler", || {
+        Arc::strong_count(&token) == 1
+    })
+    .await;
+    assert_eq!(delivered.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn stop_ends_run_under_sustained_writes() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let writer = {
+        let source = source.clone();
+        tokio::spawn(async move {
+            for i in 0.. {
+                source.put(&format!("k{}", i % 100), i.to_string());
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    informer.stop();
+    let _ = run.await;
+    writer.abort();
+}
+
+#[tokio::test]
+async fn wiped_store_reannounces_objects_even_at_equal_revisions() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "old".into()); // revision 2
+    source.put("x", "1".into()); // 3
+    source.delete("x"); // 4
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    source.wipe();
+    assert_eq!(
+        source.put("a", "new".into()),
+        2,
+        "same key, same revision, new value"
+    );
+    eventually("new value cached", || {
+        informer.lister().get("a").is_some_and(|o| o.value == "new")
+    })
+    .await;
+    eventually("handler told", || snapshot(&log).len() == 3).await;
+    assert_eq!(
+        snapshot(&log),
+        [
+            "add a old true",
+            "delete a old tombstone",
+            "add a new false"
+        ]
+    );
 }

@@ -84,6 +84,10 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
                         })
                     })
                     .await;
+                if queue.is_closed() {
+                    // Stop feeding a closed queue so that draining it ends.
+                    reflector.0.abort();
+                }
                 match popped {
                     Ok((key, Ok(()))) => {
                         if !failures.is_empty() {
@@ -97,7 +101,6 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
         }
         .instrument(span)
         .await;
-        drop(reflector);
     }
 }
 

@@ -35,6 +35,8 @@ struct Buffer<T> {
     /// Compact when the queue grows past this (only with `max_backlog`).
     compact_at: usize,
     stopped: bool,
+    /// Deliver what is queued, then end the thread.
+    closing: bool,
 }
 
 impl<T: Send + Sync + 'static> Listener<T> {
@@ -55,6 +57,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
                 queue: VecDeque::new(),
                 compact_at: max_backlog.unwrap_or(usize::MAX),
                 stopped: false,
+                closing: false,
             }),
             ready: Condvar::new(),
             initial_pending: AtomicUsize::new(0),
@@ -85,6 +88,9 @@ impl<T: Send + Sync + 'static> Listener<T> {
                             buf.queue.shrink_to_fit();
                         }
                         break e;
+                    }
+                    if buf.closing {
+                        return;
                     }
                     buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
                 }
@@ -145,6 +151,12 @@ impl<T> Listener<T> {
         self.ready.notify_one();
     }
 
+    /// Ends the thread once every queued notification is delivered.
+    pub(crate) fn close(&self) {
+        self.lock().closing = true;
+        self.ready.notify_all();
+    }
+
     /// Ends the thread after the notification it is handling; queued ones are dropped.
     pub(crate) fn stop_thread(&self) {
         let mut buf = self.lock();
@@ -179,7 +191,11 @@ impl<T> Listener<T> {
         if *next > now {
             return false;
         }
-        *next = now + self.resync_period;
+        // Advance on the fixed schedule the resync ticker keeps: measuring from `now`, which is
+        // always a little after the tick, would make every other tick look early.
+        while *next <= now {
+            *next += self.resync_period;
+        }
         true
     }
 }

@@ -118,6 +118,8 @@ struct Shared<T> {
     processor: Mutex<Processor<T>>,
     source: Mutex<Option<Box<dyn ListerWatcher<T>>>>,
     started: AtomicBool,
+    /// Set once `run` has ended: handlers get what is queued, then their threads end.
+    stopped: AtomicBool,
     default_resync: Duration,
     resync_check_period: Mutex<Duration>,
     revision: OnceLock<RevisionHandle>,
@@ -231,6 +233,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 }),
                 source: Mutex::new(Some(source)),
                 started: AtomicBool::new(false),
+                stopped: AtomicBool::new(false),
                 default_resync,
                 resync_check_period: Mutex::new(default_resync),
                 revision: OnceLock::new(),
@@ -277,7 +280,13 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 .unwrap_or_else(|e| e.into_inner());
             if !period.is_zero() {
                 if self.shared.started.load(Ordering::Acquire) {
-                    if period < *check || check.is_zero() {
+                    if check.is_zero() {
+                        tracing::warn!(
+                            informer = %self.shared.name,
+                            requested = ?period,
+                            "the informer started without resync; this handler will not be resynced"
+                        );
+                    } else if period < *check {
                         tracing::warn!(
                             informer = %self.shared.name,
                             requested = ?period,
@@ -311,6 +320,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             });
         }
         processor.listeners.push(listener.clone());
+        if self.shared.stopped.load(Ordering::Acquire) {
+            listener.close();
+        }
         Ok(HandlerRegistration {
             listener,
             informer: Arc::downgrade(&self.shared),
@@ -381,6 +393,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 backoff: self.shared.backoff.clone(),
             },
         };
+        // However `run` ends (stopped, or its future dropped), let each handler thread finish
+        // its backlog and end, instead of waiting forever for events that cannot come.
+        let _close_handlers = CloseHandlersOnDrop(self.shared.clone());
         let revision = &self.shared.revision;
         Controller::new(config)
             .run_with(|handle| {
@@ -389,7 +404,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             .await;
     }
 
-    /// Stops the informer: the running [`run`](Self::run) returns once the queue is drained.
+    /// Stops the informer: the reflector stops, and [`run`](Self::run) returns once what is
+    /// queued is applied; handlers then finish their backlogs and their threads end.
     pub fn stop(&self) {
         self.shared.fifo.close();
     }
@@ -479,8 +495,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         Ok(self.shared.indexer.add_indexers(indexers)?)
     }
 
-    /// The revision the cache is known to be complete at (client-go's
-    /// `LastSyncResourceVersion`); 0 before the first list.
+    /// The revision the reflector has read and queued up to (client-go's
+    /// `LastSyncResourceVersion`); 0 before the first list. The cache reaches it once the
+    /// queued changes are applied.
     pub fn last_synced_revision(&self) -> i64 {
         self.shared.revision.get().map_or(0, RevisionHandle::get)
     }
@@ -493,6 +510,19 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// The informer's name.
     pub fn name(&self) -> &str {
         &self.shared.name
+    }
+}
+
+/// Marks the informer stopped and closes its handlers when dropped.
+struct CloseHandlersOnDrop<T>(Arc<Shared<T>>);
+
+impl<T> Drop for CloseHandlersOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::Release);
+        let processor = self.0.processor.lock().unwrap_or_else(|e| e.into_inner());
+        for l in &processor.listeners {
+            l.close();
+        }
     }
 }
 
@@ -588,6 +618,15 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> ListerWatcher<T> for Transfo
             let mapped = stream.map(move |event| match event {
                 WatchEvent::Added(o) => WatchEvent::Added(transform(o)),
                 WatchEvent::Modified(o) => WatchEvent::Modified(transform(o)),
+                WatchEvent::Deleted {
+                    key,
+                    revision,
+                    last,
+                } => WatchEvent::Deleted {
+                    key,
+                    revision,
+                    last: last.map(|o| transform(o)),
+                },
                 other => other,
             });
             Ok(Box::pin(mapped) as WatchStream<T>)

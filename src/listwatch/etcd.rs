@@ -318,17 +318,21 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         Ok(ListResult { items, revision })
     }
 
+    /// Whether this etcd's progress revisions can advance the watch; asked once (a failed
+    /// question is asked again next time rather than remembered as "no").
     async fn trust_progress(&self) -> bool {
-        *self
-            .trust_progress
-            .get_or_init(|| async {
-                let mut maintenance = self.client.maintenance_client();
-                match maintenance.status().await {
-                    Ok(status) => progress_is_trustworthy(status.version()),
-                    Err(_) => false,
-                }
-            })
-            .await
+        if let Some(trust) = self.trust_progress.get() {
+            return *trust;
+        }
+        let mut maintenance = self.client.maintenance_client();
+        match tokio::time::timeout(Duration::from_secs(5), maintenance.status()).await {
+            Ok(Ok(status)) => {
+                let trust = progress_is_trustworthy(status.version());
+                let _ = self.trust_progress.set(trust);
+                trust
+            }
+            _ => false,
+        }
     }
 }
 
@@ -347,15 +351,27 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             if self.options.prev_kv {
                 options = options.with_prev_key();
             }
-            let stream = self
+            let mut client = self
                 .client
                 .watch_client()
-                .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
-                .watch(self.prefix.to_vec(), Some(options))
-                .await
-                .map_err(|e| classify(e, after_revision))?;
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+            let stream = tokio::time::timeout(
+                self.options.idle_timeout,
+                client.watch(self.prefix.to_vec(), Some(options)),
+            )
+            .await
+            .map_err(|_| {
+                Error::Transient(format!(
+                    "starting the watch of {} took over {:?}",
+                    self.prefix(),
+                    self.options.idle_timeout
+                ))
+            })?
+            .map_err(|e| classify(e, after_revision))?;
             let (tx, rx) = mpsc::channel(self.options.watch_buffer);
             let task = WatchTask {
+                client: self.client.clone(),
+                range: (self.prefix.to_vec(), self.range_end.clone()),
                 decoder: self.decoder(),
                 after: after_revision,
                 trust_progress,
@@ -422,6 +438,9 @@ impl<T: 'static> Decoder<T> {
 
 /// Reads one etcd watch stream and forwards its events.
 struct WatchTask<T> {
+    client: Client,
+    /// The watched range, for consistency checks.
+    range: (Vec<u8>, Vec<u8>),
     decoder: Decoder<T>,
     after: i64,
     trust_progress: bool,
@@ -458,7 +477,6 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 }
                 _ = self.tx.closed() => return,
             };
-            last_heard = tokio::time::Instant::now();
             let response = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => {
@@ -478,7 +496,10 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     return;
                 }
             };
-            if let Err(e) = self.handle(response).await {
+            let handled = self.handle(response).await;
+            // Waiting for the reflector to take events is not silence from etcd.
+            last_heard = tokio::time::Instant::now();
+            if let Err(e) = handled {
                 let _ = self.tx.send(WatchEvent::Error(e)).await;
                 return;
             }
@@ -509,13 +530,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             });
         }
         if header_revision != 0 && header_revision < self.after {
-            return Err(Error::Expired {
-                revision: self.after + 1,
-                reason: format!(
-                    "etcd is at revision {header_revision}, below the watched revision {}: the store was wiped or restored",
-                    self.after
-                ),
-            });
+            return Err(self.behind(header_revision).await);
         }
         let events = std::mem::take(&mut response.0.events);
         if events.is_empty() {
@@ -568,6 +583,36 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             self.send(forwarded).await?;
         }
         Ok(())
+    }
+
+    /// The watch reports a revision below the one it started after: either this member lags
+    /// behind the cluster (retry), or the whole store went back in time (relist). A
+    /// linearizable read, answered only with the cluster's current revision, tells which.
+    async fn behind(&self, header_revision: i64) -> Error {
+        let options = GetOptions::new()
+            .with_range(self.range.1.clone())
+            .with_count_only();
+        let read = tokio::time::timeout(
+            self.idle_timeout,
+            self.client
+                .kv_client()
+                .get(self.range.0.clone(), Some(options)),
+        )
+        .await;
+        match read {
+            Ok(Ok(resp)) if resp.header().map_or(0, |h| h.revision()) < self.after => Error::Expired {
+                revision: self.after + 1,
+                reason: format!(
+                    "etcd is at revision {}, below the watched revision {}: the store was wiped or restored",
+                    resp.header().map_or(0, |h| h.revision()),
+                    self.after
+                ),
+            },
+            _ => Error::Transient(format!(
+                "the member serving the watch is at revision {header_revision}, behind the watched revision {}",
+                self.after
+            )),
+        }
     }
 
     async fn send(&self, event: WatchEvent<T>) -> Result<(), Error> {

@@ -144,6 +144,24 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
         inner.history.clear();
     }
 
+    /// Replaces the store with an empty one whose revisions start over, as when etcd is wiped
+    /// or restored from an old backup; open watches end as if the connection dropped.
+    pub fn wipe(&self) {
+        let mut inner = self.lock();
+        inner.revision = 1;
+        inner.compacted = 0;
+        inner.objects.clear();
+        inner.history.clear();
+        for w in inner.watchers.drain(..) {
+            let _ = w.send(WatchEvent::Error(Error::transient("connection reset")));
+        }
+    }
+
+    /// Every object, in key order, without counting as a list.
+    pub fn objects(&self) -> Vec<Object<T>> {
+        self.lock().objects.values().cloned().collect()
+    }
+
     /// Ends every open watch with `error` (use [`Error::Transient`] for a lost connection,
     /// [`Error::Expired`] for a compaction the watch noticed).
     pub fn break_watches(&self, error: Error) {
@@ -227,6 +245,14 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         inner.watches += 1;
         let result = if let Some(e) = inner.watch_errors.pop_front() {
             Err(e)
+        } else if after_revision > inner.revision {
+            Err(Error::Expired {
+                revision: after_revision,
+                reason: format!(
+                    "the store is at revision {}: it went back in time",
+                    inner.revision
+                ),
+            })
         } else if after_revision < inner.compacted {
             Err(Error::Expired {
                 revision: after_revision,
