@@ -10,7 +10,7 @@ use etcd_client::Client;
 use etcd_informer::client::{TypedClient, WriteError};
 use etcd_informer::leader_election::LeaderElector;
 use etcd_informer::runner::{Action, Runner};
-use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer};
+use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdCluster, EtcdServer};
 use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
 
 async fn shared_client() -> Client {
@@ -380,4 +380,84 @@ async fn leader_cut_off_from_etcd_stops_its_workers_within_the_ttl() {
         after,
         "no reconcile after losing leadership"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_campaign_frees_its_lease() {
+    // A private etcd: the test counts every lease in it.
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect(server.endpoints()).await.unwrap();
+    let election = "/cancelled/".to_string();
+    let a =
+        LeaderElector::new(client.clone(), election.clone(), "a").with_ttl(Duration::from_secs(2));
+    let b =
+        LeaderElector::new(client.clone(), election.clone(), "b").with_ttl(Duration::from_secs(2));
+    let leading_a = a.campaign().await.unwrap();
+    assert_eq!(
+        client.lease_client().leases().await.unwrap().leases().len(),
+        1
+    );
+    // b waits behind a, then gives up.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), b.campaign())
+            .await
+            .is_err()
+    );
+    // Its lease is revoked at once, well before its 2 s TTL could expire it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while client.lease_client().leases().await.unwrap().leases().len() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's lease outlived its campaign"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    leading_a.resign().await;
+    let c =
+        LeaderElector::new(client.clone(), election.clone(), "c").with_ttl(Duration::from_secs(2));
+    let leading_c = tokio::time::timeout(Duration::from_secs(2), c.campaign())
+        .await
+        .expect("nobody blocks c: b's abandoned campaign left no live lease")
+        .unwrap();
+    // b's lease would live on only if something kept renewing it; give a TTL and more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let leases = client.lease_client().leases().await.unwrap();
+    assert_eq!(leases.leases().len(), 1, "only c's lease is alive");
+    leading_c.resign().await;
+}
+
+/// A leader cut off from etcd (its member frozen) while the rest of the cluster carries on must
+/// stop acting before anyone else can start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_leader_stops_before_a_successor_starts() {
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let only = |i: usize| {
+        Client::connect(
+            [cluster.member_endpoint(i)],
+            Some(etcd_informer::connect_options()),
+        )
+    };
+    let client_a = only(0).await.unwrap();
+    let client_b = only(1).await.unwrap();
+    let a = LeaderElector::new(client_a, "/overlap/", "a").with_ttl(Duration::from_secs(3));
+    let b = LeaderElector::new(client_b, "/overlap/", "b").with_ttl(Duration::from_secs(3));
+    let leading_a = a.campaign().await.unwrap();
+    let b_task = tokio::spawn(async move {
+        let l = b.campaign().await;
+        (tokio::time::Instant::now(), l)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.pause_member(0).unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(10), leading_a.lost()).await;
+    let a_stopped = tokio::time::Instant::now();
+    assert!(lost.is_ok(), "a noticed it was cut off");
+    let (b_started, leading_b) = tokio::time::timeout(Duration::from_secs(20), b_task)
+        .await
+        .expect("b takes over")
+        .unwrap();
+    cluster.resume_member(0).unwrap();
+    assert!(a_stopped < b_started, "a stopped acting before b started");
+    leading_b.unwrap().resign().await;
 }
