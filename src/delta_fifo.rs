@@ -230,10 +230,28 @@ impl<T> DeltaFifo<T> {
     /// ([`Delta::final_state_unknown`]) with its last known state.
     pub fn replace(&self, list: Vec<Arc<Object<T>>>) {
         let mut inner = self.lock();
+        self.replace_locked(&mut inner, list);
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    /// Like [`replace`](Self::replace), for a list from a store that was wiped or restored:
+    /// every key the cache or the queue holds first gets a tombstone, so that handlers hear of
+    /// every listed object anew even where its revision equals the cached one (revisions
+    /// started over). Done under one lock, so no reader sees the cache half retired.
+    pub fn replace_store(&self, list: Vec<Arc<Object<T>>>) {
+        let mut inner = self.lock();
+        self.replace_locked(&mut inner, Vec::new());
+        self.replace_locked(&mut inner, list);
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    fn replace_locked(&self, inner: &mut Inner<T>, list: Vec<Arc<Object<T>>>) {
         let listed: HashSet<Arc<str>> = list.iter().map(|o| o.shared_key().clone()).collect();
         let list_len = list.len();
         for obj in list {
-            self.queue_action(&mut inner, Delta::new(DeltaType::Replaced, obj));
+            self.queue_action(inner, Delta::new(DeltaType::Replaced, obj));
         }
         let mut vanished: Vec<Arc<str>> = inner
             .items
@@ -253,7 +271,7 @@ impl<T> DeltaFifo<T> {
         for key in vanished {
             // A key whose newest delta is a delete is already gone for the consumer.
             if let Some(last) = self.newest(&inner, &key) {
-                self.queue_action(&mut inner, Delta::tombstone(last));
+                self.queue_action(inner, Delta::tombstone(last));
                 tombstones += 1;
             }
         }
@@ -261,8 +279,6 @@ impl<T> DeltaFifo<T> {
             inner.populated = true;
             inner.initial_population_count = list_len + tombstones;
         }
-        drop(inner);
-        self.notify.notify_waiters();
         tracing::debug!(items = list_len, tombstones, "DeltaFIFO replaced");
     }
 

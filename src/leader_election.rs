@@ -89,8 +89,9 @@ impl LeaderElector {
         }
     }
 
-    /// Waits until this candidate leads. Cancel by dropping the future: the lease is then
-    /// revoked, so a campaign won at that very moment does not block other candidates.
+    /// Waits until this candidate leads. Cancel by dropping the future: the lease stops being
+    /// renewed and is revoked (best effort, on the current runtime), so a campaign won at that
+    /// very moment does not block other candidates for long.
     pub async fn campaign(&self) -> Result<Leadership, ElectionError> {
         let ttl_secs = self.ttl.as_secs() as i64;
         let granted_at = Instant::now();
@@ -250,6 +251,13 @@ async fn keep_alive(
                 .await
                 {
                     Ok(Ok(pair)) => stream = Some(pair),
+                    // The first renewal was answered: the lease is gone, and maybe our key too.
+                    Ok(Err(etcd_client::Error::LeaseKeepAliveError(why)))
+                        if why.contains("not found") =>
+                    {
+                        report(format!("lease {lease} expired or was revoked ({why})"));
+                        return;
+                    }
                     Ok(Err(_)) => {
                         tokio::time::sleep_until((Instant::now() + retry).min(deadline)).await
                     }

@@ -140,10 +140,22 @@ impl RevisionHandle {
 }
 
 enum WatchEnd {
-    /// Relist: the revision is gone.
-    Expired,
+    /// Relist: the revision is gone (and with `store_replaced`, the whole store was).
+    Expired { store_replaced: bool },
     /// Watch again from the last revision, after a backoff.
     Failed,
+}
+
+impl WatchEnd {
+    fn after(e: &Error) -> Self {
+        if e.is_expired() {
+            WatchEnd::Expired {
+                store_replaced: e.is_store_replaced(),
+            }
+        } else {
+            WatchEnd::Failed
+        }
+    }
 }
 
 impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
@@ -173,8 +185,14 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         // One resync schedule for the reflector's life, so frequent re-watches do not keep
         // pushing the next resync away.
         let period = self.options.resync_period;
-        let mut resync =
-            (!period.is_zero()).then(|| tokio::time::interval_at(Instant::now() + period, period));
+        let mut resync = (!period.is_zero()).then(|| {
+            let mut interval = tokio::time::interval_at(Instant::now() + period, period);
+            // After a long list or backoff, one late resync, not a burst of them (the burst's
+            // later ticks would find no handler due and cancel the first one's delivery).
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        });
+        let mut store_replaced = false;
         let mut highest_seen = 0i64;
         loop {
             // List.
@@ -187,20 +205,21 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 }
             };
             let items = list.items.into_iter().map(Arc::new).collect();
-            if list.revision < highest_seen {
+            if list.revision < highest_seen || store_replaced {
                 tracing::warn!(
                     list_revision = list.revision,
                     highest_seen,
-                    "revision went backwards: the store was wiped or restored; replacing the cache"
+                    "the store was wiped or restored; replacing the cache"
                 );
                 // Revisions start over in the new store, so an object listed at the revision
-                // the cache holds may still differ: retire every cached key (tombstones), then
+                // the cache holds may still differ: retire every cached key (tombstones) and
                 // add the list afresh, rather than letting equal revisions pass as unchanged.
-                self.fifo.replace(Vec::new());
+                self.fifo.replace_store(items);
+            } else {
+                self.fifo.replace(items);
             }
             let mut revision = list.revision;
             highest_seen = revision;
-            self.fifo.replace(items);
             self.last_synced.store(revision, Ordering::Release);
             tracing::debug!(revision, "listed");
 
@@ -209,7 +228,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             loop {
                 let end = self.watch(&mut revision, &mut resync).await;
                 tokio::time::sleep(backoff.next_delay()).await;
-                if let WatchEnd::Expired = end {
+                if let WatchEnd::Expired {
+                    store_replaced: replaced,
+                } = end
+                {
+                    store_replaced = replaced;
                     break;
                 }
             }
@@ -226,11 +249,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             Ok(s) => s,
             Err(e) => {
                 self.report(&e);
-                return if e.is_expired() {
-                    WatchEnd::Expired
-                } else {
-                    WatchEnd::Failed
-                };
+                return WatchEnd::after(&e);
             }
         };
         loop {
@@ -275,11 +294,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 WatchEvent::Bookmark(r) => *revision = r.max(*revision),
                 WatchEvent::Error(e) => {
                     self.report(&e);
-                    return if e.is_expired() {
-                        WatchEnd::Expired
-                    } else {
-                        WatchEnd::Failed
-                    };
+                    return WatchEnd::after(&e);
                 }
             }
             self.last_synced.store(*revision, Ordering::Release);

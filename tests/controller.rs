@@ -461,3 +461,19 @@ async fn cut_off_leader_stops_before_a_successor_starts() {
     assert!(a_stopped < b_started, "a stopped acting before b started");
     leading_b.unwrap().resign().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_whose_lease_vanished_learns_it_on_reconnect() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect(server.endpoints()).await.unwrap();
+    // A long TTL: only an explicit "lease not found" can make a notice this fast.
+    let a = LeaderElector::new(client.clone(), "/vanished/", "a").with_ttl(Duration::from_secs(9));
+    let leading_a = a.campaign().await.unwrap();
+    server.wipe().await.unwrap();
+    let wiped_at = tokio::time::Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(10), leading_a.lost()).await;
+    let took = wiped_at.elapsed();
+    let why = lost.expect("a learns it lost the lease").to_string();
+    assert!(took < Duration::from_secs(3), "took {took:?}: {why}");
+    assert!(why.contains("expired or was revoked"), "{why}");
+}

@@ -894,3 +894,76 @@ async fn wiped_store_reannounces_objects_even_at_equal_revisions() {
         ]
     );
 }
+
+#[tokio::test]
+async fn resync_due_during_a_long_backoff_still_reaches_the_handler() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let slow = Duration::from_millis(3200);
+    let options = InformerOptions {
+        backoff: etcd_informer::Backoff::new(slow, slow, Duration::from_secs(120), 0.0),
+        ..fast_options()
+    };
+    let informer = SharedIndexInformer::new(source.clone(), options);
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let s = syncs.clone();
+    informer
+        .add_event_handler_with_resync(
+            ResourceEventHandlerFuncs::<String>::new().on_update(move |_, _| {
+                s.fetch_add(1, Ordering::SeqCst);
+            }),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The watch is down for 3.2 s: three resync ticks are missed meanwhile.
+    source.break_watches(Error::transient("reset"));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(
+        syncs.load(Ordering::SeqCst) >= 1,
+        "the resync due when the watch resumed was lost"
+    );
+}
+
+#[tokio::test]
+async fn wipe_proven_by_the_watch_reannounces_even_if_revisions_caught_up() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into()); // revision 2
+    source.put("b", "1".into()); // 3
+    source.put("c", "1".into()); // 4
+    let half = Duration::from_millis(500);
+    let options = InformerOptions {
+        backoff: etcd_informer::Backoff::new(half, half, Duration::from_secs(120), 0.0),
+        ..fast_options()
+    };
+    let informer = SharedIndexInformer::new(source.clone(), options);
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    source.wipe();
+    // The re-watch (after 500 ms) finds the store went back; during the next backoff the new
+    // store's revision passes the old one, so only the watch's verdict tells of the wipe.
+    eventually("wipe noticed", || source.watch_count() >= 2).await;
+    assert_eq!(source.put("a", "2".into()), 2);
+    for k in ["x", "y", "z"] {
+        source.put(k, "1".into());
+    }
+    eventually("relisted", || source.list_count() >= 2).await;
+    eventually("a=2 announced", || {
+        snapshot(&log).contains(&"add a 2 false".to_string())
+    })
+    .await;
+    assert!(
+        snapshot(&log).contains(&"delete a 1 tombstone".to_string()),
+        "{:?}",
+        snapshot(&log)
+    );
+    assert!(
+        snapshot(&log).contains(&"delete b 1 tombstone".to_string()),
+        "{:?}",
+        snapshot(&log)
+    );
+}

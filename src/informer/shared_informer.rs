@@ -463,8 +463,12 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             .filter(|l| l.take_resync(now))
             .map(|l| l.id)
             .collect();
+        if due.is_empty() {
+            // Keep the set of the last resync: its Sync deltas may still be queued.
+            return false;
+        }
         processor.syncing = due;
-        !processor.syncing.is_empty()
+        true
     }
 
     /// Whether the first list has been fully applied to the cache.

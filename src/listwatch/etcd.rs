@@ -589,18 +589,20 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
     /// behind the cluster (retry), or the whole store went back in time (relist). A
     /// linearizable read, answered only with the cluster's current revision, tells which.
     async fn behind(&self, header_revision: i64) -> Error {
+        // One key, no value: only the header's revision matters.
         let options = GetOptions::new()
             .with_range(self.range.1.clone())
-            .with_count_only();
+            .with_limit(1)
+            .with_keys_only();
         let read = tokio::time::timeout(
-            self.idle_timeout,
+            self.progress_interval,
             self.client
                 .kv_client()
                 .get(self.range.0.clone(), Some(options)),
         )
         .await;
         match read {
-            Ok(Ok(resp)) if resp.header().map_or(0, |h| h.revision()) < self.after => Error::Expired {
+            Ok(Ok(resp)) if resp.header().map_or(0, |h| h.revision()) < self.after => Error::StoreReplaced {
                 revision: self.after + 1,
                 reason: format!(
                     "etcd is at revision {}, below the watched revision {}: the store was wiped or restored",

@@ -83,6 +83,16 @@ pub enum Error {
         /// What the source said.
         reason: String,
     },
+    /// The store went back in time (etcd wiped, or restored from a backup): revisions start
+    /// over, so equal revisions no longer mean equal objects. Only a fresh list that retires
+    /// everything cached can recover.
+    #[error("revision {revision} is no longer available: {reason}")]
+    StoreReplaced {
+        /// The revision that was asked for.
+        revision: i64,
+        /// What showed it.
+        reason: String,
+    },
     /// A failure that retrying may fix: connection lost, no leader, timeout.
     #[error("{0}")]
     Transient(String),
@@ -96,7 +106,12 @@ impl Error {
 
     /// Whether only a relist can recover.
     pub fn is_expired(&self) -> bool {
-        matches!(self, Error::Expired { .. })
+        matches!(self, Error::Expired { .. } | Error::StoreReplaced { .. })
+    }
+
+    /// Whether the store itself was replaced ([`Error::StoreReplaced`]).
+    pub fn is_store_replaced(&self) -> bool {
+        matches!(self, Error::StoreReplaced { .. })
     }
 }
 

@@ -246,7 +246,7 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         let result = if let Some(e) = inner.watch_errors.pop_front() {
             Err(e)
         } else if after_revision > inner.revision {
-            Err(Error::Expired {
+            Err(Error::StoreReplaced {
                 revision: after_revision,
                 reason: format!(
                     "the store is at revision {}: it went back in time",
