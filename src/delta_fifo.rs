@@ -270,7 +270,7 @@ impl<T> DeltaFifo<T> {
         let mut tombstones = 0;
         for key in vanished {
             // A key whose newest delta is a delete is already gone for the consumer.
-            if let Some(last) = self.newest(&inner, &key) {
+            if let Some(last) = self.newest(inner, &key) {
                 self.queue_action(inner, Delta::tombstone(last));
                 tombstones += 1;
             }
