@@ -248,25 +248,34 @@ impl<T> DeltaFifo<T> {
     }
 
     fn replace_locked(&self, inner: &mut Inner<T>, list: Vec<Arc<Object<T>>>) {
-        let listed: HashSet<Arc<str>> = list.iter().map(|o| o.shared_key().clone()).collect();
         let list_len = list.len();
+        let known_keys = self
+            .known
+            .as_ref()
+            .map(|k| k.list_keys())
+            .unwrap_or_default();
+        // Only keys queued or cached before this list can have vanished; on the first list
+        // there are none, and the set of listed keys is not worth building.
+        let queued_before: Vec<Arc<str>> = inner.items.keys().cloned().collect();
+        let listed: HashSet<Arc<str>> = if queued_before.is_empty() && known_keys.is_empty() {
+            HashSet::new()
+        } else {
+            list.iter().map(|o| o.shared_key().clone()).collect()
+        };
+        inner.items.reserve(list_len);
+        inner.queue.reserve(list_len);
         for obj in list {
             self.queue_action(inner, Delta::new(DeltaType::Replaced, obj));
         }
-        let mut vanished: Vec<Arc<str>> = inner
-            .items
-            .keys()
-            .filter(|k| !listed.contains(*k))
-            .cloned()
+        let mut vanished: Vec<Arc<str>> = queued_before
+            .into_iter()
+            .filter(|k| !listed.contains(k))
             .collect();
-        if let Some(known) = &self.known {
-            vanished.extend(
-                known
-                    .list_keys()
-                    .into_iter()
-                    .filter(|k| !listed.contains(k) && !inner.items.contains_key(k)),
-            );
-        }
+        vanished.extend(
+            known_keys
+                .into_iter()
+                .filter(|k| !listed.contains(k) && !inner.items.contains_key(k)),
+        );
         let mut tombstones = 0;
         for key in vanished {
             // A key whose newest delta is a delete is already gone for the consumer.

@@ -662,3 +662,31 @@ async fn leaderless_or_frozen_member_is_noticed_not_waited_on() {
         .unwrap();
     converges(&informer, &writer, prefix, Duration::from_secs(30)).await;
 }
+
+#[tokio::test]
+async fn pages_too_large_for_a_message_are_split() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("split_pages");
+    let value = "v".repeat(1 << 20);
+    for i in 0..6 {
+        client
+            .kv_client()
+            .put(format!("{prefix}ns/k{i}"), value.clone(), None)
+            .await
+            .unwrap();
+    }
+    // 6 MiB in one page against a 3 MiB message limit: the list must shrink its pages.
+    let etcd = EtcdOptions {
+        page_size: 100,
+        max_message_bytes: 3 << 20,
+        ..quick_etcd_options()
+    };
+    let r = start(&client, &prefix, etcd, Duration::from_millis(100));
+    synced(&r).await;
+    assert_eq!(r.informer.lister().len(), 6);
+    assert_eq!(
+        r.lists.load(Ordering::SeqCst),
+        1,
+        "one list, split into pages, no failure"
+    );
+}

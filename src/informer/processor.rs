@@ -32,6 +32,8 @@ pub(crate) struct Listener<T> {
 
 struct Buffer<T> {
     queue: VecDeque<Event<T>>,
+    /// The thread waits on the condvar and nobody has woken it yet.
+    waiting: bool,
     /// Compact when the queue grows past this (only with `max_backlog`).
     compact_at: usize,
     stopped: bool,
@@ -55,6 +57,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
             next_resync: Mutex::new(Instant::now() + resync_period),
             buf: Mutex::new(Buffer {
                 queue: VecDeque::new(),
+                waiting: false,
                 compact_at: max_backlog.unwrap_or(usize::MAX),
                 stopped: false,
                 closing: false,
@@ -92,7 +95,9 @@ impl<T: Send + Sync + 'static> Listener<T> {
                     if buf.closing {
                         return;
                     }
+                    buf.waiting = true;
                     buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
+                    buf.waiting = false;
                 }
             };
             let initial = matches!(
@@ -147,8 +152,13 @@ impl<T> Listener<T> {
             buf.compact_at = max.max(buf.queue.len().saturating_mul(2));
             tracing::debug!(handler = %self.name, backlog = buf.queue.len(), "handler backlog compacted");
         }
+        // Wake the thread only if it sleeps and nobody woke it yet: each wake is a futex
+        // syscall, most of the cost of delivering to a busy handler.
+        let wake = std::mem::replace(&mut buf.waiting, false);
         drop(buf);
-        self.ready.notify_one();
+        if wake {
+            self.ready.notify_one();
+        }
     }
 
     /// Ends the thread once every queued notification is delivered.
