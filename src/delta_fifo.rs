@@ -2,12 +2,14 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::reflector::Queue;
 use crate::store::Store;
 use crate::Object;
 
@@ -59,7 +61,7 @@ impl<T> Clone for Delta<T> {
 }
 
 impl<T> Delta<T> {
-    fn new(kind: DeltaType, object: Arc<Object<T>>) -> Self {
+    pub(crate) fn new(kind: DeltaType, object: Arc<Object<T>>) -> Self {
         Delta {
             kind,
             object,
@@ -110,9 +112,13 @@ pub struct DeltaFifo<T> {
     inner: Mutex<Inner<T>>,
     notify: Notify,
     known: Option<Arc<dyn Store<T>>>,
+    /// The revision the consumer has applied everything up to (see `applied_revision`).
+    applied: AtomicI64,
 }
 
 struct Inner<T> {
+    /// The revision everything queued so far was read up to.
+    revision: i64,
     items: HashMap<Arc<str>, Vec<Delta<T>>>,
     queue: VecDeque<Arc<str>>,
     /// Keys requeued after a failure, and when they may be handed out again.
@@ -139,6 +145,7 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
     pub fn new(known: Option<Arc<dyn Store<T>>>) -> Self {
         DeltaFifo {
             inner: Mutex::new(Inner {
+                revision: 0,
                 items: HashMap::new(),
                 queue: VecDeque::new(),
                 not_before: HashMap::new(),
@@ -148,6 +155,7 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
             }),
             notify: Notify::new(),
             known,
+            applied: AtomicI64::new(0),
         }
     }
 }
@@ -286,7 +294,8 @@ impl<T> DeltaFifo<T> {
         }
         if !inner.populated {
             inner.populated = true;
-            inner.initial_population_count = list_len + tombstones;
+            // Keys, not list entries: a list naming a key twice queues it once.
+            inner.initial_population_count = inner.queue.len();
         }
         tracing::debug!(items = list_len, tombstones, "DeltaFIFO replaced");
     }
@@ -373,6 +382,9 @@ impl<T> DeltaFifo<T> {
                         inner.initial_population_count -= 1;
                     }
                     let result = process(&deltas, is_in_initial_list);
+                    if inner.queue.is_empty() {
+                        self.applied.fetch_max(inner.revision, Ordering::AcqRel);
+                    }
                     if let Err(PopError::Requeue { after, .. }) = &result {
                         inner.not_before.insert(key.clone(), now + *after);
                         Self::add_if_not_present_locked(&mut inner, key.clone(), deltas);
@@ -412,6 +424,28 @@ impl<T> DeltaFifo<T> {
         self.lock().closed
     }
 
+    /// The revision up to which every queued change has been popped and processed (0 before
+    /// the first list). The cache holds every change up to it, and none later only while the
+    /// queue is empty: it is a lower bound of the cache's freshness, not an exact revision.
+    pub fn applied_revision(&self) -> i64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Raises [`applied_revision`](Self::applied_revision) to `revision`: the source proved
+    /// nothing changed up to it.
+    pub(crate) fn advance_applied(&self, revision: i64) {
+        self.applied.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// Records that every change up to `revision` is queued.
+    fn reached(&self, revision: i64) {
+        let mut inner = self.lock();
+        inner.revision = inner.revision.max(revision);
+        if inner.queue.is_empty() {
+            self.applied.fetch_max(inner.revision, Ordering::AcqRel);
+        }
+    }
+
     /// Whether the first list (or first add) has been fully popped and processed.
     pub fn has_synced(&self) -> bool {
         let inner = self.lock();
@@ -436,6 +470,43 @@ impl<T> DeltaFifo<T> {
     /// Whether nothing is queued.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl<T: Send + Sync + 'static> Queue<T> for DeltaFifo<T> {
+    fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool {
+        DeltaFifo::add_if_newer(self, kind, obj)
+    }
+
+    fn delete(&self, key: &str, revision: i64, last: Option<Arc<Object<T>>>) -> bool {
+        DeltaFifo::delete(self, key, revision, last)
+    }
+
+    fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool) {
+        let mut inner = self.lock();
+        if store_replaced {
+            self.replace_locked(&mut inner, Vec::new());
+            // Revisions started over: the applied revision does too, once this is drained.
+            self.applied.store(0, Ordering::Release);
+            inner.revision = revision;
+        } else {
+            inner.revision = inner.revision.max(revision);
+        }
+        self.replace_locked(&mut inner, list);
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    fn resync(&self) {
+        DeltaFifo::resync(self)
+    }
+
+    fn commit(&self, revision: i64) {
+        self.reached(revision)
+    }
+
+    fn progress(&self, revision: i64) {
+        self.reached(revision)
     }
 }
 

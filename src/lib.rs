@@ -58,6 +58,7 @@ pub mod informer;
 pub mod leader_election;
 pub mod lister;
 pub mod listwatch;
+pub mod real_fifo;
 pub mod reflector;
 pub mod runner;
 pub mod store;
@@ -82,15 +83,16 @@ pub use codec::JsonCodec;
 pub use codec::ProstCodec;
 pub use codec::{Codec, DecodeError, RawCodec, TextCodec};
 pub use delta_fifo::{Delta, DeltaFifo, DeltaType};
+pub use real_fifo::{Batch, RealFifo};
 pub use informer::{
-    Controller, ControllerConfig, DeletedObject, Event, EventStream, HandlerRegistration, Informer,
+    ConsistencyError, Processing, Controller, ControllerConfig, DeletedObject, Event, EventStream, HandlerRegistration, Informer,
     InformerError, InformerOptions, ResourceEventHandler, ResourceEventHandlerFuncs,
     SharedIndexInformer, SharedInformerFactory,
 };
 pub use lister::Lister;
 pub use listwatch::etcd::{connect, connect_options, EtcdListerWatcher, EtcdOptions};
 
-pub use listwatch::{ListResult, ListWatch, ListerWatcher, WatchEvent, WatchStream};
+pub use listwatch::{Freshness, ListResult, ListWatch, ListerWatcher, WatchEvent, WatchStream};
 pub use object::{split_key, Object};
-pub use reflector::{Backoff, Reflector, ReflectorOptions};
+pub use reflector::{Backoff, Queue, Reflector, ReflectorOptions};
 pub use store::{Indexer, Indexers, Store, NAMESPACE_INDEX};

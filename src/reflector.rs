@@ -1,16 +1,41 @@
 //! The reflector: lists a source, then watches it, and mirrors every change into a DeltaFIFO.
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_stream::StreamExt;
+use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
 
-use crate::delta_fifo::{DeltaFifo, DeltaType};
-use crate::listwatch::{Error, ListerWatcher, WatchEvent};
+use crate::delta_fifo::DeltaType;
+use crate::listwatch::{Error, ListerWatcher, WatchEvent, WatchStream};
+use crate::Object;
+
+/// What a [`Reflector`] fills: client-go's `Queue` as the reflector sees it. Implemented by
+/// [`DeltaFifo`](crate::DeltaFifo) (one slot per key) and [`RealFifo`](crate::RealFifo) (every
+/// change in order, one batch per revision).
+pub trait Queue<T>: Send + Sync {
+    /// Queues a watched change unless the queue already knows the key at the same or a newer
+    /// revision (a duplicate). Returns whether it was queued.
+    fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool;
+    /// Queues a delete of `key` at `revision`, carrying the last state known (`last`, else the
+    /// queue's or the cache's). Dropped, returning false, when the key is unknown or already
+    /// newer.
+    fn delete(&self, key: &str, revision: i64, last: Option<Arc<Object<T>>>) -> bool;
+    /// Replaces the content with a list read at `revision`; keys it lacks become tombstones.
+    /// With `store_replaced` (revisions started over) every cached key is retired first.
+    fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool);
+    /// Re-delivers the cache to handlers without contacting the source.
+    fn resync(&self);
+    /// Every change up to `revision` is queued: the revision is complete.
+    fn commit(&self, revision: i64);
+    /// Nothing changed up to `revision` beyond what is queued (a trusted bookmark).
+    fn progress(&self, revision: i64);
+}
 
 /// Called with every list or watch failure.
 pub type WatchErrorHandler = Arc<dyn Fn(&Error) + Send + Sync>;
@@ -122,7 +147,7 @@ impl fmt::Debug for ReflectorOptions {
 /// - Events not newer than the state the FIFO knows for their key are dropped as duplicates.
 pub struct Reflector<T, L> {
     lw: L,
-    fifo: Arc<DeltaFifo<T>>,
+    fifo: Arc<dyn Queue<T>>,
     options: ReflectorOptions,
     last_synced: Arc<AtomicI64>,
 }
@@ -159,8 +184,9 @@ impl WatchEnd {
 }
 
 impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
-    /// A reflector from `lw` into `fifo`.
-    pub fn new(lw: L, fifo: Arc<DeltaFifo<T>>, options: ReflectorOptions) -> Self {
+    /// A reflector from `lw` into `fifo` (a [`DeltaFifo`](crate::DeltaFifo) or a
+    /// [`RealFifo`](crate::RealFifo)).
+    pub fn new(lw: L, fifo: Arc<dyn Queue<T>>, options: ReflectorOptions) -> Self {
         Reflector {
             lw,
             fifo,
@@ -205,19 +231,18 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 }
             };
             let items = list.items.into_iter().map(Arc::new).collect();
-            if list.revision < highest_seen || store_replaced {
+            let replaced = list.revision < highest_seen || store_replaced;
+            if replaced {
                 tracing::warn!(
                     list_revision = list.revision,
                     highest_seen,
                     "the store was wiped or restored; replacing the cache"
                 );
-                // Revisions start over in the new store, so an object listed at the revision
-                // the cache holds may still differ: retire every cached key (tombstones) and
-                // add the list afresh, rather than letting equal revisions pass as unchanged.
-                self.fifo.replace_store(items);
-            } else {
-                self.fifo.replace(items);
             }
+            // After a wipe, revisions start over in the new store, so an object listed at the
+            // revision the cache holds may still differ: the queue retires every cached key
+            // (tombstones) and adds the list afresh.
+            self.fifo.replace(items, list.revision, replaced);
             let mut revision = list.revision;
             highest_seen = revision;
             self.last_synced.store(revision, Ordering::Release);
@@ -252,26 +277,34 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 return WatchEnd::after(&e);
             }
         };
+        // An event already taken from the stream, not yet handled.
+        let mut ready: Option<Option<WatchEvent<T>>> = None;
         loop {
-            let tick = async {
-                match resync.as_mut() {
-                    Some(interval) => interval.tick().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let event = tokio::select! {
-                biased;
-                event = stream.next() => event,
-                _ = tick => {
-                    if self.options.should_resync.as_ref().is_none_or(|f| f()) {
-                        tracing::trace!("resync");
-                        self.fifo.resync();
+            let event = match ready.take() {
+                Some(event) => event,
+                None => {
+                    let tick = async {
+                        match resync.as_mut() {
+                            Some(interval) => interval.tick().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        event = stream.next() => event,
+                        _ = tick => {
+                            if self.options.should_resync.as_ref().is_none_or(|f| f()) {
+                                tracing::trace!("resync");
+                                self.fifo.resync();
+                            }
+                            continue;
+                        }
                     }
-                    continue;
                 }
             };
             let Some(event) = event else {
                 tracing::debug!(revision = *revision, "watch ended; watching again");
+                self.fifo.commit(*revision);
                 return WatchEnd::Failed;
             };
             match event {
@@ -291,13 +324,24 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     *revision = r.max(*revision);
                     self.fifo.delete(&key, r, last.map(Arc::new));
                 }
-                WatchEvent::Bookmark(r) => *revision = r.max(*revision),
+                WatchEvent::Bookmark(r) => {
+                    *revision = r.max(*revision);
+                    self.fifo.progress(*revision);
+                }
                 WatchEvent::Error(e) => {
+                    self.fifo.commit(*revision);
                     self.report(&e);
                     return WatchEnd::after(&e);
                 }
             }
             self.last_synced.store(*revision, Ordering::Release);
+            // A revision is complete once the stream has nothing more ready: sources yield a
+            // revision's events together (etcd never splits a transaction across responses).
+            ready = ready_now(&mut stream);
+            let more_of_this_revision = matches!(&ready, Some(Some(e)) if e.revision() == Some(*revision));
+            if !more_of_this_revision {
+                self.fifo.commit(*revision);
+            }
         }
     }
 
@@ -310,5 +354,14 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         if let Some(h) = &self.options.watch_error_handler {
             h(e);
         }
+    }
+}
+
+/// The stream's next item if it is ready now, without waiting.
+fn ready_now<T>(stream: &mut WatchStream<T>) -> Option<Option<WatchEvent<T>>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(stream).poll_next(&mut cx) {
+        Poll::Ready(item) => Some(item),
+        Poll::Pending => None,
     }
 }

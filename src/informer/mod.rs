@@ -12,7 +12,8 @@ pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
 pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
-    EventStream, HandlerRegistration, InformerError, InformerOptions, SharedIndexInformer,
+    ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerOptions, Processing,
+    SharedIndexInformer,
     TransformFn, MIN_RESYNC_PERIOD,
 };
 

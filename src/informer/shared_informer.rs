@@ -10,14 +10,19 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
+use tracing::Instrument;
 
-use super::controller::{Controller, ControllerConfig};
+use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::handler::{DeletedObject, Event, ResourceEventHandler};
 use super::processor::Listener;
 use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
-use crate::listwatch::{BoxFuture, ListResult, ListerWatcher, WatchEvent, WatchStream};
-use crate::reflector::{Backoff, ReflectorOptions, RevisionHandle, WatchErrorHandler};
-use crate::store::{Indexer, Indexers, StoreError};
+use crate::listwatch::{
+    BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent,
+    WatchStream,
+};
+use crate::real_fifo::{Batch, RealFifo};
+use crate::reflector::{Backoff, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler};
+use crate::store::{Indexer, Indexers, StoreError, Txn};
 use crate::{Lister, Object};
 
 /// Rewrites each object before it is cached (client-go's `TransformFunc`), e.g. to drop fields
@@ -26,6 +31,53 @@ pub type TransformFn<T> = Arc<dyn Fn(Object<T>) -> Object<T> + Send + Sync>;
 
 /// The shortest resync period honoured (client-go's `minimumResyncPeriod`).
 pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// How an informer moves changes from the watch into its cache.
+///
+/// | | [`Atomic`](Processing::Atomic) (default) | [`DeltaFifo`](Processing::DeltaFifo) |
+/// | --- | --- | --- |
+/// | queue | [`RealFifo`]: every change in order, one batch per revision | [`DeltaFifo`]: one slot per key, changes coalesced |
+/// | a reader of the cache sees | etcd at [`SharedIndexInformer::revision`], never part of a transaction | each key at some revision; a transaction can be seen half applied |
+/// | handlers see across keys | etcd's order | first-changed key first |
+/// | [`revision`](SharedIndexInformer::revision) | exact | a lower bound |
+///
+/// Atomic is the default because its guarantee is the stronger one at no measured cost
+/// (BENCHMARKS.md compares both). The DeltaFifo mode is the seed's and client-go's classic
+/// pipeline; the `reflector` and `controller` examples use a `DeltaFifo` by hand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Processing {
+    /// Revision-atomic, in-order processing (client-go's `RealFIFO` with batch pop).
+    #[default]
+    Atomic,
+    /// Per-key processing through a [`DeltaFifo`].
+    DeltaFifo,
+}
+
+/// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsistencyError {
+    /// The cache did not reach the revision in time.
+    #[error("informer {informer}: the cache did not reach revision {revision} within {waited:?} (it is at {applied})")]
+    Timeout {
+        /// The informer's name.
+        informer: String,
+        /// The revision waited for.
+        revision: i64,
+        /// The revision the cache had reached.
+        applied: i64,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The source could not be asked for its revision (etcd unreachable, for example).
+    #[error("informer {informer}: cannot read the current revision: {source}")]
+    Source {
+        /// The informer's name.
+        informer: String,
+        /// What the source said.
+        #[source]
+        source: SourceError,
+    },
+}
 
 /// Options of a [`SharedIndexInformer`].
 pub struct InformerOptions<T> {
@@ -45,6 +97,8 @@ pub struct InformerOptions<T> {
     pub watch_error_handler: Option<WatchErrorHandler>,
     /// Retry delays of the reflector.
     pub backoff: Backoff,
+    /// How changes reach the cache; see [`Processing`].
+    pub processing: Processing,
 }
 
 impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
@@ -57,6 +111,7 @@ impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
             max_handler_backlog: None,
             watch_error_handler: None,
             backoff: Backoff::default(),
+            processing: Processing::default(),
         }
     }
 }
@@ -68,6 +123,7 @@ impl<T> fmt::Debug for InformerOptions<T> {
             .field("resync_period", &self.resync_period)
             .field("indexers", &self.indexers.keys().collect::<Vec<_>>())
             .field("max_handler_backlog", &self.max_handler_backlog)
+            .field("processing", &self.processing)
             .finish_non_exhaustive()
     }
 }
@@ -111,12 +167,34 @@ impl<T> Clone for SharedIndexInformer<T> {
     }
 }
 
+/// The informer's queue, by [`Processing`] mode.
+enum Queue<T> {
+    Atomic(Arc<RealFifo<T>>),
+    DeltaFifo(Arc<DeltaFifo<T>>),
+}
+
+impl<T: Send + Sync + 'static> Queue<T> {
+    fn has_synced(&self) -> bool {
+        match self {
+            Queue::Atomic(q) => q.has_synced(),
+            Queue::DeltaFifo(q) => q.has_synced(),
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            Queue::Atomic(q) => q.close(),
+            Queue::DeltaFifo(q) => q.close(),
+        }
+    }
+}
+
 struct Shared<T> {
     name: String,
     indexer: Indexer<T>,
-    fifo: Arc<DeltaFifo<T>>,
+    queue: Queue<T>,
     processor: Mutex<Processor<T>>,
-    source: Mutex<Option<Box<dyn ListerWatcher<T>>>>,
+    source: Arc<dyn ListerWatcher<T>>,
     started: AtomicBool,
     /// Set once `run` has ended: handlers get what is queued, then their threads end.
     stopped: AtomicBool,
@@ -193,7 +271,7 @@ impl<T: Send + Sync + 'static> HandlerRegistration<T> {
     pub fn has_synced(&self) -> bool {
         self.informer
             .upgrade()
-            .is_some_and(|s| s.fifo.has_synced() && self.listener.initial_delivered())
+            .is_some_and(|s| s.queue.has_synced() && self.listener.initial_delivered())
     }
 
     /// Notifications queued for this handler and not yet delivered.
@@ -216,22 +294,26 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// An informer over `source`. Nothing happens until [`run`](Self::run).
     pub fn new(source: impl ListerWatcher<T>, options: InformerOptions<T>) -> Self {
         let indexer = Indexer::new(options.indexers);
-        let fifo = Arc::new(DeltaFifo::new(Some(Arc::new(indexer.clone()))));
-        let source: Box<dyn ListerWatcher<T>> = match options.transform {
-            Some(transform) => Box::new(Transformed { source, transform }),
-            None => Box::new(source),
+        let known = Arc::new(indexer.clone());
+        let queue = match options.processing {
+            Processing::Atomic => Queue::Atomic(Arc::new(RealFifo::new(known))),
+            Processing::DeltaFifo => Queue::DeltaFifo(Arc::new(DeltaFifo::new(Some(known)))),
+        };
+        let source: Arc<dyn ListerWatcher<T>> = match options.transform {
+            Some(transform) => Arc::new(Transformed { source, transform }),
+            None => Arc::new(source),
         };
         let default_resync = clamp_resync(options.resync_period);
         SharedIndexInformer {
             shared: Arc::new(Shared {
                 name: options.name,
                 indexer,
-                fifo,
+                queue,
                 processor: Mutex::new(Processor {
                     listeners: Vec::new(),
                     syncing: Vec::new(),
                 }),
-                source: Mutex::new(Some(source)),
+                source,
                 started: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
                 default_resync,
@@ -357,15 +439,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             tracing::warn!(informer = %self.shared.name, "informer already started");
             return;
         }
-        let Some(source) = self
-            .shared
-            .source
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
-            return;
-        };
+        let source = self.shared.source.clone();
         let resync_period = *self
             .shared
             .resync_check_period
@@ -376,80 +450,125 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             weak.upgrade()
                 .is_some_and(|shared| SharedIndexInformer { shared }.should_resync())
         });
-        let this = self.clone();
-        let config = ControllerConfig {
-            lister_watcher: source,
-            queue: self.shared.fifo.clone(),
-            process: Box::new(move |deltas, initial| {
-                this.handle_deltas(deltas, initial);
-                Ok(())
-            }),
-            retry_on_error: false,
-            reflector: ReflectorOptions {
-                name: self.shared.name.clone(),
-                resync_period,
-                should_resync: Some(should_resync),
-                watch_error_handler: self.shared.watch_error_handler.clone(),
-                backoff: self.shared.backoff.clone(),
-            },
+        let reflector = ReflectorOptions {
+            name: self.shared.name.clone(),
+            resync_period,
+            should_resync: Some(should_resync),
+            watch_error_handler: self.shared.watch_error_handler.clone(),
+            backoff: self.shared.backoff.clone(),
         };
         // However `run` ends (stopped, or its future dropped), let each handler thread finish
         // its backlog and end, instead of waiting forever for events that cannot come.
         let _close_handlers = CloseHandlersOnDrop(self.shared.clone());
         let revision = &self.shared.revision;
-        Controller::new(config)
-            .run_with(|handle| {
-                let _ = revision.set(handle);
-            })
-            .await;
+        match &self.shared.queue {
+            Queue::DeltaFifo(fifo) => {
+                let this = self.clone();
+                let config = ControllerConfig {
+                    lister_watcher: source,
+                    queue: fifo.clone(),
+                    process: Box::new(move |deltas, initial| {
+                        this.handle_deltas(deltas, initial);
+                        Ok(())
+                    }),
+                    retry_on_error: false,
+                    reflector,
+                };
+                Controller::new(config)
+                    .run_with(|handle| {
+                        let _ = revision.set(handle);
+                    })
+                    .await;
+            }
+            Queue::Atomic(fifo) => {
+                let span = tracing::info_span!("controller", name = %self.shared.name);
+                let reflector = Reflector::new(source, fifo.clone(), reflector);
+                let _ = revision.set(reflector.revision());
+                let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
+                async {
+                    while fifo.pop(|batch| self.handle_batch(batch)).await.is_ok() {
+                        if fifo.is_closed() {
+                            // Stop feeding a closed queue so that draining it ends.
+                            reflector.0.abort();
+                        }
+                    }
+                }
+                .instrument(span)
+                .await;
+            }
+        }
     }
 
     /// Stops the informer: the reflector stops, and [`run`](Self::run) returns once what is
     /// queued is applied; handlers then finish their backlogs and their threads end.
     pub fn stop(&self) {
-        self.shared.fifo.close();
+        self.shared.queue.close();
     }
 
     /// Applies one key's deltas to the cache, then tells the handlers (client-go's
     /// `HandleDeltas`).
     fn handle_deltas(&self, deltas: &[Delta<T>], is_in_initial_list: bool) {
         let processor = self.processor();
+        let events = self.shared.indexer.transaction(|txn| {
+            deltas
+                .iter()
+                .map(|d| apply_delta(txn, d, is_in_initial_list))
+                .collect::<Vec<_>>()
+        });
+        for (event, is_sync) in events {
+            processor.distribute(event, is_sync);
+        }
+    }
+
+    /// Applies one batch to the cache under one store lock, sets the cache's revision, then
+    /// tells the handlers, in order.
+    fn handle_batch(&self, batch: Batch<T>) {
+        let processor = self.processor();
         let indexer = &self.shared.indexer;
-        for d in deltas {
-            match d.kind {
-                DeltaType::Deleted => {
-                    indexer.delete(d.object.key());
-                    let deleted = if d.final_state_unknown {
-                        DeletedObject::FinalStateUnknown(d.object.clone())
+        let events = match batch {
+            Batch::Changes { revision, deltas } => indexer.transaction(|txn| {
+                let events: Vec<_> = deltas.iter().map(|d| apply_delta(txn, d, false)).collect();
+                txn.set_revision(revision.max(txn.revision()));
+                events
+            }),
+            Batch::Replace {
+                revision,
+                items,
+                store_replaced,
+                initial,
+            } => {
+                let items = Arc::try_unwrap(items).unwrap_or_else(|shared| (*shared).clone());
+                indexer.transaction(|txn| {
+                    let events = apply_replace(txn, items, store_replaced, initial);
+                    // After a wipe the revisions start over; otherwise never go back (a
+                    // consistent read may have proven a later revision already).
+                    let revision = if store_replaced {
+                        revision
                     } else {
-                        DeletedObject::Deleted(d.object.clone())
+                        revision.max(txn.revision())
                     };
-                    processor.distribute(Event::Deleted(deleted), false);
-                }
-                DeltaType::Added | DeltaType::Updated | DeltaType::Replaced | DeltaType::Sync => {
-                    match indexer.add(d.object.clone()) {
-                        Some(old) => {
-                            let is_sync = d.kind == DeltaType::Sync
-                                || (d.kind == DeltaType::Replaced
-                                    && old.mod_revision == d.object.mod_revision);
-                            processor.distribute(
-                                Event::Updated {
-                                    old,
-                                    new: d.object.clone(),
-                                },
-                                is_sync,
-                            );
-                        }
-                        None => processor.distribute(
-                            Event::Added {
-                                object: d.object.clone(),
-                                is_in_initial_list,
-                            },
-                            false,
-                        ),
-                    }
-                }
+                    txn.set_revision(revision);
+                    events
+                })
             }
+            Batch::Resync => indexer.transaction(|txn| {
+                txn.objects()
+                    .map(|o| {
+                        let event = Event::Updated {
+                            old: o.clone(),
+                            new: o.clone(),
+                        };
+                        (event, true)
+                    })
+                    .collect()
+            }),
+            Batch::Progress(revision) => {
+                indexer.advance_revision(revision);
+                Vec::new()
+            }
+        };
+        for (event, is_sync) in events {
+            processor.distribute(event, is_sync);
         }
     }
 
@@ -473,7 +592,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
 
     /// Whether the first list has been fully applied to the cache.
     pub fn has_synced(&self) -> bool {
-        self.shared.fifo.has_synced()
+        self.shared.queue.has_synced()
     }
 
     /// Waits until [`has_synced`](Self::has_synced). Cancel it by dropping the future (for
@@ -506,6 +625,127 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         self.shared.revision.get().map_or(0, RevisionHandle::get)
     }
 
+    /// The revision the cache is at. In the [`Processing::Atomic`] mode the cache holds exactly
+    /// the source's content at this revision (as the codec and transform see it); in the
+    /// [`Processing::DeltaFifo`] mode it holds every change up to it, and maybe some later
+    /// ones. 0 before the first list. Unlike [`last_synced_revision`](Self::last_synced_revision)
+    /// (what the reflector has read and queued), this is what readers of the cache see.
+    pub fn revision(&self) -> i64 {
+        match &self.shared.queue {
+            Queue::Atomic(_) => self.shared.indexer.revision(),
+            Queue::DeltaFifo(fifo) => fifo.applied_revision(),
+        }
+    }
+
+    /// The cache's revision and size, read so that the size is no older than the revision.
+    fn revision_and_len(&self) -> (i64, usize) {
+        match &self.shared.queue {
+            Queue::Atomic(_) => self.shared.indexer.revision_and_len(),
+            Queue::DeltaFifo(fifo) => (fifo.applied_revision(), self.shared.indexer.len()),
+        }
+    }
+
+    /// Records that the source proved the cache is its content at `revision`.
+    fn advance_revision(&self, revision: i64) {
+        match &self.shared.queue {
+            Queue::Atomic(_) => self.shared.indexer.advance_revision(revision),
+            Queue::DeltaFifo(fifo) => fifo.advance_applied(revision),
+        }
+    }
+
+    /// Asks the source whether the cache is its content at `at` (or now).
+    async fn freshness(&self, at: Option<i64>) -> Result<Freshness, ConsistencyError> {
+        let (since, cached) = self.revision_and_len();
+        let fresh = self
+            .shared
+            .source
+            .freshness(since, cached, at)
+            .await
+            .map_err(|source| ConsistencyError::Source {
+                informer: self.shared.name.clone(),
+                source,
+            })?;
+        // Only a synced cache can be the source's content.
+        if fresh.unchanged && self.has_synced() {
+            self.advance_revision(fresh.revision);
+        }
+        Ok(fresh)
+    }
+
+    /// Waits until the cache reflects the source at `revision` or later: its [`revision`]
+    /// reaches it, or the source shows that nothing under the prefix changed between the
+    /// cache's revision and `revision` (one read per change of the cache's revision, so a quiet
+    /// prefix on a busy etcd is answered at once, on every etcd version). Fails after
+    /// `timeout`, or when the source cannot be read; cancel it by dropping the future.
+    ///
+    /// Use it with the revision a write returned
+    /// ([`TypedClient`](crate::client::TypedClient)) to read your own writes.
+    ///
+    /// [`revision`]: Self::revision
+    pub async fn wait_for_revision(
+        &self,
+        revision: i64,
+        timeout: Duration,
+    ) -> Result<(), ConsistencyError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut asked_at = None;
+        loop {
+            let applied = self.revision();
+            if applied >= revision && self.has_synced() {
+                return Ok(());
+            }
+            if asked_at != Some(applied) && self.has_synced() {
+                asked_at = Some(applied);
+                let ask = tokio::time::timeout_at(deadline, self.freshness(Some(revision)));
+                match ask.await {
+                    Ok(Ok(fresh)) if fresh.unchanged => return Ok(()),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_elapsed) => {}
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ConsistencyError::Timeout {
+                    informer: self.shared.name.clone(),
+                    revision,
+                    applied: self.revision(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// A lister that reads the cache only once it is at least as fresh as etcd is now: one
+    /// linearizable read gives etcd's current revision (and, for a prefix that did not change
+    /// since the cache's revision, proves the cache current at once), then it waits as
+    /// [`wait_for_revision`](Self::wait_for_revision) does. Kubernetes' consistent reads from
+    /// the watch cache (KEP-2340), over etcd.
+    ///
+    /// ```no_run
+    /// # async fn demo(informer: etcd_informer::SharedIndexInformer<String>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let lister = informer.consistent_lister(std::time::Duration::from_secs(3)).await?;
+    /// println!("{} objects as of now", lister.list().len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn consistent_lister(&self, timeout: Duration) -> Result<Lister<T>, ConsistencyError> {
+        let started = Instant::now();
+        let current = tokio::time::timeout(timeout, self.freshness(None))
+            .await
+            .map_err(|_| ConsistencyError::Timeout {
+                informer: self.shared.name.clone(),
+                revision: 0,
+                applied: self.revision(),
+                waited: started.elapsed(),
+            })??;
+        if !(current.unchanged && self.has_synced()) {
+            let left = timeout.saturating_sub(started.elapsed());
+            self.wait_for_revision(current.revision, left).await?;
+        }
+        Ok(self.lister())
+    }
+
     /// Whether [`run`](Self::run) has been called.
     pub fn has_started(&self) -> bool {
         self.shared.started.load(Ordering::Acquire)
@@ -515,6 +755,77 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     pub fn name(&self) -> &str {
         &self.shared.name
     }
+}
+
+/// Applies one delta to the store; returns the notification and whether it is a resync (for
+/// due handlers only).
+fn apply_delta<T>(txn: &mut Txn<'_, T>, d: &Delta<T>, is_in_initial_list: bool) -> (Event<T>, bool) {
+    match d.kind {
+        DeltaType::Deleted => {
+            txn.delete(d.object.key());
+            let deleted = if d.final_state_unknown {
+                DeletedObject::FinalStateUnknown(d.object.clone())
+            } else {
+                DeletedObject::Deleted(d.object.clone())
+            };
+            (Event::Deleted(deleted), false)
+        }
+        DeltaType::Added | DeltaType::Updated | DeltaType::Replaced | DeltaType::Sync => {
+            match txn.add(d.object.clone()) {
+                Some(old) => {
+                    let is_sync = d.kind == DeltaType::Sync
+                        || (d.kind == DeltaType::Replaced && old.mod_revision == d.object.mod_revision);
+                    let event = Event::Updated {
+                        old,
+                        new: d.object.clone(),
+                    };
+                    (event, is_sync)
+                }
+                None => {
+                    let event = Event::Added {
+                        object: d.object.clone(),
+                        is_in_initial_list,
+                    };
+                    (event, false)
+                }
+            }
+        }
+    }
+}
+
+/// Replaces the store's content with a relist; returns the notifications: adds, updates
+/// (resyncs where the revision is unchanged) and tombstones for the keys that vanished. After a
+/// wipe every cached key is retired and every listed one added.
+fn apply_replace<T>(
+    txn: &mut Txn<'_, T>,
+    items: crate::real_fifo::ObjectMap<T>,
+    store_replaced: bool,
+    initial: bool,
+) -> Vec<(Event<T>, bool)> {
+    let mut old = txn.replace(items);
+    let mut events = Vec::with_capacity(old.len().max(txn.objects().size_hint().0));
+    let tombstone = |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
+    if store_replaced {
+        events.extend(old.drain().map(|(_, o)| tombstone(o)));
+    }
+    for new in txn.objects() {
+        let event = match old.remove(new.key()) {
+            Some(old) => {
+                let is_sync = old.mod_revision == new.mod_revision;
+                (Event::Updated { old, new: new.clone() }, is_sync)
+            }
+            None => {
+                let event = Event::Added {
+                    object: new.clone(),
+                    is_in_initial_list: initial,
+                };
+                (event, false)
+            }
+        };
+        events.push(event);
+    }
+    events.extend(old.into_values().map(tombstone));
+    events
 }
 
 /// Marks the informer stopped and closes its handlers when dropped.

@@ -1,17 +1,22 @@
 //! The etcd source: a [`ListerWatcher`] over a key prefix.
 
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use etcd_client::proto::PbKeyValue;
 use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
 use tokio::sync::{mpsc, OnceCell};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
 use tracing::Instrument;
 
-use super::{BoxFuture, Error, ListResult, ListerWatcher, Result, WatchEvent, WatchStream};
+use super::{
+    BoxFuture, Error, Freshness, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
+};
 use crate::codec::{Codec, DecodeError};
 use crate::Object;
 
@@ -152,6 +157,8 @@ pub struct EtcdListerWatcher<T> {
     codec: Arc<dyn Codec<T>>,
     options: EtcdOptions,
     decode_errors: Arc<AtomicU64>,
+    /// The keys under the prefix whose current value does not decode (absent from the cache).
+    undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
     trust_progress: Arc<OnceCell<bool>>,
 }
 
@@ -164,6 +171,7 @@ impl<T> Clone for EtcdListerWatcher<T> {
             codec: self.codec.clone(),
             options: self.options.clone(),
             decode_errors: self.decode_errors.clone(),
+            undecodable: self.undecodable.clone(),
             trust_progress: self.trust_progress.clone(),
         }
     }
@@ -218,6 +226,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             codec: Arc::new(codec),
             options,
             decode_errors: Arc::new(AtomicU64::new(0)),
+            undecodable: Arc::new(Mutex::new(HashSet::new())),
             trust_progress: Arc::new(OnceCell::new()),
         })
     }
@@ -314,17 +323,24 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             // Decode this page on a blocking thread while the next one is fetched.
             let decoder = self.decoder();
             decoding.push(tokio::task::spawn_blocking(move || {
-                kvs.iter()
-                    .filter_map(|kv| decoder.object(kv))
-                    .collect::<Vec<_>>()
+                let mut objects = Vec::with_capacity(kvs.len());
+                let mut undecodable = Vec::new();
+                for kv in kvs {
+                    match decoder.object(&kv) {
+                        Some(obj) => objects.push(obj),
+                        None => undecodable.push(kv.key),
+                    }
+                }
+                (objects, undecodable)
             }));
             if !more {
                 break;
             }
         }
         let mut items = Vec::new();
+        let mut undecodable = HashSet::new();
         for page in decoding {
-            let page = page.await.map_err(|e| {
+            let (page, bad) = page.await.map_err(|e| {
                 Error::Transient(format!("decoding a page of {} failed: {e}", self.prefix()))
             })?;
             if items.is_empty() {
@@ -332,7 +348,9 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             } else {
                 items.extend(page);
             }
+            undecodable.extend(bad);
         }
+        *lock(&self.undecodable) = undecodable;
         tracing::debug!(prefix = %self.prefix(), revision, pages, items = items.len(), "listed");
         Ok(ListResult { items, revision })
     }
@@ -392,6 +410,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 client: self.client.clone(),
                 range: (self.prefix.to_vec(), self.range_end.clone()),
                 decoder: self.decoder(),
+                undecodable: self.undecodable.clone(),
                 after: after_revision,
                 trust_progress,
                 progress_interval: self.options.progress_interval,
@@ -401,8 +420,90 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             let span =
                 tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);
             tokio::spawn(task.run(stream).instrument(span));
-            Ok(Box::pin(ReceiverStream::new(rx)) as WatchStream<T>)
+            Ok(Box::pin(Responses {
+                rx,
+                current: VecDeque::new(),
+            }) as WatchStream<T>)
         })
+    }
+
+    /// One linearizable (or pinned) range read of the prefix, keys only, filtered to keys
+    /// modified after `since`: etcd's header revision, the number of keys under the prefix, and
+    /// whether any changed. Correct on every etcd version (no progress notification needed),
+    /// through the gRPC proxy too. Deletes show in the count; keys that do not decode are
+    /// counted as the cache lacks them.
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        Box::pin(async move {
+            // etcd filters by mod_revision before applying the limit, and counts the whole
+            // range: one key at most comes back, and `count` is the prefix's size.
+            let mut options = GetOptions::new()
+                .with_range(self.range_end.clone())
+                .with_keys_only()
+                .with_min_mod_revision(since + 1)
+                .with_limit(1);
+            if let Some(at) = at {
+                options = options.with_revision(at);
+            }
+            let resp = tokio::time::timeout(
+                self.options.page_timeout,
+                self.client
+                    .kv_client()
+                    .get(self.prefix.to_vec(), Some(options)),
+            )
+            .await
+            .map_err(|_| {
+                Error::Transient(format!(
+                    "reading the revision of {} timed out after {:?}",
+                    self.prefix(),
+                    self.options.page_timeout
+                ))
+            })?
+            .map_err(|e| classify(e, at.unwrap_or(0)))?;
+            let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
+            let undecodable = lock(&self.undecodable).len();
+            let unchanged = resp.kvs().is_empty()
+                && usize::try_from(resp.count()).is_ok_and(|n| n == cached + undecodable);
+            Ok(Freshness {
+                revision,
+                unchanged,
+            })
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The watch stream: etcd's responses, one at a time, flattened into events. A response is
+/// taken whole, so a revision's events are yielded without a wait in between.
+struct Responses<T> {
+    rx: mpsc::Receiver<Vec<WatchEvent<T>>>,
+    current: VecDeque<WatchEvent<T>>,
+}
+
+// Nothing is pinned structurally: the fields are only moved through `&mut`.
+impl<T> Unpin for Responses<T> {}
+
+impl<T> Stream for Responses<T> {
+    type Item = WatchEvent<T>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(event) = self.current.pop_front() {
+                return Poll::Ready(Some(event));
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(events)) => self.current = events.into(),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -461,11 +562,12 @@ struct WatchTask<T> {
     /// The watched range, for consistency checks.
     range: (Vec<u8>, Vec<u8>),
     decoder: Decoder<T>,
+    undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
     after: i64,
     trust_progress: bool,
     progress_interval: Duration,
     idle_timeout: Duration,
-    tx: mpsc::Sender<WatchEvent<T>>,
+    tx: mpsc::Sender<Vec<WatchEvent<T>>>,
 }
 
 const PUT: i32 = 0;
@@ -482,14 +584,14 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 m = responses.message() => m,
                 _ = progress.tick() => {
                     if last_heard.elapsed() >= self.idle_timeout {
-                        let _ = self.tx.send(WatchEvent::Error(Error::Transient(format!(
+                        self.fail(Error::Transient(format!(
                             "watch received nothing for {:?}; assuming the connection is dead", self.idle_timeout
-                        )))).await;
+                        ))).await;
                         return;
                     }
                     // A liveness probe: etcd answers on this stream once the watch is synced.
                     if requests.request_progress().await.is_err() {
-                        let _ = self.tx.send(WatchEvent::Error(Error::transient("watch stream closed"))).await;
+                        self.fail(Error::transient("watch stream closed")).await;
                         return;
                     }
                     continue;
@@ -499,19 +601,12 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             let response = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    let _ = self
-                        .tx
-                        .send(WatchEvent::Error(Error::transient(
-                            "etcd ended the watch stream",
-                        )))
+                    self.fail(Error::transient("etcd ended the watch stream"))
                         .await;
                     return;
                 }
                 Err(e) => {
-                    let _ = self
-                        .tx
-                        .send(WatchEvent::Error(classify(e, self.after)))
-                        .await;
+                    self.fail(classify(e, self.after)).await;
                     return;
                 }
             };
@@ -519,7 +614,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             // Waiting for the reflector to take events is not silence from etcd.
             last_heard = tokio::time::Instant::now();
             if let Err(e) = handled {
-                let _ = self.tx.send(WatchEvent::Error(e)).await;
+                self.fail(e).await;
                 return;
             }
         }
@@ -555,10 +650,13 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         if events.is_empty() {
             if !response.created() && self.trust_progress && header_revision > self.after {
                 self.after = header_revision;
-                self.send(WatchEvent::Bookmark(header_revision)).await?;
+                self.send(vec![WatchEvent::Bookmark(header_revision)])
+                    .await?;
             }
             return Ok(());
         }
+        // One message per response: a revision's events stay together.
+        let mut out = Vec::with_capacity(events.len());
         for event in events {
             let Some(kv) = event.kv else { continue };
             let revision = kv.mod_revision;
@@ -566,8 +664,20 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 // Already delivered before a reconnect: etcd has shipped bugs that repeat events.
                 continue;
             }
-            let forwarded = match event.r#type {
-                PUT => match self.decoder.object(&kv) {
+            let decoded = match event.r#type {
+                PUT => Some(self.decoder.object(&kv)),
+                _ => None,
+            };
+            {
+                let mut undecodable = lock(&self.undecodable);
+                if matches!(decoded, Some(None)) {
+                    undecodable.insert(kv.key.clone());
+                } else if !undecodable.is_empty() {
+                    undecodable.remove(&kv.key);
+                }
+            }
+            let forwarded = match (event.r#type, decoded) {
+                (PUT, Some(decoded)) => match decoded {
                     Some(obj) if obj.version == 1 => WatchEvent::Added(obj),
                     Some(obj) => WatchEvent::Modified(obj),
                     // Undecodable (already reported): from now on the key is absent.
@@ -580,7 +690,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                         None => continue,
                     },
                 },
-                DELETE => {
+                (DELETE, _) => {
                     let Some(key) = self.decoder.key(&kv.key, revision) else {
                         continue;
                     };
@@ -590,7 +700,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                         last: event.prev_kv.and_then(|p| self.decoder.object(&p)),
                     }
                 }
-                other => {
+                (other, _) => {
                     tracing::warn!(
                         event_type = other,
                         revision,
@@ -599,7 +709,10 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     continue;
                 }
             };
-            self.send(forwarded).await?;
+            out.push(forwarded);
+        }
+        if !out.is_empty() {
+            self.send(out).await?;
         }
         Ok(())
     }
@@ -636,11 +749,16 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         }
     }
 
-    async fn send(&self, event: WatchEvent<T>) -> Result<(), Error> {
+    async fn send(&self, events: Vec<WatchEvent<T>>) -> Result<(), Error> {
         self.tx
-            .send(event)
+            .send(events)
             .await
             .map_err(|_| Error::transient("the reflector stopped watching"))
+    }
+
+    /// Reports the error that ends this watch.
+    async fn fail(&self, error: Error) {
+        let _ = self.tx.send(vec![WatchEvent::Error(error)]).await;
     }
 }
 

@@ -115,17 +115,47 @@ impl Error {
     }
 }
 
+/// What a source says of a cache's freshness; see [`ListerWatcher::freshness`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freshness {
+    /// The revision the answer is about: the source's current revision (read linearizably), or
+    /// the one asked for.
+    pub revision: i64,
+    /// Nothing under the source changed after the cache's revision up to `revision`, and the
+    /// number of keys matches the cache's: the cache holds the source's content at `revision`.
+    pub unchanged: bool,
+}
+
 /// Lists the objects of a source at one revision, and watches the changes after a revision.
 ///
 /// Contract: `list` returns every object at one revision `R` (a consistent snapshot); `watch(R)`
 /// yields every change with a revision greater than `R`, in revision order, with each object's
-/// `mod_revision` as its revision. A source that cannot serve `R` any more reports
-/// [`Error::Expired`].
+/// `mod_revision` as its revision, and the changes of one revision together: the stream yields
+/// them without waiting in between (etcd never splits a transaction across watch responses),
+/// so that the informer can apply each revision atomically. A source that cannot serve `R` any
+/// more reports [`Error::Expired`].
 pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// Every object, and the revision they were read at.
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>>;
     /// The changes after `after_revision` (exclusive).
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>>;
+    /// Whether a cache that holds `cached` objects and every change up to `since` is the
+    /// source's content at `at` (or, with `None`, at the source's current revision, read
+    /// linearizably). Behind the informer's consistent reads. Sources that cannot tell return
+    /// an error (the default).
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        let _ = (since, cached, at);
+        Box::pin(async {
+            Err(Error::Transient(
+                "this source cannot read its current revision".into(),
+            ))
+        })
+    }
 }
 
 impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
@@ -135,6 +165,14 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         (**self).watch(after_revision)
     }
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        (**self).freshness(since, cached, at)
+    }
 }
 
 impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
@@ -143,6 +181,14 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
     }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         (**self).watch(after_revision)
+    }
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        (**self).freshness(since, cached, at)
     }
 }
 

@@ -77,6 +77,8 @@ struct Inner<T> {
     items: HashMap<Arc<str>, Arc<Object<T>>>,
     indexers: Indexers<T>,
     indices: HashMap<String, Index>,
+    /// The revision the content was last written at (see [`Indexer::revision`]).
+    revision: i64,
 }
 
 impl<T> Default for Indexer<T> {
@@ -86,6 +88,7 @@ impl<T> Default for Indexer<T> {
                 items: HashMap::new(),
                 indexers: HashMap::new(),
                 indices: HashMap::new(),
+                revision: 0,
             })),
         }
     }
@@ -140,11 +143,7 @@ impl<T> Indexer<T> {
 
     /// Inserts or replaces the object under its key and returns the object it replaced.
     pub fn add(&self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
-        let mut inner = self.write();
-        let key = obj.shared_key().clone();
-        let old = inner.items.insert(key.clone(), obj.clone());
-        inner.update_indices(old.as_deref(), Some(&obj), &key);
-        old
+        self.write().add(obj)
     }
 
     /// Same as [`add`](Self::add): the store is keyed, so an update is an insert.
@@ -154,33 +153,43 @@ impl<T> Indexer<T> {
 
     /// Removes the object under `key` and returns it.
     pub fn delete(&self, key: &str) -> Option<Arc<Object<T>>> {
-        let mut inner = self.write();
-        let (key, old) = inner.items.remove_entry(key)?;
-        inner.update_indices(Some(&old), None, &key);
-        Some(old)
+        self.write().delete(key)
     }
 
     /// Replaces the whole content with `items` and rebuilds the indexes.
     pub fn replace(&self, items: impl IntoIterator<Item = Arc<Object<T>>>) {
-        let mut inner = self.write();
-        inner.items = items
+        let items = items
             .into_iter()
             .map(|o| (o.shared_key().clone(), o))
             .collect();
-        let Inner {
-            items,
-            indexers,
-            indices,
-        } = &mut *inner;
-        for (name, func) in indexers.iter() {
-            let mut index = Index::new();
-            for (key, obj) in items.iter() {
-                for value in func(obj) {
-                    index.entry(value).or_default().insert(key.clone());
-                }
-            }
-            indices.insert(name.clone(), index);
-        }
+        self.write().replace(items);
+    }
+
+    /// Runs `f` on the store under one write lock: readers see all of its changes or none
+    /// (how the informer applies one etcd revision, or a relist, atomically).
+    pub(crate) fn transaction<R>(&self, f: impl FnOnce(&mut Txn<'_, T>) -> R) -> R {
+        let mut inner = self.write();
+        f(&mut Txn(&mut inner))
+    }
+
+    /// The etcd revision the cache holds, as set by the informer that fills it: in the
+    /// revision-atomic mode the content is exactly the source's at this revision; 0 before
+    /// the first list, and for a store filled by hand.
+    pub fn revision(&self) -> i64 {
+        self.read().revision
+    }
+
+    /// [`revision`](Self::revision) and the number of objects, read together.
+    pub fn revision_and_len(&self) -> (i64, usize) {
+        let inner = self.read();
+        (inner.revision, inner.items.len())
+    }
+
+    /// Raises the revision to `revision` if it is lower: the source proved that nothing under
+    /// it changed in between.
+    pub(crate) fn advance_revision(&self, revision: i64) {
+        let mut inner = self.write();
+        inner.revision = inner.revision.max(revision);
     }
 
     /// The object under `key`.
@@ -272,7 +281,77 @@ impl<T> Indexer<T> {
     }
 }
 
+/// The store under its write lock, for [`Indexer::transaction`].
+pub(crate) struct Txn<'a, T>(&'a mut Inner<T>);
+
+impl<T> Txn<'_, T> {
+    pub(crate) fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
+        self.0.add(obj)
+    }
+
+    pub(crate) fn delete(&mut self, key: &str) -> Option<Arc<Object<T>>> {
+        self.0.delete(key)
+    }
+
+    /// Replaces the content with `items` and returns the previous content.
+    pub(crate) fn replace(
+        &mut self,
+        items: HashMap<Arc<str>, Arc<Object<T>>>,
+    ) -> HashMap<Arc<str>, Arc<Object<T>>> {
+        self.0.replace(items)
+    }
+
+    pub(crate) fn objects(&self) -> impl Iterator<Item = &Arc<Object<T>>> {
+        self.0.items.values()
+    }
+
+    /// Sets the revision the content now holds.
+    pub(crate) fn set_revision(&mut self, revision: i64) {
+        self.0.revision = revision;
+    }
+
+    pub(crate) fn revision(&self) -> i64 {
+        self.0.revision
+    }
+}
+
 impl<T> Inner<T> {
+    fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
+        let key = obj.shared_key().clone();
+        let old = self.items.insert(key.clone(), obj.clone());
+        self.update_indices(old.as_deref(), Some(&obj), &key);
+        old
+    }
+
+    fn delete(&mut self, key: &str) -> Option<Arc<Object<T>>> {
+        let (key, old) = self.items.remove_entry(key)?;
+        self.update_indices(Some(&old), None, &key);
+        Some(old)
+    }
+
+    fn replace(
+        &mut self,
+        items: HashMap<Arc<str>, Arc<Object<T>>>,
+    ) -> HashMap<Arc<str>, Arc<Object<T>>> {
+        let old = std::mem::replace(&mut self.items, items);
+        let Inner {
+            items,
+            indexers,
+            indices,
+            ..
+        } = self;
+        for (name, func) in indexers.iter() {
+            let mut index = Index::new();
+            for (key, obj) in items.iter() {
+                for value in func(obj) {
+                    index.entry(value).or_default().insert(key.clone());
+                }
+            }
+            indices.insert(name.clone(), index);
+        }
+        old
+    }
+
     fn index(&self, name: &str) -> Result<&Index, StoreError> {
         self.indices
             .get(name)

@@ -2,6 +2,7 @@
 
 mod indexer;
 
+pub(crate) use indexer::Txn;
 pub use indexer::{
     namespace_index_func, namespace_indexers, Index, IndexFunc, Indexer, Indexers, StoreError,
     NAMESPACE_INDEX,

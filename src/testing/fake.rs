@@ -5,7 +5,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::listwatch::{
-    BoxFuture, Error, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
+    BoxFuture, Error, Freshness, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
 };
 use crate::Object;
 
@@ -269,6 +269,34 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
             }
             inner.watchers.push(tx);
             Ok(Box::pin(UnboundedReceiverStream::new(rx)) as WatchStream<T>)
+        };
+        Box::pin(async move { result })
+    }
+
+    /// From the history: unchanged when nothing was written after `since` up to `at`.
+    fn freshness(
+        &self,
+        since: i64,
+        _cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        let inner = self.lock();
+        let revision = at.unwrap_or(inner.revision);
+        let result = if revision > inner.revision {
+            Err(Error::transient(format!(
+                "revision {revision} is in the future (current {})",
+                inner.revision
+            )))
+        } else {
+            let changed = since < inner.compacted
+                || inner
+                    .history
+                    .iter()
+                    .any(|c| c.revision() > since && c.revision() <= revision);
+            Ok(Freshness {
+                revision,
+                unchanged: !changed,
+            })
         };
         Box::pin(async move { result })
     }

@@ -1,0 +1,427 @@
+//! The RealFIFO: every change in the order etcd made it, handed out one revision at a time.
+//!
+//! client-go made in-order processing its default (`RealFIFO`, 1.33) and added batch pops
+//! (1.35) and an atomic "replaced all" (1.36). Over etcd the natural batch is the revision:
+//! one transaction's changes share a revision and arrive in one watch response, so a consumer
+//! that applies a whole [`Batch`] under one store lock never shows a reader half a transaction.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+use crate::delta_fifo::{Closed, Delta, DeltaType};
+use crate::reflector::Queue;
+use crate::store::Store;
+use crate::Object;
+
+/// A relist's content, keyed as the cache keys it.
+pub type ObjectMap<T> = HashMap<Arc<str>, Arc<Object<T>>>;
+
+/// What [`RealFifo::pop`] hands out.
+pub enum Batch<T> {
+    /// Every change of one revision (one etcd transaction), in the order etcd reported them.
+    Changes {
+        /// The revision.
+        revision: i64,
+        /// The changes; a `Deleted` delta carries the last state known of its key.
+        deltas: Vec<Delta<T>>,
+    },
+    /// A relist: the source's whole content at `revision`. The consumer diffs it against the
+    /// cache: keys the cache holds and the list lacks are tombstones.
+    Replace {
+        /// The list's revision.
+        revision: i64,
+        /// The listed objects by key.
+        items: Arc<ObjectMap<T>>,
+        /// The store was wiped or restored: revisions started over, so every cached object is
+        /// retired, even one listed at the revision the cache holds.
+        store_replaced: bool,
+        /// This is the first list: its objects are the informer's initial list.
+        initial: bool,
+    },
+    /// Re-deliver the cache as it is when popped (a resync); changes nothing.
+    Resync,
+    /// Nothing changed up to this revision (a trusted progress notification).
+    Progress(i64),
+}
+
+impl<T> fmt::Debug for Batch<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Batch::Changes { revision, deltas } => f
+                .debug_struct("Changes")
+                .field("revision", revision)
+                .field("deltas", &deltas.len())
+                .finish(),
+            Batch::Replace {
+                revision,
+                items,
+                store_replaced,
+                initial,
+            } => f
+                .debug_struct("Replace")
+                .field("revision", revision)
+                .field("items", &items.len())
+                .field("store_replaced", store_replaced)
+                .field("initial", initial)
+                .finish(),
+            Batch::Resync => f.write_str("Resync"),
+            Batch::Progress(r) => f.debug_tuple("Progress").field(r).finish(),
+        }
+    }
+}
+
+/// An in-order queue of revisions (client-go's `RealFIFO` with batch pop), filled by a
+/// [`Reflector`](crate::Reflector).
+///
+/// Invariants: batches are handed out in the order their changes happened, each revision's
+/// changes in one [`Batch::Changes`], never split; a revision is handed out only once the
+/// reflector has committed it (all its changes are queued). `pending` holds, for every key
+/// changed since the last queued relist whose change is not yet handed out, the newest queued
+/// state; with the queued relist and the cache (popped batches are applied before `pop`
+/// returns) it gives the newest state the queue knows of any key, which decides duplicates and
+/// the last value of deletes.
+pub struct RealFifo<T> {
+    inner: Mutex<Inner<T>>,
+    notify: Notify,
+    known: Arc<dyn Store<T>>,
+}
+
+struct Inner<T> {
+    batches: VecDeque<Batch<T>>,
+    /// The revision being filled, not yet committed.
+    open: Option<(i64, Vec<Delta<T>>)>,
+    /// Newest queued, unpopped state by key: (revision of the change, state; `None` = deleted).
+    pending: HashMap<Arc<str>, (i64, Option<Arc<Object<T>>>)>,
+    /// The newest queued relist until it is popped.
+    replace: Option<Arc<ObjectMap<T>>>,
+    resync_queued: bool,
+    listed: bool,
+    synced: bool,
+    closed: bool,
+}
+
+impl<T> fmt::Debug for RealFifo<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("RealFifo")
+            .field("batches", &inner.batches.len())
+            .field("synced", &inner.synced)
+            .field("closed", &inner.closed)
+            .finish()
+    }
+}
+
+impl<T: Send + Sync + 'static> RealFifo<T> {
+    /// A queue whose consumer applies batches to `known` (the informer's indexer).
+    pub fn new(known: Arc<dyn Store<T>>) -> Self {
+        RealFifo {
+            inner: Mutex::new(Inner {
+                batches: VecDeque::new(),
+                open: None,
+                pending: HashMap::new(),
+                replace: None,
+                resync_queued: false,
+                listed: false,
+                synced: false,
+                closed: false,
+            }),
+            notify: Notify::new(),
+            known,
+        }
+    }
+}
+
+impl<T> RealFifo<T> {
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newest state of `key` the queue knows of; `None` when absent.
+    fn newest(&self, inner: &Inner<T>, key: &str) -> Option<Arc<Object<T>>> {
+        if let Some((_, state)) = inner.pending.get(key) {
+            return state.clone();
+        }
+        match &inner.replace {
+            Some(listed) => listed.get(key).cloned(),
+            None => self.known.get_by_key(key),
+        }
+    }
+
+    /// Appends a change to the open revision, committing the open one first if it is older.
+    fn push(inner: &mut Inner<T>, revision: i64, delta: Delta<T>) -> bool {
+        let mut committed = false;
+        if inner.open.as_ref().is_some_and(|(r, _)| *r != revision) {
+            committed = Self::commit_locked(inner);
+        }
+        inner
+            .open
+            .get_or_insert_with(|| (revision, Vec::new()))
+            .1
+            .push(delta);
+        committed
+    }
+
+    fn commit_locked(inner: &mut Inner<T>) -> bool {
+        match inner.open.take() {
+            Some((revision, deltas)) => {
+                inner.batches.push_back(Batch::Changes { revision, deltas });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Waits for the next batch, removes it and calls `process` with it while holding the
+    /// queue, so that nothing is queued against a cache that has not applied it yet. Returns
+    /// [`Closed`] once closed and empty.
+    pub async fn pop<R>(&self, process: impl FnOnce(Batch<T>) -> R) -> Result<R, Closed> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = self.lock();
+                if let Some(batch) = inner.batches.pop_front() {
+                    let is_replace = matches!(batch, Batch::Replace { .. });
+                    match &batch {
+                        Batch::Changes { revision, deltas } => {
+                            for d in deltas {
+                                let key = d.object.key();
+                                if inner.pending.get(key).is_some_and(|(r, _)| r <= revision) {
+                                    inner.pending.remove(key);
+                                }
+                            }
+                        }
+                        Batch::Replace { items, .. } => {
+                            if inner.replace.as_ref().is_some_and(|r| Arc::ptr_eq(r, items)) {
+                                inner.replace = None;
+                            }
+                        }
+                        Batch::Resync => inner.resync_queued = false,
+                        Batch::Progress(_) => {}
+                    }
+                    if inner.batches.is_empty() && inner.pending.capacity() > 1024 {
+                        inner.pending.shrink_to_fit();
+                        inner.batches.shrink_to_fit();
+                    }
+                    let result = process(batch);
+                    if is_replace {
+                        inner.synced = true;
+                    }
+                    return Ok(result);
+                }
+                if inner.closed {
+                    return Err(Closed);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether the first relist has been popped and processed.
+    pub fn has_synced(&self) -> bool {
+        self.lock().synced
+    }
+
+    /// Closes the queue: `pop` returns [`Closed`] once what is queued is drained.
+    pub fn close(&self) {
+        let mut inner = self.lock();
+        Self::commit_locked(&mut inner);
+        inner.closed = true;
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// How many batches are queued.
+    pub fn len(&self) -> usize {
+        self.lock().batches.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
+    fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool {
+        let mut inner = self.lock();
+        if let Some(current) = self.newest(&inner, obj.key()) {
+            if current.mod_revision >= obj.mod_revision {
+                return false;
+            }
+        }
+        let revision = obj.mod_revision;
+        inner.pending.insert(
+            obj.shared_key().clone(),
+            (revision, Some(obj.clone())),
+        );
+        let committed = Self::push(&mut inner, revision, Delta::new(kind, obj));
+        drop(inner);
+        if committed {
+            self.notify.notify_waiters();
+        }
+        true
+    }
+
+    fn delete(&self, key: &str, revision: i64, last: Option<Arc<Object<T>>>) -> bool {
+        let mut inner = self.lock();
+        let Some(newest) = self.newest(&inner, key) else {
+            return false;
+        };
+        if newest.mod_revision >= revision {
+            return false;
+        }
+        let object = last
+            .filter(|l| l.mod_revision >= newest.mod_revision)
+            .unwrap_or(newest);
+        inner
+            .pending
+            .insert(object.shared_key().clone(), (revision, None));
+        let committed = Self::push(
+            &mut inner,
+            revision,
+            Delta::new(DeltaType::Deleted, object),
+        );
+        drop(inner);
+        if committed {
+            self.notify.notify_waiters();
+        }
+        true
+    }
+
+    fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool) {
+        let items: Arc<ObjectMap<T>> = Arc::new(
+            list.into_iter()
+                .map(|o| (o.shared_key().clone(), o))
+                .collect(),
+        );
+        let mut inner = self.lock();
+        Self::commit_locked(&mut inner);
+        // Everything queued before is superseded by the list for the purpose of "newest".
+        inner.pending.clear();
+        inner.replace = Some(items.clone());
+        let initial = !inner.listed;
+        inner.listed = true;
+        inner.batches.push_back(Batch::Replace {
+            revision,
+            items,
+            store_replaced,
+            initial,
+        });
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    fn resync(&self) {
+        let mut inner = self.lock();
+        if inner.resync_queued {
+            return;
+        }
+        inner.resync_queued = true;
+        inner.batches.push_back(Batch::Resync);
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
+    fn commit(&self, _revision: i64) {
+        if Self::commit_locked(&mut self.lock()) {
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn progress(&self, revision: i64) {
+        let mut inner = self.lock();
+        Self::commit_locked(&mut inner);
+        match inner.batches.back_mut() {
+            Some(Batch::Progress(r)) => *r = (*r).max(revision),
+            _ => inner.batches.push_back(Batch::Progress(revision)),
+        }
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Indexer;
+
+    fn obj(key: &str, rev: i64) -> Arc<Object<i64>> {
+        Arc::new(Object::new(key, rev, rev))
+    }
+
+    fn fifo() -> (RealFifo<i64>, Indexer<i64>) {
+        let ix = Indexer::default();
+        (RealFifo::new(Arc::new(ix.clone())), ix)
+    }
+
+    async fn pop(f: &RealFifo<i64>) -> Batch<i64> {
+        f.pop(|b| b).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_revision_is_one_batch_and_only_once_committed() {
+        let (f, _ix) = fifo();
+        f.replace(vec![], 1, false);
+        assert!(matches!(pop(&f).await, Batch::Replace { initial: true, .. }));
+        f.add_if_newer(DeltaType::Added, obj("a", 5));
+        f.add_if_newer(DeltaType::Added, obj("b", 5));
+        assert!(f.is_empty(), "revision 5 is not committed yet");
+        f.add_if_newer(DeltaType::Added, obj("c", 6));
+        match pop(&f).await {
+            Batch::Changes { revision, deltas } => {
+                assert_eq!(revision, 5);
+                assert_eq!(deltas.len(), 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(f.is_empty());
+        f.commit(6);
+        assert!(matches!(pop(&f).await, Batch::Changes { revision: 6, .. }));
+    }
+
+    #[tokio::test]
+    async fn duplicates_and_unknown_deletes_are_dropped_against_queue_list_and_cache() {
+        let (f, ix) = fifo();
+        ix.add(obj("cached", 3));
+        f.replace(vec![obj("listed", 4), obj("cached", 3)], 4, false);
+        // Newest state of "listed" is the queued list's.
+        assert!(!f.add_if_newer(DeltaType::Updated, obj("listed", 4)));
+        assert!(!f.delete("never", 5, None));
+        assert!(f.delete("listed", 5, None));
+        // Deleted in the queue: a second delete is dropped.
+        assert!(!f.delete("listed", 6, None));
+        f.commit(5);
+        let _replace = pop(&f).await;
+        match pop(&f).await {
+            Batch::Changes { deltas, .. } => {
+                assert_eq!(deltas[0].kind, DeltaType::Deleted);
+                assert_eq!(deltas[0].object.mod_revision, 4, "last state from the list");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn resync_is_queued_once_and_progress_merges() {
+        let (f, _ix) = fifo();
+        f.resync();
+        f.resync();
+        f.progress(7);
+        f.progress(9);
+        assert_eq!(f.len(), 2);
+        assert!(matches!(pop(&f).await, Batch::Resync));
+        assert!(matches!(pop(&f).await, Batch::Progress(9)));
+        f.close();
+        assert!(f.pop(|_| ()).await.is_err());
+    }
+}

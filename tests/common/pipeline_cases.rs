@@ -1,0 +1,972 @@
+// The pipeline rules of SEMANTICS.md, on the in-memory source (no etcd needed). Included by
+// tests/pipeline.rs and tests/pipeline_delta_fifo.rs, which set `PROCESSING`: every rule holds
+// in both processing modes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_informer::listwatch::Error;
+use etcd_informer::testing::FakeSource;
+use etcd_informer::{
+    Controller, ControllerConfig, DeltaFifo, DeltaType, Event, InformerOptions, ListerWatcher,
+    Object, ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchEvent,
+};
+use tokio_stream::StreamExt;
+
+type Log = Arc<Mutex<Vec<String>>>;
+type RevisionsByKey = Arc<Mutex<HashMap<String, Vec<i64>>>>;
+
+/// Holds handlers back until opened (a handler thread blocks in `pass`).
+#[derive(Default)]
+struct Gate(std::sync::atomic::AtomicBool);
+
+impl Gate {
+    fn pass(&self) {
+        while !self.0.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    fn open(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Waits (in real time) until `cond` holds, failing after 10 s with `what`.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
+    let (a, u, d) = (log.clone(), log.clone(), log.clone());
+    ResourceEventHandlerFuncs::new()
+        .on_add(move |o, init| {
+            a.lock()
+                .unwrap()
+                .push(format!("add {} {} {}", o.key(), o.value, init))
+        })
+        .on_update(move |old, new| {
+            u.lock()
+                .unwrap()
+                .push(format!("update {} {}->{}", new.key(), old.value, new.value))
+        })
+        .on_delete(move |o| {
+            d.lock().unwrap().push(format!(
+                "delete {} {} {}",
+                o.key(),
+                o.object().value,
+                if o.is_final_state_unknown() {
+                    "tombstone"
+                } else {
+                    "final"
+                }
+            ))
+        })
+}
+
+fn fast_options() -> InformerOptions<String> {
+    InformerOptions {
+        name: "test".into(),
+        backoff: etcd_informer::Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+            Duration::from_secs(120),
+            0.0,
+        ),
+        processing: PROCESSING,
+        ..Default::default()
+    }
+}
+
+fn started(
+    source: &FakeSource<String>,
+    options: InformerOptions<String>,
+) -> SharedIndexInformer<String> {
+    let informer = SharedIndexInformer::new(source.clone(), options);
+    tokio::spawn(informer.clone().run());
+    informer
+}
+
+/// Whether the informer's cache holds exactly the source's objects at their revisions.
+fn caught_up(informer: &SharedIndexInformer<String>, source: &FakeSource<String>) -> bool {
+    let cache: Vec<(String, i64)> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), o.mod_revision))
+        .collect();
+    let want: Vec<(String, i64)> = source
+        .objects()
+        .iter()
+        .map(|o| (o.key().to_string(), o.mod_revision))
+        .collect();
+    cache == want
+}
+
+fn snapshot(log: &Log) -> Vec<String> {
+    log.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn add_update_delete_reach_handler_in_order_with_values() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("ns/a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    let reg = informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    eventually("handler synced", || reg.has_synced()).await;
+    source.put("ns/a", "2".into());
+    eventually("update", || snapshot(&log).len() == 2).await;
+    source.put("ns/b", "x".into());
+    eventually("add", || snapshot(&log).len() == 3).await;
+    source.delete("ns/a");
+    eventually("delete", || snapshot(&log).len() == 4).await;
+    assert_eq!(
+        snapshot(&log),
+        [
+            "add ns/a 1 true",
+            "update ns/a 1->2",
+            "add ns/b x false",
+            "delete ns/a 2 final"
+        ]
+    );
+    assert!(informer.lister().get("ns/a").is_none());
+    assert_eq!(informer.last_synced_revision(), source.revision());
+}
+
+#[tokio::test]
+async fn store_is_updated_before_handlers_are_notified() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let lister = informer.lister();
+    let violations = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (v1, v2, s1, s2) = (
+        violations.clone(),
+        violations.clone(),
+        seen.clone(),
+        seen.clone(),
+    );
+    let l2 = lister.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_update(move |_, new| {
+                    s1.fetch_add(1, Ordering::SeqCst);
+                    if lister
+                        .get(new.key())
+                        .is_none_or(|c| c.mod_revision < new.mod_revision)
+                    {
+                        v1.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+                .on_delete(move |o| {
+                    s2.fetch_add(1, Ordering::SeqCst);
+                    if let Some(c) = l2.get(o.key()) {
+                        if c.mod_revision <= o.object().mod_revision {
+                            v2.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    source.put("k", "0".into());
+    for i in 1..200 {
+        source.put("k", i.to_string());
+    }
+    eventually("all updates", || seen.load(Ordering::SeqCst) == 199).await;
+    source.delete("k");
+    eventually("the delete", || seen.load(Ordering::SeqCst) == 200).await;
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn per_key_revision_order_for_every_handler() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let logs: Vec<RevisionsByKey> = (0..3).map(|_| Default::default()).collect();
+    for log in &logs {
+        let (a, u) = (log.clone(), log.clone());
+        informer
+            .add_event_handler(
+                ResourceEventHandlerFuncs::new()
+                    .on_add(move |o, _| {
+                        a.lock()
+                            .unwrap()
+                            .entry(o.key().into())
+                            .or_default()
+                            .push(o.mod_revision)
+                    })
+                    .on_update(move |_, o| {
+                        u.lock()
+                            .unwrap()
+                            .entry(o.key().into())
+                            .or_default()
+                            .push(o.mod_revision)
+                    }),
+            )
+            .unwrap();
+    }
+    informer.wait_for_cache_sync().await;
+    for i in 0..300 {
+        source.put(&format!("k{}", i % 7), i.to_string());
+    }
+    for log in &logs {
+        eventually("300 events", || {
+            log.lock().unwrap().values().map(Vec::len).sum::<usize>() == 300
+        })
+        .await;
+        for (key, revs) in log.lock().unwrap().iter() {
+            assert!(
+                revs.windows(2).all(|w| w[0] < w[1]),
+                "{key}: {revs:?} out of order"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn relist_after_compaction_delivers_tombstones_with_last_state() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("ns/keep", "k1".into());
+    source.put("ns/gone", "g1".into());
+    source.put("ns/gone", "g2".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    // Break the first watch before it starts, so the deletes below happen while disconnected.
+    source.fail_next_watch(Error::transient("connection refused"));
+    tokio::spawn(informer.clone().run());
+    eventually("synced", || informer.has_synced()).await;
+    source.break_watches(Error::transient("connection reset"));
+    source.fail_next_watch(Error::transient("still down"));
+    source.delete("ns/gone");
+    source.put("ns/new", "n1".into());
+    source.compact();
+    source.break_watches(Error::transient("connection reset"));
+    eventually("relisted", || {
+        snapshot(&log).iter().any(|l| l.starts_with("delete"))
+    })
+    .await;
+    eventually("new key", || informer.lister().get("ns/new").is_some()).await;
+    let log = snapshot(&log);
+    assert!(
+        log.contains(&"delete ns/gone g2 tombstone".to_string()),
+        "{log:?}"
+    );
+    assert!(log.contains(&"add ns/new n1 false".to_string()), "{log:?}");
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("ns/keep") && !l.starts_with("add")),
+        "unchanged key not re-delivered: {log:?}"
+    );
+    assert!(source.list_count() >= 2);
+    let keys: Vec<String> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| o.key().to_string())
+        .collect();
+    assert_eq!(keys, ["ns/keep", "ns/new"]);
+}
+
+#[tokio::test]
+async fn transient_watch_errors_resume_without_relist() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    for i in 2..5 {
+        source.break_watches(Error::transient("reset"));
+        source.put("a", i.to_string());
+    }
+    eventually("latest value", || {
+        informer.lister().get("a").is_some_and(|o| o.value == "4")
+    })
+    .await;
+    assert_eq!(source.list_count(), 1, "no relist for transient errors");
+    assert!(source.watch_count() >= 2);
+}
+
+#[tokio::test]
+async fn duplicate_and_stale_events_are_dropped() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    let rev = source.put("a", "new".into());
+    eventually("add", || snapshot(&log).len() == 1).await;
+    source.inject(|| WatchEvent::Modified(Object::new("a", rev, "duplicate".to_string())));
+    source.inject(|| WatchEvent::Modified(Object::new("a", rev - 1, "stale".to_string())));
+    source.inject(|| WatchEvent::Deleted {
+        key: "nobody".into(),
+        revision: rev + 5,
+        last: None,
+    });
+    source.put("b", "marker".into());
+    eventually("marker", || snapshot(&log).len() == 2).await;
+    assert_eq!(snapshot(&log), ["add a new false", "add b marker false"]);
+}
+
+#[tokio::test]
+async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let gate = Arc::new(Gate::default());
+    let g = gate.clone();
+    let slow = informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| g.pass()))
+        .unwrap();
+    let fast_count = Arc::new(AtomicUsize::new(0));
+    let f = fast_count.clone();
+    informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| {
+            f.fetch_add(1, Ordering::SeqCst);
+        }))
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    for i in 0..100 {
+        source.put(&format!("k{i}"), "v".into());
+    }
+    eventually("fast handler got all", || {
+        fast_count.load(Ordering::SeqCst) == 100
+    })
+    .await;
+    eventually("cache has all", || informer.lister().len() == 100).await;
+    assert!(
+        slow.backlog() >= 99,
+        "slow handler backlog {}",
+        slow.backlog()
+    );
+    gate.open();
+    eventually("slow handler drains", || {
+        slow.backlog() == 0 && slow.delivered() == 100
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bounded_backlog_keeps_final_state_of_every_key() {
+    let source: FakeSource<String> = FakeSource::new();
+    let options = InformerOptions {
+        max_handler_backlog: Some(16),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    let gate = Arc::new(Gate::default());
+    let state: Arc<Mutex<HashMap<String, String>>> = Default::default();
+    let (g1, g2, g3) = (gate.clone(), gate.clone(), gate.clone());
+    let (s1, s2, s3) = (state.clone(), state.clone(), state.clone());
+    let reg = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_add(move |o, _| {
+                    g1.pass();
+                    assert!(
+                        s1.lock()
+                            .unwrap()
+                            .insert(o.key().into(), o.value.clone())
+                            .is_none(),
+                        "add of a present key"
+                    );
+                })
+                .on_update(move |_, o| {
+                    g2.pass();
+                    assert!(
+                        s2.lock()
+                            .unwrap()
+                            .insert(o.key().into(), o.value.clone())
+                            .is_some(),
+                        "update of an absent key"
+                    );
+                })
+                .on_delete(move |o| {
+                    g3.pass();
+                    s3.lock().unwrap().remove(o.key());
+                }),
+        )
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    for i in 0..2000 {
+        let key = format!("k{}", i % 8);
+        if i % 13 == 0 {
+            source.delete(&key);
+        } else {
+            source.put(&key, i.to_string());
+        }
+    }
+    eventually("cache caught up", || caught_up(&informer, &source)).await;
+    assert!(reg.backlog() <= 32, "backlog {} not bounded", reg.backlog());
+    gate.open();
+    eventually("handler drained", || reg.backlog() == 0).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cache: HashMap<String, String> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), o.value.clone()))
+        .collect();
+    assert_eq!(*state.lock().unwrap(), cache);
+    assert_eq!(reg.panics(), 0, "no handler assertion failed");
+}
+
+#[tokio::test]
+async fn late_handler_gets_cached_objects_then_live_stream_without_gap_or_duplicate() {
+    let source: FakeSource<String> = FakeSource::new();
+    for i in 0..50 {
+        source.put(&format!("k{i}"), "0".into());
+    }
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let writer = {
+        let source = source.clone();
+        tokio::spawn(async move {
+            for round in 1..=20 {
+                for i in 0..50 {
+                    source.put(&format!("k{i}"), round.to_string());
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let state: Arc<Mutex<HashMap<String, (i64, String)>>> = Default::default();
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (s1, s2, e1, e2) = (state.clone(), state.clone(), errors.clone(), errors.clone());
+    let reg = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_add(move |o, _| {
+                    if s1
+                        .lock()
+                        .unwrap()
+                        .insert(o.key().into(), (o.mod_revision, o.value.clone()))
+                        .is_some()
+                    {
+                        e1.lock()
+                            .unwrap()
+                            .push(format!("duplicate add {}", o.key()));
+                    }
+                })
+                .on_update(move |old, new| {
+                    let mut s = s2.lock().unwrap();
+                    match s.get(new.key()) {
+                        Some((rev, _)) if *rev == old.mod_revision => {}
+                        other => e2.lock().unwrap().push(format!(
+                            "gap on {}: had {other:?}, old {}",
+                            new.key(),
+                            old.mod_revision
+                        )),
+                    }
+                    s.insert(new.key().into(), (new.mod_revision, new.value.clone()));
+                }),
+        )
+        .unwrap();
+    writer.await.unwrap();
+    eventually("caught up", || caught_up(&informer, &source)).await;
+    eventually("handler synced and drained", || {
+        reg.has_synced() && reg.backlog() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    let state = state.lock().unwrap();
+    assert_eq!(state.len(), 50);
+    assert!(state.values().all(|(_, v)| v == "20"));
+}
+
+#[tokio::test]
+async fn removed_handler_gets_nothing_more() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let log = Log::default();
+    let reg = informer.add_event_handler(recorder(&log)).unwrap();
+    informer.wait_for_cache_sync().await;
+    source.put("a", "1".into());
+    eventually("one", || snapshot(&log).len() == 1).await;
+    informer.remove_event_handler(&reg);
+    source.put("b", "1".into());
+    eventually("cache has b", || informer.lister().get("b").is_some()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(snapshot(&log).len(), 1);
+}
+
+#[tokio::test]
+async fn panicking_handler_is_skipped_not_fatal() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let log = Log::default();
+    let l = log.clone();
+    let reg = informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |o, _| {
+            if o.key() == "boom" {
+                panic!("handler bug");
+            }
+            l.lock().unwrap().push(o.key().to_string());
+        }))
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    source.put("boom", "x".into());
+    source.put("after", "y".into());
+    eventually("after delivered", || snapshot(&log) == ["after"]).await;
+    assert_eq!(reg.panics(), 1);
+    assert!(informer.lister().get("boom").is_some(), "cache unaffected");
+}
+
+#[tokio::test]
+async fn handler_synced_only_after_its_initial_adds() {
+    let source: FakeSource<String> = FakeSource::new();
+    for i in 0..10 {
+        source.put(&format!("k{i}"), "v".into());
+    }
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let gate = Arc::new(Gate::default());
+    let g = gate.clone();
+    let reg = informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| g.pass()))
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    assert_eq!(
+        informer.lister().len(),
+        10,
+        "informer synced means every item applied"
+    );
+    assert!(!reg.has_synced(), "handler still has initial adds pending");
+    gate.open();
+    eventually("handler synced", || reg.has_synced()).await;
+}
+
+#[tokio::test]
+async fn wait_for_cache_sync_is_cancellable() {
+    let source: FakeSource<String> = FakeSource::new();
+    for _ in 0..1000 {
+        source.fail_next_list(Error::transient("etcd down"));
+    }
+    let informer = started(&source, fast_options());
+    let waited =
+        tokio::time::timeout(Duration::from_millis(100), informer.wait_for_cache_sync()).await;
+    assert!(waited.is_err());
+    assert!(!informer.has_synced());
+}
+
+#[tokio::test(start_paused = true)]
+async fn resync_redelivers_cache_to_due_handlers_only_without_listing() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let counts: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let same_object = Arc::new(AtomicUsize::new(0));
+    for (i, period) in [Duration::from_secs(1), Duration::ZERO]
+        .into_iter()
+        .enumerate()
+    {
+        let c = counts[i].clone();
+        let same = same_object.clone();
+        informer
+            .add_event_handler_with_resync(
+                ResourceEventHandlerFuncs::new().on_update(move |old, new| {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    if Arc::ptr_eq(old, new) {
+                        same.fetch_add(1, Ordering::SeqCst);
+                    }
+                }),
+                period,
+            )
+            .unwrap();
+    }
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while counts[0].load(Ordering::SeqCst) < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "no resync");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        counts[1].load(Ordering::SeqCst),
+        0,
+        "handler without resync got a Sync"
+    );
+    assert_eq!(
+        same_object.load(Ordering::SeqCst),
+        counts[0].load(Ordering::SeqCst),
+        "sync is update(old == new)"
+    );
+    assert_eq!(source.list_count(), 1, "resync never lists");
+}
+
+#[tokio::test(start_paused = true)]
+async fn list_failures_back_off_exponentially() {
+    let source: FakeSource<String> = FakeSource::new();
+    for _ in 0..4 {
+        source.fail_next_list(Error::transient("etcd down"));
+    }
+    let errors = Arc::new(AtomicUsize::new(0));
+    let e = errors.clone();
+    let options = InformerOptions {
+        watch_error_handler: Some(Arc::new(move |_: &Error| {
+            e.fetch_add(1, Ordering::SeqCst);
+        })),
+        processing: PROCESSING,
+        ..InformerOptions::default()
+    };
+    let informer = started(&source, options);
+    let start = tokio::time::Instant::now();
+    informer.wait_for_cache_sync().await;
+    let took = start.elapsed();
+    // 800 ms + 1.6 s + 3.2 s + 6.4 s = 12 s at least, at most twice that with jitter.
+    assert!(took >= Duration::from_secs(12), "{took:?}");
+    assert!(took <= Duration::from_secs(25), "{took:?}");
+    assert_eq!(errors.load(Ordering::SeqCst), 4);
+    assert_eq!(source.list_count(), 5);
+}
+
+#[tokio::test]
+async fn bookmarks_advance_the_synced_revision() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    eventually("watch open", || source.open_watches() == 1).await;
+    let ahead = source.revision() + 10;
+    source.inject(|| WatchEvent::Bookmark(ahead));
+    eventually("bookmark applied", || {
+        informer.last_synced_revision() == ahead
+    })
+    .await;
+    // The next watch resumes after the bookmark, not before it: here the bookmark is ahead of
+    // the store, so resuming from it fails as expired and the informer relists.
+    source.break_watches(Error::transient("reset"));
+    eventually("relisted", || source.list_count() == 2).await;
+}
+
+#[tokio::test]
+async fn event_stream_and_transform() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "hello".into());
+    let options = InformerOptions {
+        transform: Some(Arc::new(|o: Object<String>| o.map(|v| v.to_uppercase()))),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    let mut stream = informer.event_stream().unwrap();
+    let first = stream.next().await.unwrap();
+    assert!(matches!(&first, Event::Added { object, .. } if object.value == "HELLO"));
+    source.delete("a");
+    let second = stream.next().await.unwrap();
+    assert!(matches!(&second, Event::Deleted(d) if d.key() == "a" && !d.is_final_state_unknown()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn controller_retry_on_error_backs_off_per_key() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("bad", "1".into());
+    source.put("good", "1".into());
+    let fifo = Arc::new(DeltaFifo::new(None));
+    let attempts: Arc<Mutex<Vec<(String, tokio::time::Instant)>>> = Default::default();
+    let a = attempts.clone();
+    let controller = Controller::new(ControllerConfig {
+        lister_watcher: source.clone(),
+        queue: fifo.clone(),
+        process: Box::new(move |deltas, _| {
+            let key = deltas[0].object.key().to_string();
+            let mut a = a.lock().unwrap();
+            a.push((key.clone(), tokio::time::Instant::now()));
+            let failures = a.iter().filter(|(k, _)| k == "bad").count();
+            if key == "bad" && failures <= 3 {
+                return Err("not yet".into());
+            }
+            Ok(())
+        }),
+        retry_on_error: true,
+        reflector: ReflectorOptions::default(),
+    });
+    tokio::spawn(controller.run());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k == "bad")
+        .count()
+        < 4
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let a = attempts.lock().unwrap();
+    let bad: Vec<_> = a
+        .iter()
+        .filter(|(k, _)| k == "bad")
+        .map(|(_, t)| *t)
+        .collect();
+    let gaps: Vec<Duration> = bad.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps[0] >= Duration::from_millis(100)
+            && gaps[1] >= Duration::from_millis(200)
+            && gaps[2] >= Duration::from_millis(400),
+        "{gaps:?}"
+    );
+    assert_eq!(
+        a.iter().filter(|(k, _)| k == "good").count(),
+        1,
+        "other keys flow once"
+    );
+}
+
+#[tokio::test]
+async fn reflector_feeds_a_fifo_popped_by_hand() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let fifo = Arc::new(DeltaFifo::new(None));
+    let reflector =
+        etcd_informer::Reflector::new(source.clone(), fifo.clone(), ReflectorOptions::default());
+    let task = tokio::spawn(reflector.run());
+    let mut kinds = vec![];
+    let (_, processed) = fifo
+        .pop(|d, _| {
+            kinds.extend(d.iter().map(|d| d.kind));
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(processed.is_ok());
+    source.put("a", "2".into());
+    let (_, processed) = fifo
+        .pop(|d, _| {
+            kinds.extend(d.iter().map(|d| d.kind));
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(processed.is_ok());
+    assert_eq!(kinds, [DeltaType::Replaced, DeltaType::Updated]);
+    task.abort();
+    let _ = source.list().await;
+}
+
+#[tokio::test]
+async fn indexers_added_after_start_reindex_the_cache() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a/1", "red".into());
+    source.put("b/2", "blue".into());
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let mut by_value: etcd_informer::Indexers<String> = HashMap::new();
+    by_value.insert(
+        "value".into(),
+        Arc::new(|o: &Object<String>| vec![o.value.clone()]),
+    );
+    informer.add_indexers(by_value).unwrap();
+    assert_eq!(
+        informer.lister().by_index("value", "red").unwrap()[0].key(),
+        "a/1"
+    );
+    source.put("c/3", "red".into());
+    eventually("new object indexed", || {
+        informer.lister().by_index("value", "red").unwrap().len() == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn resync_fires_every_period_in_real_time() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let s = syncs.clone();
+    informer
+        .add_event_handler_with_resync(
+            ResourceEventHandlerFuncs::<String>::new().on_update(move |_, _| {
+                s.fetch_add(1, Ordering::SeqCst);
+            }),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let n = syncs.load(Ordering::SeqCst);
+    assert!(
+        (3..=4).contains(&n),
+        "{n} resyncs in 3.5 s with a 1 s period"
+    );
+}
+
+#[tokio::test]
+async fn stopped_informer_lets_handler_threads_finish_and_end() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let token = Arc::new(());
+    let held = token.clone();
+    // The handler holds the informer too: a cycle that must not keep its thread alive.
+    let inf = informer.clone();
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let d = delivered.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new().on_add(move |_, _| {
+                let _ = (&held, inf.has_synced());
+                d.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    informer.stop();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap();
+    drop(informer);
+    eventually("handler thread ended and dropped its handler", || {
+        Arc::strong_count(&token) == 1
+    })
+    .await;
+    assert_eq!(delivered.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn stop_ends_run_under_sustained_writes() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let writer = {
+        let source = source.clone();
+        tokio::spawn(async move {
+            for i in 0.. {
+                source.put(&format!("k{}", i % 100), i.to_string());
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    informer.stop();
+    let _ = run.await;
+    writer.abort();
+}
+
+#[tokio::test]
+async fn wiped_store_reannounces_objects_even_at_equal_revisions() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "old".into()); // revision 2
+    source.put("x", "1".into()); // 3
+    source.delete("x"); // 4
+    let informer = SharedIndexInformer::new(source.clone(), fast_options());
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    source.wipe();
+    assert_eq!(
+        source.put("a", "new".into()),
+        2,
+        "same key, same revision, new value"
+    );
+    eventually("new value cached", || {
+        informer.lister().get("a").is_some_and(|o| o.value == "new")
+    })
+    .await;
+    eventually("handler told", || snapshot(&log).len() == 3).await;
+    assert_eq!(
+        snapshot(&log),
+        [
+            "add a old true",
+            "delete a old tombstone",
+            "add a new false"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn resync_due_during_a_long_backoff_still_reaches_the_handler() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let slow = Duration::from_millis(3200);
+    let options = InformerOptions {
+        backoff: etcd_informer::Backoff::new(slow, slow, Duration::from_secs(120), 0.0),
+        ..fast_options()
+    };
+    let informer = SharedIndexInformer::new(source.clone(), options);
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let s = syncs.clone();
+    informer
+        .add_event_handler_with_resync(
+            ResourceEventHandlerFuncs::<String>::new().on_update(move |_, _| {
+                s.fetch_add(1, Ordering::SeqCst);
+            }),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The watch is down for 3.2 s: three resync ticks are missed meanwhile.
+    source.break_watches(Error::transient("reset"));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(
+        syncs.load(Ordering::SeqCst) >= 1,
+        "the resync due when the watch resumed was lost"
+    );
+}
+
+#[tokio::test]
+async fn wipe_proven_by_the_watch_reannounces_even_if_revisions_caught_up() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into()); // revision 2
+    source.put("b", "1".into()); // 3
+    source.put("c", "1".into()); // 4
+    let half = Duration::from_millis(500);
+    let options = InformerOptions {
+        backoff: etcd_informer::Backoff::new(half, half, Duration::from_secs(120), 0.0),
+        ..fast_options()
+    };
+    let informer = SharedIndexInformer::new(source.clone(), options);
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    source.wipe();
+    // The re-watch (after 500 ms) finds the store went back; during the next backoff the new
+    // store's revision passes the old one, so only the watch's verdict tells of the wipe.
+    eventually("wipe noticed", || source.watch_count() >= 2).await;
+    assert_eq!(source.put("a", "2".into()), 2);
+    for k in ["x", "y", "z"] {
+        source.put(k, "1".into());
+    }
+    eventually("relisted", || source.list_count() >= 2).await;
+    eventually("a=2 announced", || {
+        snapshot(&log).contains(&"add a 2 false".to_string())
+    })
+    .await;
+    assert!(
+        snapshot(&log).contains(&"delete a 1 tombstone".to_string()),
+        "{:?}",
+        snapshot(&log)
+    );
+    assert!(
+        snapshot(&log).contains(&"delete b 1 tombstone".to_string()),
+        "{:?}",
+        snapshot(&log)
+    );
+}
