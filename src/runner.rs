@@ -220,6 +220,12 @@ impl Runner {
                 crate::informer::AbortOnDrop(tokio::spawn(
                     async move {
                         while let Some(key) = queue.get().await {
+                            // After shutdown the queue still hands out queued keys; the runner
+                            // only finishes the reconciles already in flight.
+                            if queue.is_shutting_down() {
+                                queue.done(&key);
+                                break;
+                            }
                             match reconcile(key.clone()).await {
                                 Ok(Action::Done) => queue.forget(&key),
                                 Ok(Action::RequeueAfter(delay)) => {

@@ -23,15 +23,29 @@
 //! * Because of this, two workers never hold the same item at the same time.
 //! * An item has at most one pending delayed add, with the earliest requested ready time.
 //!
-//! Time comes from [`tokio::time`], so the queue works under tokio's paused test clock. Delayed
-//! items need no background task: they become waiting once their time has come and the queue is
-//! used (`get`, `add`, `len`, ...), and `get` sleeps until the earliest one is ready.
+//! Shutting down ([`WorkQueue::shut_down`] or [`WorkQueue::shut_down_with_drain`]) follows
+//! client-go's `ShutDown`:
+//!
+//! * Later adds (plain, delayed and rate-limited) are ignored, and pending delayed adds are
+//!   dropped.
+//! * Work already accepted is not lost: `get` keeps handing out waiting items, and `done` still
+//!   queues an item that was added again while it was processing. `get` returns `None` only
+//!   once no item is waiting, so workers that loop on `get` finish the queued work and then stop.
+//! * `shut_down` returns at once. `shut_down_with_drain` returns once no item is waiting or
+//!   processing, or as soon as `shut_down` is called: a second, plain shutdown is the escape
+//!   hatch when workers are stuck.
+//!
+//! Time comes from [`tokio::time`], so a paused tokio clock (`tokio::time::pause`, or
+//! `#[tokio::test(start_paused = true)]`) is the queue's injectable clock, in the role of
+//! client-go's fake clock. Delayed items need no background task: they become waiting once their
+//! time has come and the queue is used (`get`, `add`, `len`, ...), and `get` sleeps until the
+//! earliest one is ready.
 
 pub mod rate_limiter;
 
 pub use rate_limiter::{
     default_controller_rate_limiter, BucketRateLimiter, ItemExponentialRateLimiter,
-    MaxOfRateLimiter, RateLimiter,
+    ItemFastSlowRateLimiter, MaxOfRateLimiter, RateLimiter, WithMaxWaitRateLimiter,
 };
 
 use std::cmp::Reverse;
@@ -99,6 +113,88 @@ fn mean(total: Duration, count: u64) -> Option<Duration> {
     ))
 }
 
+/// How to build a [`WorkQueue`], for [`WorkQueue::with_config`]: client-go's
+/// `TypedRateLimitingQueueConfig`.
+///
+/// Start from [`WorkQueueConfig::new`] (or `Default`) and chain the setters. Unset fields keep
+/// their defaults: no name, and [`default_controller_rate_limiter`] (client-go's
+/// `DefaultControllerRateLimiter`). Fields are private so that more can be added later.
+///
+/// There is no clock setting: the queue and the limiters in this crate read tokio's clock, so
+/// pausing it (`tokio::time::pause`) is how tests control time.
+///
+/// ```
+/// use std::time::Duration;
+/// use etcd_informer::workqueue::{ItemFastSlowRateLimiter, WorkQueue, WorkQueueConfig};
+///
+/// let config = WorkQueueConfig::new()
+///     .name("nodes")
+///     .rate_limiter(ItemFastSlowRateLimiter::new(
+///         Duration::from_millis(5),
+///         Duration::from_secs(10),
+///         3,
+///     ));
+/// let queue: WorkQueue<String> = WorkQueue::with_config(config);
+/// assert_eq!(queue.name(), "nodes");
+/// ```
+pub struct WorkQueueConfig<K> {
+    name: String,
+    /// `None` means [`default_controller_rate_limiter`].
+    rate_limiter: Option<Box<dyn RateLimiter<K>>>,
+}
+
+impl<K> WorkQueueConfig<K> {
+    /// The defaults: no name, [`default_controller_rate_limiter`].
+    pub fn new() -> Self {
+        Self {
+            name: String::new(),
+            rate_limiter: None,
+        }
+    }
+
+    /// Sets the queue's name, which appears in its tracing events and `Debug` output.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the limiter used by [`WorkQueue::add_rate_limited`]. A `Box<dyn RateLimiter<K>>` or
+    /// an `Arc` of a limiter is accepted as well.
+    #[must_use]
+    pub fn rate_limiter(self, limiter: impl RateLimiter<K> + 'static) -> Self {
+        self.boxed_rate_limiter(Box::new(limiter))
+    }
+
+    fn boxed_rate_limiter(mut self, limiter: Box<dyn RateLimiter<K>>) -> Self {
+        self.rate_limiter = Some(limiter);
+        self
+    }
+}
+
+impl<K> Default for WorkQueueConfig<K> {
+    /// Same as [`WorkQueueConfig::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> fmt::Debug for WorkQueueConfig<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkQueueConfig")
+            .field("name", &self.name)
+            .field(
+                "rate_limiter",
+                &if self.rate_limiter.is_some() {
+                    "custom"
+                } else {
+                    "default_controller_rate_limiter"
+                },
+            )
+            .finish()
+    }
+}
+
 /// A deduplicating work queue that can be shared by many tasks, with delayed and rate-limited
 /// adds. See the [module documentation](self) for the rules it keeps.
 ///
@@ -162,8 +258,9 @@ struct State<K> {
     processing: HashMap<K, Instant>,
     delayed: Delayed<K>,
     shutting_down: bool,
-    /// Shutting down, but still handing out waiting items.
-    draining: bool,
+    /// Number of [`WorkQueue::shut_down`] calls. A `shut_down_with_drain` stops waiting when it
+    /// changes.
+    forced: u64,
     adds: u64,
     retries: u64,
     queue_latency_total: Duration,
@@ -255,7 +352,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             processing: HashMap::new(),
             delayed: Delayed::new(),
             shutting_down: false,
-            draining: false,
+            forced: 0,
             adds: 0,
             retries: 0,
             queue_latency_total: Duration::ZERO,
@@ -335,27 +432,58 @@ impl<K> WorkQueue<K>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
 {
-    /// Creates an unnamed queue with [`default_controller_rate_limiter`].
+    /// Creates an unnamed queue with [`default_controller_rate_limiter`]. Same as
+    /// `WorkQueue::with_config(WorkQueueConfig::new())`.
     pub fn new() -> Self {
-        Self::with_rate_limiter(Box::new(default_controller_rate_limiter()))
+        Self::with_config(WorkQueueConfig::new())
     }
 
-    /// Creates an unnamed queue that uses `limiter` for [`add_rate_limited`](Self::add_rate_limited).
-    pub fn with_rate_limiter(limiter: Box<dyn RateLimiter<K>>) -> Self {
-        Self::named(String::new(), limiter)
-    }
-
-    /// Creates a queue with a name, which appears in its tracing events and `Debug` output.
-    pub fn named(name: impl Into<String>, limiter: Box<dyn RateLimiter<K>>) -> Self {
+    /// Creates a queue from `config`, like client-go's `NewTypedRateLimitingQueueWithConfig`.
+    ///
+    /// There is no clock to configure: the queue reads tokio's clock, so a paused tokio clock is
+    /// the way to control time in tests.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use etcd_informer::workqueue::{ItemExponentialRateLimiter, WorkQueue, WorkQueueConfig};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::with_config(
+    ///     WorkQueueConfig::new()
+    ///         .name("pods")
+    ///         .rate_limiter(ItemExponentialRateLimiter::new(
+    ///             Duration::from_millis(10),
+    ///             Duration::from_secs(60),
+    ///         )),
+    /// );
+    /// assert_eq!(queue.name(), "pods");
+    /// ```
+    pub fn with_config(config: WorkQueueConfig<K>) -> Self {
+        let limiter = config
+            .rate_limiter
+            .unwrap_or_else(|| Box::new(default_controller_rate_limiter()));
         Self {
             inner: Arc::new(Inner {
-                name: name.into(),
+                name: config.name,
                 state: Mutex::new(State::new()),
                 ready: Notify::new(),
                 drained: Notify::new(),
                 limiter,
             }),
         }
+    }
+
+    /// Creates an unnamed queue that uses `limiter` for [`add_rate_limited`](Self::add_rate_limited).
+    pub fn with_rate_limiter(limiter: Box<dyn RateLimiter<K>>) -> Self {
+        Self::with_config(WorkQueueConfig::new().boxed_rate_limiter(limiter))
+    }
+
+    /// Creates a queue with a name, which appears in its tracing events and `Debug` output.
+    pub fn named(name: impl Into<String>, limiter: Box<dyn RateLimiter<K>>) -> Self {
+        Self::with_config(
+            WorkQueueConfig::new()
+                .name(name)
+                .boxed_rate_limiter(limiter),
+        )
     }
 
     /// The queue's name; empty if it was not given one.
@@ -436,9 +564,8 @@ where
     /// Waits for an item and hands it out. The item stays processing until
     /// [`done`](Self::done) is called for it.
     ///
-    /// Returns `None` once the queue is shutting down. After [`shut_down`](Self::shut_down) that
-    /// is immediate. After [`shut_down_with_drain`](Self::shut_down_with_drain) it happens once no
-    /// item is waiting.
+    /// Returns `None` once the queue is shutting down and no item is waiting. Items already
+    /// waiting when the queue was shut down are still handed out first.
     ///
     /// Cancel safe: if the future is dropped, no item is lost.
     pub async fn get(&self) -> Option<K> {
@@ -452,9 +579,6 @@ where
                 let now = Instant::now();
                 let mut state = self.inner.lock();
                 state.promote_ready(now);
-                if state.shutting_down && !state.draining {
-                    return None;
-                }
                 if let Some(item) = state.queue.pop_front() {
                     let added = state.dirty.remove(&item).unwrap_or(now);
                     state.queue_latency_total += now.saturating_duration_since(added);
@@ -493,14 +617,11 @@ where
         };
         state.work_duration_total += now.saturating_duration_since(started);
         state.work_duration_count += 1;
-        let mut queued = false;
-        if state.dirty.contains_key(item) {
-            if state.shutting_down && !state.draining {
-                state.dirty.remove(item);
-            } else {
-                state.queue.push_back(item.clone());
-                queued = true;
-            }
+        // A dirty item was added before any shutdown (later adds are ignored), so it is queued
+        // even when shutting down.
+        let queued = state.dirty.contains_key(item);
+        if queued {
+            state.queue.push_back(item.clone());
         }
         let shutting_down = state.shutting_down;
         drop(state);
@@ -512,17 +633,18 @@ where
         }
     }
 
-    /// Shuts the queue down at once. Waiting and delayed items are dropped, later adds are
-    /// ignored, and every `get` returns `None`, including callers already waiting.
+    /// Shuts the queue down without waiting, like client-go's `ShutDown`. Later adds are ignored
+    /// and pending delayed adds are dropped. Items already waiting are still handed out by
+    /// `get`, and items added again while processing are queued by `done` as usual; once no item
+    /// is waiting, every `get` returns `None`, including callers already waiting.
     ///
-    /// Items still processing stay processing until `done`, but they are not queued again.
+    /// Also releases every [`shut_down_with_drain`](Self::shut_down_with_drain) that is waiting:
+    /// call it a second time (e.g. on a second signal) when workers are stuck.
     pub fn shut_down(&self) {
         {
             let mut state = self.inner.lock();
             state.shutting_down = true;
-            state.draining = false;
-            state.queue.clear();
-            state.dirty.clear();
+            state.forced += 1;
             state.delayed.clear();
         }
         tracing::debug!(queue = %self.inner.name, "work queue shut down");
@@ -530,22 +652,18 @@ where
         self.inner.drained.notify_waiters();
     }
 
-    /// Shuts the queue down gracefully. Later adds are ignored and delayed items are dropped.
-    /// Workers can still `get` the items already waiting, and items that were added again while
-    /// processing are queued on `done` as usual. Returns once no item is waiting or processing.
+    /// Shuts the queue down like [`shut_down`](Self::shut_down), then waits until no item is
+    /// waiting or processing, like client-go's `ShutDownWithDrain`.
     ///
-    /// Workers must keep calling `get` and `done`, or this never returns. A concurrent
-    /// [`shut_down`](Self::shut_down) drops the waiting items, and this then returns once the
-    /// processing ones are done.
+    /// Workers must keep calling `get` and `done`, or this never returns on its own. A
+    /// [`shut_down`](Self::shut_down) call, before this returns, makes it return at once.
     pub async fn shut_down_with_drain(&self) {
-        {
+        let forced = {
             let mut state = self.inner.lock();
-            if !state.shutting_down {
-                state.shutting_down = true;
-                state.draining = true;
-            }
+            state.shutting_down = true;
             state.delayed.clear();
-        }
+            state.forced
+        };
         tracing::debug!(queue = %self.inner.name, "work queue draining");
         // Callers waiting on an empty queue can return `None` now.
         self.inner.ready.notify_waiters();
@@ -553,8 +671,15 @@ where
             let notified = self.inner.drained.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if self.inner.lock().is_drained() {
-                break;
+            {
+                let state = self.inner.lock();
+                if state.forced != forced {
+                    tracing::debug!(queue = %self.inner.name, "work queue drain cut short by shut_down");
+                    return;
+                }
+                if state.is_drained() {
+                    break;
+                }
             }
             notified.await;
         }
@@ -1007,7 +1132,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn shut_down_drops_items_and_ignores_adds() {
+    async fn shut_down_keeps_queued_items_and_ignores_adds() {
         let q = queue();
         q.add(s("a"));
         q.add(s("b"));
@@ -1015,6 +1140,10 @@ mod tests {
         q.add(s("a")); // dirty while processing
         q.add_after(s("c"), MS);
         q.shut_down();
+        // The waiting item is still handed out; the delayed one is dropped.
+        assert_eq!(q.len(), 1);
+        let b = q.get().await.unwrap();
+        assert_eq!(b, "b");
         assert_eq!(q.get().await, None);
         assert_eq!(q.len(), 0);
 
@@ -1027,7 +1156,11 @@ mod tests {
             "limiter not consulted after shutdown"
         );
         advance(Duration::from_secs(1)).await;
+        // "a" was added again before the shutdown: done queues it.
         q.done(&a);
+        assert_eq!(q.get().await, Some(s("a")));
+        q.done(&a);
+        q.done(&b);
         let m = q.metrics();
         assert_eq!((m.depth, m.delayed, m.processing, m.retries), (0, 0, 0, 0));
         assert_eq!(q.get().await, None);
@@ -1101,7 +1234,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn shut_down_during_drain_drops_waiting_items() {
+    async fn shut_down_during_drain_releases_the_drain_and_keeps_waiting_items() {
         let q = queue();
         q.add(s("a"));
         q.add(s("b"));
@@ -1111,12 +1244,23 @@ mod tests {
             async move { q.shut_down_with_drain().await }
         });
         settle().await;
+        assert!(!drain.is_finished());
         q.shut_down();
-        assert_eq!(q.get().await, None, "b dropped");
+        drain.await.unwrap();
+        assert_eq!(q.get().await, Some(s("b")), "b still handed out");
+        assert_eq!(q.get().await, None);
+        q.done(&a);
+        // A new drain waits for b, and a later shut_down releases it too.
+        let drain = tokio::spawn({
+            let q = q.clone();
+            async move { q.shut_down_with_drain().await }
+        });
         settle().await;
         assert!(!drain.is_finished());
-        q.done(&a);
+        q.shut_down();
         drain.await.unwrap();
+        q.done(&s("b"));
+        q.shut_down_with_drain().await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -1189,6 +1333,8 @@ mod tests {
         assert_eq!(q.len(), 1);
         assert_eq!(q.num_requeues(&3), 1);
         q.shut_down();
-        assert!(q.is_empty());
+        assert_eq!(q.len(), 1, "queued work survives shutdown");
+        q.add(4);
+        assert_eq!(q.len(), 1);
     }
 }

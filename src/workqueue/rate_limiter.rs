@@ -137,6 +137,76 @@ impl<K: Clone + Eq + Hash + Send + Sync> RateLimiter<K> for ItemExponentialRateL
     }
 }
 
+/// Per-item two-speed delay: `fast` for the first `max_fast_attempts` failures of an item, then
+/// `slow` for every further one, until the item is forgotten. Client-go's
+/// `ItemFastSlowRateLimiter`.
+///
+/// ```
+/// use std::time::Duration;
+/// use etcd_informer::workqueue::{ItemFastSlowRateLimiter, RateLimiter};
+///
+/// let limiter = ItemFastSlowRateLimiter::new(Duration::from_millis(5), Duration::from_secs(10), 2);
+/// assert_eq!(limiter.when(&"a"), Duration::from_millis(5));
+/// assert_eq!(limiter.when(&"a"), Duration::from_millis(5));
+/// assert_eq!(limiter.when(&"a"), Duration::from_secs(10));
+/// limiter.forget(&"a");
+/// assert_eq!(limiter.when(&"a"), Duration::from_millis(5));
+/// ```
+pub struct ItemFastSlowRateLimiter<K> {
+    fast: Duration,
+    slow: Duration,
+    max_fast_attempts: u32,
+    failures: Mutex<HashMap<K, u32>>,
+}
+
+impl<K> ItemFastSlowRateLimiter<K> {
+    /// Creates a limiter that waits `fast` for an item's first `max_fast_attempts` failures and
+    /// `slow` after that.
+    pub fn new(fast: Duration, slow: Duration, max_fast_attempts: u32) -> Self {
+        Self {
+            fast,
+            slow,
+            max_fast_attempts,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K> fmt::Debug for ItemFastSlowRateLimiter<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ItemFastSlowRateLimiter")
+            .field("fast", &self.fast)
+            .field("slow", &self.slow)
+            .field("max_fast_attempts", &self.max_fast_attempts)
+            .field("tracked_items", &lock(&self.failures).len())
+            .finish()
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + Sync> RateLimiter<K> for ItemFastSlowRateLimiter<K> {
+    fn when(&self, item: &K) -> Duration {
+        let attempt = {
+            let mut failures = lock(&self.failures);
+            let count = failures.entry(item.clone()).or_insert(0);
+            *count = count.saturating_add(1);
+            *count
+        };
+        if attempt <= self.max_fast_attempts {
+            self.fast
+        } else {
+            self.slow
+        }
+    }
+
+    fn forget(&self, item: &K) {
+        lock(&self.failures).remove(item);
+    }
+
+    fn num_requeues(&self, item: &K) -> u32 {
+        lock(&self.failures).get(item).copied().unwrap_or(0)
+    }
+}
+
 /// An overall token bucket shared by all items: `burst` tokens, refilled at `qps` tokens per
 /// second.
 ///
@@ -300,6 +370,67 @@ impl<K> RateLimiter<K> for MaxOfRateLimiter<K> {
             .map(|l| l.num_requeues(item))
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// Caps another limiter's delay at `max_wait`; client-go's `WithMaxWaitRateLimiter`.
+///
+/// [`when`](RateLimiter::when) is the smaller of the inner limiter's delay and `max_wait`. The
+/// inner limiter still records the failure. [`forget`](RateLimiter::forget) and
+/// [`num_requeues`](RateLimiter::num_requeues) go to the inner limiter unchanged.
+///
+/// ```
+/// use std::time::Duration;
+/// use etcd_informer::workqueue::{ItemExponentialRateLimiter, RateLimiter, WithMaxWaitRateLimiter};
+///
+/// let backoff = ItemExponentialRateLimiter::new(Duration::from_secs(1), Duration::from_secs(1000));
+/// let limiter = WithMaxWaitRateLimiter::new(backoff, Duration::from_secs(3));
+/// assert_eq!(limiter.when(&"a"), Duration::from_secs(1));
+/// assert_eq!(limiter.when(&"a"), Duration::from_secs(2));
+/// assert_eq!(limiter.when(&"a"), Duration::from_secs(3)); // 4 s, capped
+/// assert_eq!(limiter.num_requeues(&"a"), 3);
+/// ```
+pub struct WithMaxWaitRateLimiter<R> {
+    inner: R,
+    max_wait: Duration,
+}
+
+impl<R> WithMaxWaitRateLimiter<R> {
+    /// Wraps `inner` so that no delay exceeds `max_wait`.
+    pub fn new(inner: R, max_wait: Duration) -> Self {
+        Self { inner, max_wait }
+    }
+
+    /// The largest delay this limiter returns.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// The wrapped limiter.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+}
+
+impl<R> fmt::Debug for WithMaxWaitRateLimiter<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WithMaxWaitRateLimiter")
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, R: RateLimiter<K>> RateLimiter<K> for WithMaxWaitRateLimiter<R> {
+    fn when(&self, item: &K) -> Duration {
+        self.inner.when(item).min(self.max_wait)
+    }
+
+    fn forget(&self, item: &K) {
+        self.inner.forget(item)
+    }
+
+    fn num_requeues(&self, item: &K) -> u32 {
+        self.inner.num_requeues(item)
     }
 }
 
@@ -520,6 +651,45 @@ mod tests {
         assert_eq!(rl.num_requeues(&0), 1);
         rl.forget(&0);
         assert_eq!(rl.num_requeues(&0), 0);
+    }
+
+    #[test]
+    fn fast_slow_switches_after_max_fast_attempts_per_item() {
+        let rl = ItemFastSlowRateLimiter::<u8>::new(MS, Duration::from_secs(1), 2);
+        assert_eq!(rl.when(&1), MS);
+        assert_eq!(rl.when(&2), MS);
+        assert_eq!(rl.when(&1), MS);
+        assert_eq!(rl.when(&1), Duration::from_secs(1));
+        assert_eq!(rl.when(&2), MS);
+        assert_eq!(rl.num_requeues(&1), 3);
+        rl.forget(&1);
+        assert_eq!(rl.num_requeues(&1), 0);
+        assert_eq!(rl.when(&1), MS);
+
+        let never_fast = ItemFastSlowRateLimiter::<u8>::new(MS, 2 * MS, 0);
+        assert_eq!(never_fast.when(&1), 2 * MS);
+        assert!(format!("{rl:?}").contains("max_fast_attempts: 2"));
+    }
+
+    #[test]
+    fn with_max_wait_caps_and_delegates() {
+        let inner = Fixed::new(7 * MS);
+        let rl = WithMaxWaitRateLimiter::new(inner.clone(), 5 * MS);
+        assert_eq!(rl.when(&1), 5 * MS);
+        assert_eq!(inner.num_requeues(&1), 1, "inner limiter saw the failure");
+        assert_eq!(rl.num_requeues(&1), 1);
+        rl.forget(&1);
+        assert_eq!(inner.num_requeues(&1), 0);
+        assert_eq!(rl.max_wait(), 5 * MS);
+        assert_eq!(rl.inner().delay, 7 * MS);
+
+        let below = WithMaxWaitRateLimiter::new(Fixed::new(3 * MS), 5 * MS);
+        assert_eq!(below.when(&1), 3 * MS);
+        let boxed: Box<dyn RateLimiter<u8>> = Box::new(WithMaxWaitRateLimiter::new(
+            Box::new(Fixed::new(MS)) as Box<dyn RateLimiter<u8>>,
+            Duration::ZERO,
+        ));
+        assert_eq!(boxed.when(&1), Duration::ZERO);
     }
 
     #[test]
