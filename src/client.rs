@@ -13,8 +13,11 @@ use crate::Object;
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// The key changed since the caller read it (or was deleted, or created meanwhile): read it
-    /// again and retry. `actual` is its current `mod_revision`, `None` if it does not exist.
-    #[error("conflict on key {key:?}: expected mod_revision {expected}, found {actual:?}")]
+    /// again and retry. `actual` is its current `mod_revision`, `None` if it does not exist;
+    /// `revision` is etcd's revision when it refused the write: wait for an informer to reach
+    /// it ([`SharedIndexInformer::wait_for_revision`](crate::SharedIndexInformer::wait_for_revision))
+    /// and its cache holds the change that won.
+    #[error("conflict on key {key:?}: expected mod_revision {expected}, found {actual:?} (etcd at revision {revision})")]
     Conflict {
         /// The full key.
         key: String,
@@ -22,6 +25,8 @@ pub enum WriteError {
         expected: i64,
         /// The revision found.
         actual: Option<i64>,
+        /// etcd's revision when the write was refused.
+        revision: i64,
     },
     /// The value could not be encoded.
     #[error("cannot encode the value for key {key:?}: {source}")]
@@ -202,8 +207,9 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
             .txn(txn)
             .await
             .map_err(self.etcd(key))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
-            return Ok(resp.header().map_or(0, |h| h.revision()));
+            return Ok(revision);
         }
         // Only for the error's sake: the key may change again right after.
         let actual = self
@@ -217,6 +223,7 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
             key: self.full(key),
             expected,
             actual,
+            revision,
         })
     }
 }

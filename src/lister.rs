@@ -28,6 +28,14 @@ impl<T> Clone for Lister<T> {
     }
 }
 
+impl<T> std::fmt::Debug for Lister<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lister")
+            .field("len", &self.indexer.len())
+            .finish()
+    }
+}
+
 impl<T> Lister<T> {
     /// A lister over `indexer`.
     pub fn new(indexer: Indexer<T>) -> Self {

@@ -1,15 +1,19 @@
 //! The controller runner: informers feed a rate-limited work queue of keys, and N workers
 //! reconcile them, optionally only while this process leads an election.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::informer::{HandlerRegistration, ResourceEventHandlerFuncs, SharedIndexInformer};
+use crate::informer::{
+    ConsistencyError, HandlerRegistration, ResourceEventHandlerFuncs, SharedIndexInformer,
+};
 use crate::leader_election::{ElectionError, LeaderElector};
+use crate::listwatch::BoxFuture;
 use crate::workqueue::WorkQueue;
 use crate::Object;
 
@@ -20,7 +24,20 @@ pub enum Action {
     Done,
     /// Reconcile the key again after this delay (even if it does not change).
     RequeueAfter(Duration),
+    /// Done, and this reconcile wrote at this revision (the revision a
+    /// [`TypedClient`](crate::client::TypedClient) write returned): the key's next reconcile
+    /// waits until every watched informer's cache has applied it, so it never acts on a cache
+    /// older than its own last write (read-your-writes; client-go's KEP-5647).
+    Wrote(i64),
 }
+
+/// How long a key with a recorded write waits for the informers before it is retried with
+/// backoff.
+const READ_YOUR_WRITES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits until one informer has applied a revision.
+type WaitFor =
+    Arc<dyn Fn(i64, Duration) -> BoxFuture<'static, Result<(), ConsistencyError>> + Send + Sync>;
 
 /// Why a runner stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +70,10 @@ pub struct Runner {
     queue: WorkQueue<String>,
     workers: usize,
     synced: Vec<Synced>,
+    /// One per watched informer: waits until its cache has applied a revision.
+    wait_for: Vec<WaitFor>,
+    /// The revision of each key's last write, until the informers have applied it.
+    written: Arc<Mutex<HashMap<String, i64>>>,
     /// Removes this runner's handlers from their informers; run on drop.
     unregister: Vec<Box<dyn FnOnce() + Send + Sync>>,
 }
@@ -83,6 +104,8 @@ impl Runner {
             queue: WorkQueue::new(),
             workers: 1,
             synced: Vec::new(),
+            wait_for: Vec::new(),
+            written: Arc::default(),
             unregister: Vec::new(),
         }
     }
@@ -102,6 +125,11 @@ impl Runner {
         map: impl Fn(&Object<T>) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
         let map = Arc::new(map);
+        let waiter = informer.clone();
+        self.wait_for.push(Arc::new(move |revision, timeout| {
+            let informer = waiter.clone();
+            Box::pin(async move { informer.wait_for_revision(revision, timeout).await })
+        }));
         let (q1, q2, q3) = (self.queue.clone(), self.queue.clone(), self.queue.clone());
         let (m1, m2, m3) = (map.clone(), map.clone(), map);
         let handler = ResourceEventHandlerFuncs::new()
@@ -216,6 +244,8 @@ impl Runner {
             .map(|i| {
                 let queue = self.queue.clone();
                 let reconcile = reconcile.clone();
+                let wait_for = self.wait_for.clone();
+                let written = self.written.clone();
                 let span = tracing::info_span!("worker", id = i);
                 crate::informer::AbortOnDrop(tokio::spawn(
                     async move {
@@ -226,11 +256,21 @@ impl Runner {
                                 queue.done(&key);
                                 break;
                             }
+                            if let Err(e) = read_your_writes(&written, &wait_for, &key).await {
+                                tracing::warn!(%key, error = %e, "the cache has not caught up with this key's last write; backing off");
+                                queue.add_rate_limited(key.clone());
+                                queue.done(&key);
+                                continue;
+                            }
                             match reconcile(key.clone()).await {
                                 Ok(Action::Done) => queue.forget(&key),
                                 Ok(Action::RequeueAfter(delay)) => {
                                     queue.forget(&key);
                                     queue.add_after(key.clone(), delay);
+                                }
+                                Ok(Action::Wrote(revision)) => {
+                                    queue.forget(&key);
+                                    lock(&written).insert(key.clone(), revision);
                                 }
                                 Err(e) => {
                                     tracing::warn!(%key, error = %e, retries = queue.num_requeues(&key), "reconcile failed; backing off");
@@ -245,4 +285,27 @@ impl Runner {
             })
             .collect()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits until every informer has applied `key`'s last recorded write, then forgets it.
+async fn read_your_writes(
+    written: &Mutex<HashMap<String, i64>>,
+    wait_for: &[WaitFor],
+    key: &str,
+) -> Result<(), ConsistencyError> {
+    let Some(revision) = lock(written).get(key).copied() else {
+        return Ok(());
+    };
+    for wait in wait_for {
+        wait(revision, READ_YOUR_WRITES_TIMEOUT).await?;
+    }
+    let mut written = lock(written);
+    if written.get(key) == Some(&revision) {
+        written.remove(key);
+    }
+    Ok(())
 }

@@ -17,8 +17,7 @@ use super::handler::{DeletedObject, Event, ResourceEventHandler};
 use super::processor::Listener;
 use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
 use crate::listwatch::{
-    BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent,
-    WatchStream,
+    BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent, WatchStream,
 };
 use crate::real_fifo::{Batch, RealFifo};
 use crate::reflector::{Backoff, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler};
@@ -729,15 +728,16 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// println!("{} objects as of now", lister.list().len());
     /// # Ok(()) }
     /// ```
-    pub async fn consistent_lister(&self, timeout: Duration) -> Result<Lister<T>, ConsistencyError> {
+    pub async fn consistent_lister(
+        &self,
+        timeout: Duration,
+    ) -> Result<Lister<T>, ConsistencyError> {
         let started = Instant::now();
         let current = tokio::time::timeout(timeout, self.freshness(None))
             .await
-            .map_err(|_| ConsistencyError::Timeout {
+            .map_err(|_| ConsistencyError::Source {
                 informer: self.shared.name.clone(),
-                revision: 0,
-                applied: self.revision(),
-                waited: started.elapsed(),
+                source: SourceError::Transient(format!("no answer within {timeout:?}")),
             })??;
         if !(current.unchanged && self.has_synced()) {
             let left = timeout.saturating_sub(started.elapsed());
@@ -759,7 +759,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
 
 /// Applies one delta to the store; returns the notification and whether it is a resync (for
 /// due handlers only).
-fn apply_delta<T>(txn: &mut Txn<'_, T>, d: &Delta<T>, is_in_initial_list: bool) -> (Event<T>, bool) {
+fn apply_delta<T>(
+    txn: &mut Txn<'_, T>,
+    d: &Delta<T>,
+    is_in_initial_list: bool,
+) -> (Event<T>, bool) {
     match d.kind {
         DeltaType::Deleted => {
             txn.delete(d.object.key());
@@ -774,7 +778,8 @@ fn apply_delta<T>(txn: &mut Txn<'_, T>, d: &Delta<T>, is_in_initial_list: bool) 
             match txn.add(d.object.clone()) {
                 Some(old) => {
                     let is_sync = d.kind == DeltaType::Sync
-                        || (d.kind == DeltaType::Replaced && old.mod_revision == d.object.mod_revision);
+                        || (d.kind == DeltaType::Replaced
+                            && old.mod_revision == d.object.mod_revision);
                     let event = Event::Updated {
                         old,
                         new: d.object.clone(),
@@ -804,7 +809,8 @@ fn apply_replace<T>(
 ) -> Vec<(Event<T>, bool)> {
     let mut old = txn.replace(items);
     let mut events = Vec::with_capacity(old.len().max(txn.objects().size_hint().0));
-    let tombstone = |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
+    let tombstone =
+        |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
     if store_replaced {
         events.extend(old.drain().map(|(_, o)| tombstone(o)));
     }
@@ -812,7 +818,13 @@ fn apply_replace<T>(
         let event = match old.remove(new.key()) {
             Some(old) => {
                 let is_sync = old.mod_revision == new.mod_revision;
-                (Event::Updated { old, new: new.clone() }, is_sync)
+                (
+                    Event::Updated {
+                        old,
+                        new: new.clone(),
+                    },
+                    is_sync,
+                )
             }
             None => {
                 let event = Event::Added {

@@ -1,0 +1,449 @@
+//! The cache as etcd at one revision, against a real etcd: transactions are never seen half
+//! applied (revision-atomic mode), consistent reads contain every write that preceded them,
+//! a quiet prefix answers at once while etcd moves ahead, and a runner reads its own writes.
+#![cfg(feature = "testing")]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions, Txn, TxnOp};
+use etcd_informer::client::TypedClient;
+use etcd_informer::runner::{Action, Runner};
+use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer};
+use etcd_informer::{
+    connect, ConsistencyError, EtcdListerWatcher, InformerOptions, Processing, SharedIndexInformer,
+    TextCodec,
+};
+
+async fn shared_client() -> Client {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    connect(&etcd.endpoints)
+        .await
+        .expect("connect to the test etcd")
+}
+
+async fn synced_informer(
+    client: &Client,
+    prefix: &str,
+    processing: Processing,
+) -> SharedIndexInformer<String> {
+    let lw = EtcdListerWatcher::new(client.clone(), prefix, TextCodec).unwrap();
+    let options = InformerOptions {
+        name: prefix.to_owned(),
+        processing,
+        ..Default::default()
+    };
+    let informer = SharedIndexInformer::new(lw, options);
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+        .await
+        .expect("informer synced within 30 s");
+    informer
+}
+
+/// Key -> (mod_revision, value) under `prefix`, as etcd has it now.
+async fn etcd_state(client: &Client, prefix: &str) -> BTreeMap<String, (i64, String)> {
+    let resp = client
+        .kv_client()
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read etcd");
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            let key = kv.key_str().unwrap()[prefix.len()..].to_string();
+            let value = kv.value_str().unwrap().to_string();
+            (key, (kv.mod_revision(), value))
+        })
+        .collect()
+}
+
+fn cache_state(informer: &SharedIndexInformer<String>) -> BTreeMap<String, (i64, String)> {
+    informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), (o.mod_revision, o.value.clone())))
+        .collect()
+}
+
+/// Transaction `i`: k/0, k/1, k/2 = i and s/i/a, s/i/b = i (five puts), and the previous
+/// transaction's s/(i-1)/a, s/(i-1)/b deleted (two deletes).
+fn transaction(prefix: &str, i: u64) -> Txn {
+    let v = i.to_string();
+    let mut ops: Vec<TxnOp> = (0..3)
+        .map(|k| TxnOp::put(format!("{prefix}k/{k}"), v.clone(), None))
+        .collect();
+    ops.push(TxnOp::put(format!("{prefix}s/{i}/a"), v.clone(), None));
+    ops.push(TxnOp::put(format!("{prefix}s/{i}/b"), v.clone(), None));
+    if i > 0 {
+        ops.push(TxnOp::delete(format!("{prefix}s/{}/a", i - 1), None));
+        ops.push(TxnOp::delete(format!("{prefix}s/{}/b", i - 1), None));
+    }
+    Txn::new().and_then(ops)
+}
+
+/// Whether a snapshot of the cache is the state after one whole transaction: k/0..k/2 agree
+/// on `v`, and the s keys are exactly s/v/a and s/v/b.
+fn whole_transaction(objects: &[Arc<etcd_informer::Object<String>>]) -> bool {
+    let k: Vec<&str> = objects
+        .iter()
+        .filter(|o| o.key().starts_with("k/"))
+        .map(|o| o.value.as_str())
+        .collect();
+    let s: Vec<&str> = objects
+        .iter()
+        .filter(|o| o.key().starts_with("s/"))
+        .map(|o| o.key())
+        .collect();
+    let Some(v) = k.first() else {
+        return false;
+    };
+    k.len() == 3 && k.iter().all(|x| x == v) && s == [format!("s/{v}/a"), format!("s/{v}/b")]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_are_never_seen_half_applied_in_atomic_mode() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("txn-atomic");
+    client
+        .kv_client()
+        .txn(transaction(&prefix, 0))
+        .await
+        .unwrap();
+    let informer = synced_informer(&client, &prefix, Processing::Atomic).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (checks, violations) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (lister, stop) = (informer.lister(), stop.clone());
+        let (checks, violations) = (checks.clone(), violations.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if !whole_transaction(&lister.list()) {
+                    violations.fetch_add(1, Ordering::Relaxed);
+                }
+                checks.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let mut kv = client.kv_client();
+    let mut last = 0;
+    for i in 1..=1000 {
+        last = kv
+            .txn(transaction(&prefix, i))
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    informer
+        .wait_for_revision(last, Duration::from_secs(30))
+        .await
+        .expect("the cache reaches the last transaction");
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap();
+    assert_eq!(
+        informer.revision(),
+        last,
+        "the cache is at the last revision"
+    );
+    assert_eq!(cache_state(&informer), etcd_state(&client, &prefix).await);
+    let (checks, violations) = (
+        checks.load(Ordering::Relaxed),
+        violations.load(Ordering::Relaxed),
+    );
+    println!("{checks} snapshots checked, {violations} showed part of a transaction");
+    assert!(checks > 100, "the reader ran ({checks} checks)");
+    assert_eq!(violations, 0, "a reader saw part of a transaction");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_fifo_mode_converges_on_transactions() {
+    // The DeltaFIFO mode applies keys one at a time (a reader may see part of a transaction,
+    // as documented); it still ends equal to etcd, at a revision no later than etcd's.
+    let client = shared_client().await;
+    let prefix = unique_prefix("txn-delta-fifo");
+    client
+        .kv_client()
+        .txn(transaction(&prefix, 0))
+        .await
+        .unwrap();
+    let informer = synced_informer(&client, &prefix, Processing::DeltaFifo).await;
+    let mut kv = client.kv_client();
+    let mut last = 0;
+    for i in 1..=200 {
+        last = kv
+            .txn(transaction(&prefix, i))
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    informer
+        .wait_for_revision(last, Duration::from_secs(30))
+        .await
+        .expect("the cache reaches the last transaction");
+    assert!(whole_transaction(&informer.lister().list()));
+    assert_eq!(cache_state(&informer), etcd_state(&client, &prefix).await);
+}
+
+/// Writes `n` keys of `prefix` until stopped, as fast as etcd takes them.
+fn background_writer(
+    client: &Client,
+    prefix: String,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    let mut kv = client.kv_client();
+    tokio::spawn(async move {
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            kv.put(format!("{prefix}noise/{}", n % 50), n.to_string(), None)
+                .await
+                .unwrap();
+            n += 1;
+        }
+        n
+    })
+}
+
+async fn write_then_read(noise_prefix: Option<String>, processing: Processing) {
+    let client = shared_client().await;
+    let prefix = unique_prefix("read-your-write");
+    let informer = synced_informer(&client, &prefix, processing).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = background_writer(
+        &client,
+        noise_prefix.unwrap_or_else(|| prefix.clone()),
+        stop.clone(),
+    );
+    let mut kv = client.kv_client();
+    let mut waits = Vec::new();
+    for i in 0..1000 {
+        let key = format!("mine/{}", i % 10);
+        let written = kv
+            .put(format!("{prefix}{key}"), i.to_string(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let started = Instant::now();
+        let lister = informer
+            .consistent_lister(Duration::from_secs(10))
+            .await
+            .expect("consistent read");
+        waits.push(started.elapsed());
+        let seen = lister.get(&key).expect("the write is cached");
+        assert!(
+            seen.mod_revision >= written && seen.value == i.to_string(),
+            "read {i} saw {key} at {} = {}, written at {written}",
+            seen.mod_revision,
+            seen.value
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let noise = writer.await.unwrap();
+    waits.sort();
+    println!(
+        "{processing:?}: 1000 consistent reads with {noise} concurrent writes: median {:?}, p99 {:?}",
+        waits[500], waits[990]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_read_contains_the_write_with_writers_on_the_same_prefix() {
+    write_then_read(None, Processing::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_read_contains_the_write_with_writers_on_another_prefix() {
+    write_then_read(Some(unique_prefix("noise")), Processing::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_read_contains_the_write_in_delta_fifo_mode() {
+    write_then_read(None, Processing::DeltaFifo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_prefix_is_proven_fresh_at_once_while_etcd_moves_ahead() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("quiet");
+    let mut kv = client.kv_client();
+    for k in ["a", "b", "c", "undecodable"] {
+        kv.put(format!("{prefix}{k}"), k, None).await.unwrap();
+    }
+    // A value that is not UTF-8: TextCodec cannot decode it, so the cache lacks the key.
+    kv.put(format!("{prefix}undecodable"), vec![0xff, 0xfe], None)
+        .await
+        .unwrap();
+    kv.delete(format!("{prefix}c"), None).await.unwrap();
+    let informer = synced_informer(&client, &prefix, Processing::Atomic).await;
+    let before = informer.revision();
+
+    // Move etcd 10,000 revisions ahead on another prefix, 16 writers at a time.
+    let elsewhere = unique_prefix("elsewhere");
+    let written = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..16)
+        .map(|w| {
+            let (mut kv, elsewhere, written) =
+                (client.kv_client(), elsewhere.clone(), written.clone());
+            tokio::spawn(async move {
+                while written.fetch_add(1, Ordering::Relaxed) < 10_000 {
+                    kv.put(format!("{elsewhere}{w}"), "x", None).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let now = kv
+        .get("x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    assert!(
+        now >= before + 10_000,
+        "etcd moved ahead: {before} -> {now}"
+    );
+
+    let started = Instant::now();
+    let lister = informer
+        .consistent_lister(Duration::from_secs(1))
+        .await
+        .expect("a quiet prefix is fresh at once");
+    let took = started.elapsed();
+    println!(
+        "quiet prefix, etcd {} revisions ahead: consistent read in {took:?}",
+        now - before
+    );
+    assert!(
+        informer.revision() >= now,
+        "the proof advanced the cache's revision"
+    );
+    let cached: Vec<String> = lister.list().iter().map(|o| o.key().to_string()).collect();
+    assert_eq!(cached, ["a", "b"]);
+
+    // A delete on the quiet prefix is not missed by the proof.
+    let deleted = kv
+        .delete(format!("{prefix}b"), None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    kv.put(format!("{elsewhere}after"), "x", None)
+        .await
+        .unwrap();
+    let lister = informer
+        .consistent_lister(Duration::from_secs(5))
+        .await
+        .expect("consistent read after a delete");
+    assert!(
+        lister.get("b").is_none(),
+        "the delete at {deleted} is applied"
+    );
+    assert_eq!(cache_state(&informer).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_read_fails_clearly_within_its_timeout_when_etcd_is_down() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/down/";
+    client.kv_client().put("/down/a", "1", None).await.unwrap();
+    let informer = synced_informer(&client, prefix, Processing::Atomic).await;
+    server.stop().await.unwrap();
+    let started = Instant::now();
+    let error = informer
+        .consistent_lister(Duration::from_secs(2))
+        .await
+        .expect_err("no consistent read without etcd");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "failed within its timeout: {took:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        matches!(error, ConsistencyError::Source { .. }) && message.contains(prefix),
+        "a clear error naming the informer: {message}"
+    );
+    // Waiting for a revision the cache cannot reach fails the same way.
+    let error = informer
+        .wait_for_revision(informer.revision() + 5, Duration::from_millis(500))
+        .await
+        .expect_err("cannot reach a later revision without etcd");
+    assert!(error.to_string().contains(prefix), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_reads_its_own_writes() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("runner-ryw");
+    let typed = TypedClient::new(client.clone(), prefix.clone(), TextCodec).unwrap();
+    typed.put("counter", &"0".to_string()).await.unwrap();
+    let informer = synced_informer(&client, &prefix, Processing::Atomic).await;
+    let runner = Runner::new("ryw").watch(&informer);
+    let queue = runner.queue().clone();
+    let reconciles = Arc::new(AtomicU64::new(0));
+    let stale = Arc::new(AtomicU64::new(0));
+    let last_write = Arc::new(AtomicU64::new(0));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let done_tx = Arc::new(std::sync::Mutex::new(Some(done_tx)));
+    let reconcile = {
+        let (lister, typed) = (informer.lister(), typed.clone());
+        let (reconciles, stale, last_write) =
+            (reconciles.clone(), stale.clone(), last_write.clone());
+        move |key: String| {
+            let (lister, typed, queue) = (lister.clone(), typed.clone(), queue.clone());
+            let (reconciles, stale, last_write) =
+                (reconciles.clone(), stale.clone(), last_write.clone());
+            let done_tx = done_tx.clone();
+            async move {
+                let n = reconciles.fetch_add(1, Ordering::SeqCst);
+                if n >= 1000 {
+                    if let Some(tx) = done_tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                    return Ok::<_, String>(Action::Done);
+                }
+                let cached = lister.get(&key).ok_or("counter missing")?;
+                if (cached.mod_revision as u64) < last_write.load(Ordering::SeqCst) {
+                    stale.fetch_add(1, Ordering::SeqCst);
+                }
+                let next =
+                    (cached.value.parse::<u64>().map_err(|e| e.to_string())? + 1).to_string();
+                let revision = typed
+                    .update(&key, &next, cached.mod_revision)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                last_write.store(revision as u64, Ordering::SeqCst);
+                // Triggered again at once, before the informer can have seen the write.
+                queue.add(key);
+                Ok(Action::Wrote(revision))
+            }
+        }
+    };
+    let shutdown = async {
+        let _ = tokio::time::timeout(Duration::from_secs(60), done_rx).await;
+    };
+    runner.run(reconcile, shutdown).await;
+    let reconciles = reconciles.load(Ordering::SeqCst);
+    assert!(reconciles >= 1000, "{reconciles} reconciles ran");
+    assert_eq!(
+        stale.load(Ordering::SeqCst),
+        0,
+        "a reconcile saw a cache older than its own last write"
+    );
+    let value = typed.get("counter").await.unwrap().unwrap().value;
+    assert_eq!(value, "1000", "every reconcile's write succeeded");
+}
