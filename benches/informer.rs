@@ -3,13 +3,14 @@
 //! ```text
 //! cargo bench --bench informer -- [--keys N] [--value-bytes S] [--events M] [--handlers H]
 //!     [--scenario NAME[,NAME...]] [--page-size P] [--runs R] [--writers W]
-//!     [--latency-puts K] [--latency-rate PUTS_PER_S]
+//!     [--latency-puts K] [--latency-rate PUTS_PER_S] [--processing atomic|delta-fifo]
 //! ```
 //!
 //! Defaults: N = 100,000 keys of about S = 256 bytes, M = 20,000 events, H = 10 handlers,
 //! P = the informer's default page size (`EtcdOptions::default().page_size`), R = 3 runs per side
 //! (the sides alternate and medians are reported), W = 16 concurrent writers, K = 2,000 puts at
-//! 500 puts/s.
+//! 500 puts/s, the informer's default processing mode (`atomic`; `delta-fifo` measures the
+//! DeltaFIFO mode).
 //!
 //! The benchmark starts its own throwaway etcd (the crate's test harness) with its data directory
 //! on `/dev/shm`, or uses `ETCD_ENDPOINTS` if set (under a unique prefix it deletes afterwards).
@@ -72,7 +73,7 @@ use etcd_client::{Client, GetOptions, Txn, TxnOp, WatchOptions};
 use etcd_informer::testing::etcd::{EtcdServer, ServerOptions};
 use etcd_informer::{
     EtcdListerWatcher, EtcdOptions, HandlerRegistration, InformerOptions, JsonCodec, ListerWatcher,
-    ResourceEventHandlerFuncs, SharedIndexInformer,
+    Processing, ResourceEventHandlerFuncs, SharedIndexInformer,
 };
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -127,6 +128,7 @@ struct Args {
     writers: usize,
     latency_puts: usize,
     latency_rate: u64,
+    processing: Processing,
     // Hidden, for the memory child processes.
     child: Option<String>,
     endpoints: Vec<String>,
@@ -145,6 +147,7 @@ fn parse_args() -> Args {
         writers: 16,
         latency_puts: 2_000,
         latency_rate: 500,
+        processing: Processing::default(),
         child: None,
         endpoints: Vec::new(),
         prefix: None,
@@ -191,6 +194,13 @@ fn parse_args() -> Args {
                     }
                 }
             }
+            "--processing" => {
+                a.processing = match value().as_str() {
+                    "atomic" => Processing::Atomic,
+                    "delta-fifo" => Processing::DeltaFifo,
+                    other => fail(format!("--processing {other:?}: expected atomic or delta-fifo")),
+                }
+            }
             "--child" => a.child = Some(value()),
             "--endpoints" => a.endpoints = value().split(',').map(str::to_owned).collect(),
             "--prefix" => a.prefix = Some(value()),
@@ -198,7 +208,7 @@ fn parse_args() -> Args {
                 eprintln!(
                     "usage: cargo bench --bench informer -- [--keys N] [--value-bytes S] [--events M] \
                      [--handlers H] [--scenario {}] [--page-size P] [--runs R] [--writers W] \
-                     [--latency-puts K] [--latency-rate PUTS_PER_S]",
+                     [--latency-puts K] [--latency-rate PUTS_PER_S] [--processing atomic|delta-fifo]",
                     ALL_SCENARIOS.join("|")
                 );
                 std::process::exit(0);
@@ -510,6 +520,7 @@ impl Bench {
             lw,
             InformerOptions {
                 name: "bench".into(),
+                processing: self.args.processing,
                 ..InformerOptions::default()
             },
         )
@@ -529,6 +540,10 @@ impl Bench {
         m.insert("value_bytes".into(), json!(self.args.value_bytes));
         m.insert("etcd_version".into(), json!(self.version));
         m.insert("runs".into(), json!(self.args.runs));
+        m.insert(
+            "processing".into(),
+            json!(format!("{:?}", self.args.processing)),
+        );
         m
     }
 
@@ -1204,6 +1219,11 @@ async fn memory_child(b: &Bench, kind: &str, handlers: usize) -> Value {
         .arg(b.args.page_size.to_string())
         .arg("--handlers")
         .arg(handlers.to_string())
+        .arg("--processing")
+        .arg(match b.args.processing {
+            Processing::DeltaFifo => "delta-fifo",
+            _ => "atomic",
+        })
         .stderr(std::process::Stdio::inherit())
         .output()
         .await
@@ -1403,7 +1423,11 @@ async fn run_child(args: &Args, kind: &str) -> Res<()> {
                     ..EtcdOptions::default()
                 },
             )?;
-            let informer = SharedIndexInformer::new(lw, InformerOptions::default());
+            let options = InformerOptions {
+                processing: args.processing,
+                ..InformerOptions::default()
+            };
+            let informer = SharedIndexInformer::new(lw, options);
             let seen = Arc::new(AtomicUsize::new(0));
             let mut registrations = Vec::new();
             for _ in 0..args.handlers {

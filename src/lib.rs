@@ -6,10 +6,18 @@
 //! The pipeline is client-go's:
 //!
 //! ```text
-//! ListerWatcher ─▶ Reflector ─▶ DeltaFifo ─▶ Indexer (cache + indexes) ─▶ handlers
-//!  (etcd range +    (list, then   (per-key      (SharedIndexInformer,      (one thread and
-//!   watch)           watch)        deltas)        Lister)                    backlog each)
+//! ListerWatcher ─▶ Reflector ─▶ RealFifo  ─▶ Indexer (cache + indexes) ─▶ handlers
+//!  (etcd range +    (list, then   (a batch per  (SharedIndexInformer,      (one thread and
+//!   watch)           watch)        revision)      Lister)                    backlog each)
+//!                                 or DeltaFifo
+//!                                 (per-key deltas)
 //! ```
+//!
+//! By default ([`Processing::Atomic`]) every etcd revision (one transaction) is applied to the
+//! cache under one lock, in etcd's order: the cache is always etcd at
+//! [`SharedIndexInformer::revision`], and
+//! [`consistent_lister`](SharedIndexInformer::consistent_lister) waits until it is at least as
+//! fresh as etcd is now. [`Processing::DeltaFifo`] is client-go's classic per-key pipeline.
 //!
 //! - *List* is a paginated range read of the prefix, every page at the first page's revision.
 //! - *Watch* starts at that revision + 1; each key's `mod_revision` is its resourceVersion.
