@@ -34,13 +34,17 @@ pub const MAX_DECODING_MESSAGE_SIZE: usize = 1 << 30;
 ///   leader" and we retry, possibly on another endpoint;
 /// - **gRPC keepalive** (ping every 10 s, give up after 5 s without an answer, also while idle):
 ///   etcd-client has it off, so a killed or frozen etcd would leave a watch waiting forever;
-/// - a 5 s connect timeout, so an unreachable endpoint is reported, not waited on.
+/// - a 5 s connect timeout, so an unreachable endpoint is reported, not waited on;
+/// - automatic re-authentication of reads when etcd has forgotten the auth token (etcd drops
+///   simple tokens after `--auth-token-ttl`, 300 s by default); watches re-authenticate in
+///   the etcd source.
 pub fn connect_options() -> ConnectOptions {
     ConnectOptions::new()
         .with_require_leader(true)
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
         .with_keep_alive_while_idle(true)
         .with_connect_timeout(Duration::from_secs(5))
+        .with_auto_token_refresh(true)
 }
 
 /// Connects to etcd with [`connect_options`].
@@ -54,6 +58,21 @@ pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
     endpoints: S,
 ) -> Result<Client, etcd_client::Error> {
     Client::connect(endpoints, Some(connect_options())).await
+}
+
+/// Who answered: the identity of the etcd store, from response headers.
+///
+/// A store wiped or restored from a backup is recognised by any of: its cluster id changed (a
+/// cluster recreated with another `--initial-cluster-token` or other peer URLs), its raft term
+/// went down (confirmed by a linearizable read, since a member that was down may lag behind its
+/// cluster's term), or its revision went below the one watched. No signal catches a store
+/// recreated with the same token and peer URLs, whose term has come back up to the old one and
+/// whose revision has passed the watched one before the informer reconnects: its keys stay
+/// cached until they change or a relist (compaction) happens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Identity {
+    cluster_id: u64,
+    raft_term: u64,
 }
 
 /// Options of an [`EtcdListerWatcher`].
@@ -77,8 +96,10 @@ pub struct EtcdOptions {
     pub raw_prefix: bool,
     /// How often an idle watch asks etcd for a progress notification, to prove it is alive.
     pub progress_interval: Duration,
-    /// A watch that receives nothing at all (no event, no progress) for this long is dead:
-    /// it fails as transient and the reflector watches again.
+    /// A watch that hears nothing (no event, no progress answer) for half of this asks etcd
+    /// with a cheap read on the same connection instead (etcd's gRPC proxy never answers
+    /// progress requests); if that read gets no answer either within the other half, the watch
+    /// is dead: it fails as [`Error::Unavailable`] and the reflector watches again.
     pub idle_timeout: Duration,
     /// Events buffered between the etcd stream and the reflector.
     pub watch_buffer: usize,
@@ -159,6 +180,8 @@ pub struct EtcdListerWatcher<T> {
     decode_errors: Arc<AtomicU64>,
     /// The keys under the prefix whose current value does not decode (absent from the cache).
     undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
+    /// The store last seen; see [`Identity`].
+    identity: Arc<Mutex<Identity>>,
     trust_progress: Arc<OnceCell<bool>>,
 }
 
@@ -172,6 +195,7 @@ impl<T> Clone for EtcdListerWatcher<T> {
             options: self.options.clone(),
             decode_errors: self.decode_errors.clone(),
             undecodable: self.undecodable.clone(),
+            identity: self.identity.clone(),
             trust_progress: self.trust_progress.clone(),
         }
     }
@@ -227,6 +251,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             options,
             decode_errors: Arc::new(AtomicU64::new(0)),
             undecodable: Arc::new(Mutex::new(HashSet::new())),
+            identity: Arc::new(Mutex::new(Identity::default())),
             trust_progress: Arc::new(OnceCell::new()),
         })
     }
@@ -275,7 +300,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             )
             .await
             .map_err(|_| {
-                Error::Transient(format!(
+                Error::Unavailable(format!(
                     "list of {} timed out after {:?} (page {pages})",
                     self.prefix(),
                     self.options.page_timeout
@@ -290,10 +315,13 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                     tracing::warn!(prefix = %self.prefix(), page_size, error = %e, "list page too large; retrying with smaller pages");
                     continue;
                 }
-                Err(e) => return Err(classify(e, revision)),
+                Err(e) => return Err(self.failed(e, revision).await),
             };
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
+                if let Some(reason) = self.store_changed(resp.header()).await {
+                    return Err(Error::StoreReplaced { revision, reason });
+                }
             }
             pages += 1;
             let more = resp.more();
@@ -355,6 +383,33 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         Ok(ListResult { items, revision })
     }
 
+    /// Classifies an etcd error for the prefix; an auth token etcd has forgotten is renewed
+    /// first, so that the retry can succeed.
+    async fn failed(&self, e: etcd_client::Error, revision: i64) -> Error {
+        let error = classify(e, revision);
+        renew_token_if_refused(&self.client, &error).await;
+        named(error, &self.prefix())
+    }
+
+    /// Whether the store answering is another one than last time (see [`Identity`]); records it.
+    async fn store_changed(&self, header: Option<&etcd_client::ResponseHeader>) -> Option<String> {
+        let header = header?;
+        let seen = Identity {
+            cluster_id: header.cluster_id(),
+            raft_term: header.raft_term(),
+        };
+        let reason = store_changed(&self.client, &self.identity, seen, &self.range()).await;
+        if reason.is_some() {
+            // The new store is the reference from now on.
+            *lock(&self.identity) = seen;
+        }
+        reason
+    }
+
+    fn range(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.prefix.to_vec(), self.range_end.clone())
+    }
+
     /// Whether this etcd's progress revisions can advance the watch; asked once (a failed
     /// question is asked again next time rather than remembered as "no").
     async fn trust_progress(&self) -> bool {
@@ -398,19 +453,24 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             )
             .await
             .map_err(|_| {
-                Error::Transient(format!(
+                Error::Unavailable(format!(
                     "starting the watch of {} took over {:?}",
                     self.prefix(),
                     self.options.idle_timeout
                 ))
-            })?
-            .map_err(|e| classify(e, after_revision))?;
+            })?;
+            let stream = match stream {
+                Ok(stream) => stream,
+                Err(e) => return Err(self.failed(e, after_revision).await),
+            };
             let (tx, rx) = mpsc::channel(self.options.watch_buffer);
             let task = WatchTask {
                 client: self.client.clone(),
                 range: (self.prefix.to_vec(), self.range_end.clone()),
                 decoder: self.decoder(),
                 undecodable: self.undecodable.clone(),
+                identity: self.identity.clone(),
+                name: self.prefix(),
                 after: after_revision,
                 trust_progress,
                 progress_interval: self.options.progress_interval,
@@ -457,13 +517,16 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             )
             .await
             .map_err(|_| {
-                Error::Transient(format!(
+                Error::Unavailable(format!(
                     "reading the revision of {} timed out after {:?}",
                     self.prefix(),
                     self.options.page_timeout
                 ))
-            })?
-            .map_err(|e| classify(e, at.unwrap_or(0)))?;
+            })?;
+            let resp = match resp {
+                Ok(resp) => resp,
+                Err(e) => return Err(self.failed(e, at.unwrap_or(0)).await),
+            };
             let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
             let undecodable = lock(&self.undecodable).len();
             let unchanged = resp.kvs().is_empty()
@@ -563,6 +626,9 @@ struct WatchTask<T> {
     range: (Vec<u8>, Vec<u8>),
     decoder: Decoder<T>,
     undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
+    identity: Arc<Mutex<Identity>>,
+    /// The prefix, for messages.
+    name: String,
     after: i64,
     trust_progress: bool,
     progress_interval: Duration,
@@ -579,19 +645,27 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         let mut progress = tokio::time::interval(self.progress_interval);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_heard = tokio::time::Instant::now();
+        let mut progress_answered = false;
         loop {
             let message = tokio::select! {
                 m = responses.message() => m,
                 _ = progress.tick() => {
-                    if last_heard.elapsed() >= self.idle_timeout {
-                        self.fail(Error::Transient(format!(
-                            "watch received nothing for {:?}; assuming the connection is dead", self.idle_timeout
-                        ))).await;
-                        return;
+                    if last_heard.elapsed() >= self.idle_timeout / 2 {
+                        // Silent (a quiet prefix behind a gRPC proxy, which never answers
+                        // progress requests, or a dead connection): ask with a read on the
+                        // same connection.
+                        if let Err(e) = self.probe(self.idle_timeout / 2).await {
+                            self.fail(e).await;
+                            return;
+                        }
+                        if !progress_answered {
+                            tracing::debug!("progress requests are not answered (gRPC proxy?); reads prove the watch's connection alive");
+                        }
+                        last_heard = tokio::time::Instant::now();
                     }
                     // A liveness probe: etcd answers on this stream once the watch is synced.
                     if requests.request_progress().await.is_err() {
-                        self.fail(Error::transient("watch stream closed")).await;
+                        self.fail(Error::Unavailable(format!("the watch stream of {} closed", self.name))).await;
                         return;
                     }
                     continue;
@@ -601,15 +675,18 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             let response = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    self.fail(Error::transient("etcd ended the watch stream"))
+                    self.fail(Error::Unavailable(format!("etcd ended the watch stream of {}", self.name)))
                         .await;
                     return;
                 }
                 Err(e) => {
-                    self.fail(classify(e, self.after)).await;
+                    let error = classify(e, self.after);
+                    renew_token_if_refused(&self.client, &error).await;
+                    self.fail(named(error, &self.name)).await;
                     return;
                 }
             };
+            progress_answered |= !response.created() && response.events().is_empty();
             let handled = self.handle(response).await;
             // Waiting for the reflector to take events is not silence from etcd.
             last_heard = tokio::time::Instant::now();
@@ -634,14 +711,31 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         }
         if response.canceled() {
             let reason = response.cancel_reason().to_owned();
-            return Err(if reason.contains("compacted") {
-                Error::Expired {
+            if reason.contains("compacted") {
+                return Err(Error::Expired {
                     revision: self.after + 1,
                     reason,
-                }
-            } else {
-                Error::Transient(format!("etcd canceled the watch: {reason}"))
-            });
+                });
+            }
+            let error = Error::Transient(format!(
+                "etcd canceled the watch of {}: {reason}",
+                self.name
+            ));
+            renew_token_if_refused(&self.client, &error).await;
+            return Err(error);
+        }
+        if let Some(header) = response.header() {
+            let seen = Identity {
+                cluster_id: header.cluster_id(),
+                raft_term: header.raft_term(),
+            };
+            if let Some(reason) = store_changed(&self.client, &self.identity, seen, &self.range).await {
+                *lock(&self.identity) = seen;
+                return Err(Error::StoreReplaced {
+                    revision: self.after + 1,
+                    reason,
+                });
+            }
         }
         if header_revision != 0 && header_revision < self.after {
             return Err(self.behind(header_revision).await);
@@ -717,6 +811,27 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         Ok(())
     }
 
+    /// A cheap linearizable read on the watch's connection: does etcd answer at all?
+    async fn probe(&self, timeout: Duration) -> Result<(), Error> {
+        let options = GetOptions::new()
+            .with_range(self.range.1.clone())
+            .with_count_only();
+        let mut kv = self.client.kv_client();
+        let read = kv.get(self.range.0.clone(), Some(options));
+        match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                let error = classify(e, self.after);
+                renew_token_if_refused(&self.client, &error).await;
+                Err(named(error, &self.name))
+            }
+            Err(_) => Err(Error::Unavailable(format!(
+                "the watch of {} heard nothing and a read got no answer within {timeout:?}; assuming the connection is dead",
+                self.name
+            ))),
+        }
+    }
+
     /// The watch reports a revision below the one it started after: either this member lags
     /// behind the cluster (retry), or the whole store went back in time (relist). A
     /// linearizable read, answered only with the cluster's current revision, tells which.
@@ -790,17 +905,101 @@ fn is_message_too_large(e: &etcd_client::Error) -> bool {
         || message.contains("resource exhausted")
 }
 
-/// Sorts etcd errors into expired (relist) and transient (retry).
+/// Sorts etcd's errors by what recovers from them, on their gRPC status code: a compacted
+/// revision (OutOfRange) needs a relist; an etcd that cannot be reached or cannot serve now
+/// (transport errors, Unavailable, which includes "no leader", DeadlineExceeded, Cancelled,
+/// Aborted) is retried as soon as it answers; anything else etcd answered is retried with the
+/// protective backoff.
 fn classify(e: etcd_client::Error, revision: i64) -> Error {
+    use tonic::Code;
     let message = e.to_string();
-    if message.contains("required revision has been compacted") || message.contains("compacted") {
-        Error::Expired {
+    match &e {
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            Code::OutOfRange if message.contains("compacted") => Error::Expired {
+                revision,
+                reason: message,
+            },
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+                Error::Unavailable(message)
+            }
+            _ => Error::Transient(message),
+        },
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
+            Error::Unavailable(message)
+        }
+        _ if message.contains("required revision has been compacted") => Error::Expired {
             revision,
             reason: message,
-        }
-    } else {
-        Error::Transient(message)
+        },
+        _ => Error::Transient(message),
     }
+}
+
+/// Prefixes a transient error's message with the prefix it concerns.
+fn named(error: Error, prefix: &str) -> Error {
+    match error {
+        Error::Transient(m) => Error::Transient(format!("{prefix}: {m}")),
+        Error::Unavailable(m) => Error::Unavailable(format!("{prefix}: {m}")),
+        other => other,
+    }
+}
+
+/// When etcd refused the auth token (it forgets simple tokens after `--auth-token-ttl`; a watch
+/// stream keeps the token it was opened with), authenticates again so that the retry carries a
+/// valid one. etcd 3.4 reports a refused token on a watch as "permission denied", so that too
+/// renews the token (one Authenticate call per retry, which the backoff spaces out). A client
+/// without credentials does nothing.
+async fn renew_token_if_refused(client: &Client, error: &Error) {
+    let message = error.to_string();
+    let refused = ["invalid auth token", "permission denied", "Unauthenticated", "user name is empty"]
+        .iter()
+        .any(|m| message.contains(m));
+    if refused {
+        match client.refresh_token().await {
+            Ok(()) => tracing::info!(error = %message, "etcd refused the auth token; authenticated again"),
+            Err(e) => tracing::warn!(error = %e, "authenticating again failed"),
+        }
+    }
+}
+
+/// Whether `seen` is another store than the one recorded: another cluster id, or a raft term
+/// below the highest seen that a linearizable read confirms. Records the highest term.
+async fn store_changed(
+    client: &Client,
+    identity: &Mutex<Identity>,
+    seen: Identity,
+    range: &(Vec<u8>, Vec<u8>),
+) -> Option<String> {
+    let known = *lock(identity);
+    if known.cluster_id == 0 || seen.cluster_id == 0 {
+        let mut identity = lock(identity);
+        identity.cluster_id = identity.cluster_id.max(seen.cluster_id);
+        identity.raft_term = identity.raft_term.max(seen.raft_term);
+        return None;
+    }
+    if seen.cluster_id != known.cluster_id {
+        return Some(format!(
+            "etcd's cluster id changed from {:x} to {:x}: the store was replaced",
+            known.cluster_id, seen.cluster_id
+        ));
+    }
+    if seen.raft_term < known.raft_term {
+        // A member that was down may not know its cluster's term yet; a linearizable read is
+        // answered only once it does.
+        let options = GetOptions::new().with_range(range.1.clone()).with_count_only();
+        let confirmed = client.kv_client().get(range.0.clone(), Some(options)).await;
+        let term = confirmed.ok().and_then(|r| r.header().map(|h| h.raft_term()));
+        if term.is_some_and(|t| t < known.raft_term) {
+            return Some(format!(
+                "etcd's raft term went back from {} to {}: the store was wiped or restored",
+                known.raft_term,
+                term.unwrap_or(0)
+            ));
+        }
+        return None;
+    }
+    lock(identity).raft_term = seen.raft_term;
+    None
 }
 
 /// Whether an etcd version reports progress revisions that can be trusted to advance the watch:

@@ -70,8 +70,9 @@ impl<T> WatchEvent<T> {
     }
 }
 
-/// Why a list or watch failed. The reflector relists on [`Error::Expired`] and retries the watch
-/// (with backoff) on [`Error::Transient`].
+/// Why a list or watch failed. The reflector relists on [`Error::Expired`] and
+/// [`Error::StoreReplaced`], watches again as soon as etcd answers on [`Error::Unavailable`], and
+/// retries with the protective backoff on [`Error::Transient`] (etcd answered with an error).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The requested revision is gone (etcd compacted it, or the store went back in time): the
@@ -93,9 +94,14 @@ pub enum Error {
         /// What showed it.
         reason: String,
     },
-    /// A failure that retrying may fix: connection lost, no leader, timeout.
+    /// etcd answered with an error that retrying may fix (no leader, too many requests, a
+    /// permission it may yet be granted): retried with the protective backoff.
     #[error("{0}")]
     Transient(String),
+    /// etcd could not be reached or stopped answering (connection refused or lost, a silent
+    /// watch): retried as soon as an endpoint answers, with a short capped backoff.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl Error {
@@ -107,6 +113,11 @@ impl Error {
     /// Whether only a relist can recover.
     pub fn is_expired(&self) -> bool {
         matches!(self, Error::Expired { .. } | Error::StoreReplaced { .. })
+    }
+
+    /// Whether etcd could not be reached ([`Error::Unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
     }
 
     /// Whether the store itself was replaced ([`Error::StoreReplaced`]).
