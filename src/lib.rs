@@ -102,5 +102,5 @@ pub use real_fifo::{Batch, RealFifo};
 
 pub use listwatch::{Freshness, ListResult, ListWatch, ListerWatcher, WatchEvent, WatchStream};
 pub use object::{split_key, Object};
-pub use reflector::{Backoff, Queue, Reflector, ReflectorOptions};
+pub use reflector::{Backoff, Health, Queue, Reflector, ReflectorOptions};
 pub use store::{Indexer, Indexers, Store, NAMESPACE_INDEX};

@@ -12,8 +12,8 @@ pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
 pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
-    ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerOptions, Processing,
-    SharedIndexInformer, TransformFn, MIN_RESYNC_PERIOD,
+    ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerHealth,
+    InformerOptions, Processing, SharedIndexInformer, TransformFn, MIN_RESYNC_PERIOD,
 };
 
 use crate::listwatch::ListerWatcher;

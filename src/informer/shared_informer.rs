@@ -20,7 +20,9 @@ use crate::listwatch::{
     BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent, WatchStream,
 };
 use crate::real_fifo::{Batch, RealFifo};
-use crate::reflector::{Backoff, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler};
+use crate::reflector::{
+    Backoff, Health, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler,
+};
 use crate::store::{Indexer, Indexers, StoreError, Txn};
 use crate::{Lister, Object};
 
@@ -50,6 +52,31 @@ pub enum Processing {
     Atomic,
     /// Per-key processing through a [`DeltaFifo`].
     DeltaFifo,
+}
+
+/// An informer's health; see [`SharedIndexInformer::health`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InformerHealth {
+    /// `run` is running.
+    pub running: bool,
+    /// The first list has been applied.
+    pub synced: bool,
+    /// The cache's revision ([`SharedIndexInformer::revision`]).
+    pub revision: i64,
+    /// The revision the reflector has read up to.
+    pub last_synced_revision: i64,
+    /// Changes whose application to the cache panicked.
+    pub apply_panics: u64,
+    /// The reflector's connection, last error, relists and restarts.
+    pub reflector: Health,
+}
+
+impl InformerHealth {
+    /// Running, synced and connected to etcd: the cache follows etcd.
+    pub fn is_healthy(&self) -> bool {
+        self.running && self.synced && self.reflector.connected
+    }
 }
 
 /// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
@@ -94,8 +121,12 @@ pub struct InformerOptions<T> {
     pub max_handler_backlog: Option<usize>,
     /// Called with every list or watch failure.
     pub watch_error_handler: Option<WatchErrorHandler>,
-    /// Retry delays of the reflector.
+    /// The reflector's protective backoff: relists close together, and retries after etcd
+    /// answered with an error (default: client-go's 800 ms doubling to 30 s, reset after 2 min).
     pub backoff: Backoff,
+    /// The reflector's delays between attempts to reach an etcd that does not answer
+    /// (default [`Backoff::reconnect`]: 50 ms doubling to 1 s).
+    pub reconnect: Backoff,
     /// How changes reach the cache; see [`Processing`].
     pub processing: Processing,
 }
@@ -110,6 +141,7 @@ impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
             max_handler_backlog: None,
             watch_error_handler: None,
             backoff: Backoff::default(),
+            reconnect: Backoff::reconnect(),
             processing: Processing::default(),
         }
     }
@@ -202,8 +234,11 @@ struct Shared<T> {
     revision: OnceLock<RevisionHandle>,
     watch_error_handler: Option<WatchErrorHandler>,
     backoff: Backoff,
+    reconnect: Backoff,
     max_handler_backlog: Option<usize>,
     next_id: AtomicU64,
+    /// Batches whose application panicked.
+    apply_panics: AtomicU64,
 }
 
 /// The registered handlers.
@@ -320,8 +355,10 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 revision: OnceLock::new(),
                 watch_error_handler: options.watch_error_handler,
                 backoff: options.backoff,
+                reconnect: options.reconnect,
                 max_handler_backlog: options.max_handler_backlog,
                 next_id: AtomicU64::new(0),
+                apply_panics: AtomicU64::new(0),
             }),
         }
     }
@@ -455,6 +492,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             should_resync: Some(should_resync),
             watch_error_handler: self.shared.watch_error_handler.clone(),
             backoff: self.shared.backoff.clone(),
+            reconnect: self.shared.reconnect.clone(),
         };
         // However `run` ends (stopped, or its future dropped), let each handler thread finish
         // its backlog and end, instead of waiting forever for events that cannot come.
@@ -467,7 +505,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                     lister_watcher: source,
                     queue: fifo.clone(),
                     process: Box::new(move |deltas, initial| {
-                        this.handle_deltas(deltas, initial);
+                        this.apply_guarded(|| this.handle_deltas(deltas, initial));
                         Ok(())
                     }),
                     retry_on_error: false,
@@ -485,7 +523,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
                 async {
-                    while fifo.pop(|batch| self.handle_batch(batch)).await.is_ok() {
+                    while fifo
+                        .pop(|batch| self.apply_guarded(|| self.handle_batch(batch)))
+                        .await
+                        .is_ok()
+                    {
                         if fifo.is_closed() {
                             // Stop feeding a closed queue so that draining it ends.
                             reflector.0.abort();
@@ -502,6 +544,22 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// queued is applied; handlers then finish their backlogs and their threads end.
     pub fn stop(&self) {
         self.shared.queue.close();
+    }
+
+    /// Runs `apply` catching a panic (an index function, a bug): it is logged and recorded in
+    /// [`health`](Self::health), so it does not end `run` and the cache does not silently
+    /// stop; the changes of that batch may be partly applied.
+    fn apply_guarded(&self, apply: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(apply)) {
+            let message = crate::reflector::panic_message(&*panic);
+            tracing::error!(informer = %self.shared.name, panic = %message, "applying a change to the cache panicked");
+            self.shared.apply_panics.fetch_add(1, Ordering::Relaxed);
+            if let Some(handle) = self.shared.revision.get() {
+                handle.failed(format!(
+                    "applying a change to the cache panicked: {message}"
+                ));
+            }
+        }
     }
 
     /// Applies one key's deltas to the cache, then tells the handlers (client-go's
@@ -744,6 +802,33 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             self.wait_for_revision(current.revision, left).await?;
         }
         Ok(self.lister())
+    }
+
+    /// The informer's health, for a readiness probe: fail it unless
+    /// [`InformerHealth::is_healthy`], rather than serve a cache that stopped changing.
+    ///
+    /// ```no_run
+    /// # fn demo(informer: etcd_informer::SharedIndexInformer<String>) {
+    /// let health = informer.health();
+    /// if !health.is_healthy() {
+    ///     eprintln!("not ready: {:?}", health.reflector.last_error);
+    /// }
+    /// # }
+    /// ```
+    pub fn health(&self) -> InformerHealth {
+        InformerHealth {
+            running: self.has_started() && !self.shared.stopped.load(Ordering::Acquire),
+            synced: self.has_synced(),
+            revision: self.revision(),
+            last_synced_revision: self.last_synced_revision(),
+            apply_panics: self.shared.apply_panics.load(Ordering::Relaxed),
+            reflector: self
+                .shared
+                .revision
+                .get()
+                .map(RevisionHandle::health)
+                .unwrap_or_default(),
+        }
     }
 
     /// Whether [`run`](Self::run) has been called.

@@ -675,8 +675,11 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             let response = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    self.fail(Error::Unavailable(format!("etcd ended the watch stream of {}", self.name)))
-                        .await;
+                    self.fail(Error::Unavailable(format!(
+                        "etcd ended the watch stream of {}",
+                        self.name
+                    )))
+                    .await;
                     return;
                 }
                 Err(e) => {
@@ -729,7 +732,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 cluster_id: header.cluster_id(),
                 raft_term: header.raft_term(),
             };
-            if let Some(reason) = store_changed(&self.client, &self.identity, seen, &self.range).await {
+            if let Some(reason) =
+                store_changed(&self.client, &self.identity, seen, &self.range).await
+            {
                 *lock(&self.identity) = seen;
                 return Err(Error::StoreReplaced {
                     revision: self.after + 1,
@@ -951,12 +956,19 @@ fn named(error: Error, prefix: &str) -> Error {
 /// without credentials does nothing.
 async fn renew_token_if_refused(client: &Client, error: &Error) {
     let message = error.to_string();
-    let refused = ["invalid auth token", "permission denied", "Unauthenticated", "user name is empty"]
-        .iter()
-        .any(|m| message.contains(m));
+    let refused = [
+        "invalid auth token",
+        "permission denied",
+        "Unauthenticated",
+        "user name is empty",
+    ]
+    .iter()
+    .any(|m| message.contains(m));
     if refused {
         match client.refresh_token().await {
-            Ok(()) => tracing::info!(error = %message, "etcd refused the auth token; authenticated again"),
+            Ok(()) => {
+                tracing::info!(error = %message, "etcd refused the auth token; authenticated again")
+            }
             Err(e) => tracing::warn!(error = %e, "authenticating again failed"),
         }
     }
@@ -986,9 +998,13 @@ async fn store_changed(
     if seen.raft_term < known.raft_term {
         // A member that was down may not know its cluster's term yet; a linearizable read is
         // answered only once it does.
-        let options = GetOptions::new().with_range(range.1.clone()).with_count_only();
+        let options = GetOptions::new()
+            .with_range(range.1.clone())
+            .with_count_only();
         let confirmed = client.kv_client().get(range.0.clone(), Some(options)).await;
-        let term = confirmed.ok().and_then(|r| r.header().map(|h| h.raft_term()));
+        let term = confirmed
+            .ok()
+            .and_then(|r| r.header().map(|h| h.raft_term()));
         if term.is_some_and(|t| t < known.raft_term) {
             return Some(format!(
                 "etcd's raft term went back from {} to {}: the store was wiped or restored",
