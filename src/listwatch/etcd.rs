@@ -65,10 +65,13 @@ pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
 /// A store wiped or restored from a backup is recognised by any of: its cluster id changed (a
 /// cluster recreated with another `--initial-cluster-token` or other peer URLs), its raft term
 /// went down (confirmed by a linearizable read, since a member that was down may lag behind its
-/// cluster's term), or its revision went below the one watched. No signal catches a store
-/// recreated with the same token and peer URLs, whose term has come back up to the old one and
-/// whose revision has passed the watched one before the informer reconnects: its keys stay
-/// cached until they change or a relist (compaction) happens.
+/// cluster's term), its revision went below the one watched, or it counts another number of
+/// keys under the prefix at the watched revision than the watch did ([`Tally`]). No signal
+/// catches a store recreated with the same token and peer URLs, whose term has come back up
+/// to the old one, whose revision has passed the watched one before the informer reconnects,
+/// and which happens to hold as many keys under the prefix at that revision: its keys stay
+/// cached until they change or a relist (compaction) happens. The member id is not
+/// compared: it changes whenever another member of the same store answers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Identity {
     cluster_id: u64,
@@ -182,7 +185,21 @@ pub struct EtcdListerWatcher<T> {
     undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
     /// The store last seen; see [`Identity`].
     identity: Arc<Mutex<Identity>>,
+    /// How many keys the prefix held at a revision, by the list and the events since; a
+    /// re-watch checks etcd still agrees (see [`Tally`]).
+    tally: Arc<Mutex<Tally>>,
     trust_progress: Arc<OnceCell<bool>>,
+}
+
+/// The number of keys under the prefix at a revision, as the list and the watched events
+/// since it say. When a watch is opened again from that revision, etcd's count there must
+/// agree: a store wiped and written past the old revision before the informer reconnects
+/// (same cluster id, no lower revision to show it) almost never holds the same number of keys
+/// at that revision.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    revision: i64,
+    keys: i64,
 }
 
 impl<T> Clone for EtcdListerWatcher<T> {
@@ -196,6 +213,7 @@ impl<T> Clone for EtcdListerWatcher<T> {
             decode_errors: self.decode_errors.clone(),
             undecodable: self.undecodable.clone(),
             identity: self.identity.clone(),
+            tally: self.tally.clone(),
             trust_progress: self.trust_progress.clone(),
         }
     }
@@ -252,6 +270,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             decode_errors: Arc::new(AtomicU64::new(0)),
             undecodable: Arc::new(Mutex::new(HashSet::new())),
             identity: Arc::new(Mutex::new(Identity::default())),
+            tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
         })
     }
@@ -378,6 +397,10 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             }
             undecodable.extend(bad);
         }
+        *lock(&self.tally) = Tally {
+            revision,
+            keys: (items.len() + undecodable.len()) as i64,
+        };
         *lock(&self.undecodable) = undecodable;
         tracing::debug!(prefix = %self.prefix(), revision, pages, items = items.len(), "listed");
         Ok(ListResult { items, revision })
@@ -470,6 +493,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 decoder: self.decoder(),
                 undecodable: self.undecodable.clone(),
                 identity: self.identity.clone(),
+                tally: self.tally.clone(),
                 name: self.prefix(),
                 after: after_revision,
                 trust_progress,
@@ -627,6 +651,7 @@ struct WatchTask<T> {
     decoder: Decoder<T>,
     undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
     identity: Arc<Mutex<Identity>>,
+    tally: Arc<Mutex<Tally>>,
     /// The prefix, for messages.
     name: String,
     after: i64,
@@ -745,6 +770,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         if header_revision != 0 && header_revision < self.after {
             return Err(self.behind(header_revision).await);
         }
+        if response.created() {
+            self.check_tally().await?;
+        }
         let events = std::mem::take(&mut response.0.events);
         if events.is_empty() {
             if !response.created() && self.trust_progress && header_revision > self.after {
@@ -762,6 +790,17 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             if revision <= self.after {
                 // Already delivered before a reconnect: etcd has shipped bugs that repeat events.
                 continue;
+            }
+            {
+                let mut tally = lock(&self.tally);
+                if tally.revision <= revision {
+                    tally.revision = revision;
+                    match event.r#type {
+                        PUT if kv.version == 1 => tally.keys += 1,
+                        DELETE => tally.keys -= 1,
+                        _ => {}
+                    }
+                }
             }
             let decoded = match event.r#type {
                 PUT => Some(self.decoder.object(&kv)),
@@ -814,6 +853,38 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             self.send(out).await?;
         }
         Ok(())
+    }
+
+    /// On a watch opened from the revision the tally is at: etcd must count as many keys under
+    /// the prefix at that revision as the list and the events since did (see [`Tally`]).
+    async fn check_tally(&self) -> Result<(), Error> {
+        let tally = *lock(&self.tally);
+        if tally.revision != self.after || self.after == 0 {
+            return Ok(());
+        }
+        let options = GetOptions::new()
+            .with_range(self.range.1.clone())
+            .with_count_only()
+            .with_revision(self.after);
+        let read = self
+            .client
+            .kv_client()
+            .get(self.range.0.clone(), Some(options))
+            .await;
+        match read {
+            Ok(resp) if resp.count() != tally.keys => Err(Error::StoreReplaced {
+                revision: self.after + 1,
+                reason: format!(
+                    "etcd counts {} keys under {} at revision {}, where the watch counted {}: the store was replaced",
+                    resp.count(),
+                    self.name,
+                    self.after,
+                    tally.keys
+                ),
+            }),
+            Ok(_) => Ok(()),
+            Err(e) => Err(named(classify(e, self.after), &self.name)),
+        }
     }
 
     /// A cheap linearizable read on the watch's connection: does etcd answer at all?

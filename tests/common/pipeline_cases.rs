@@ -970,3 +970,59 @@ async fn wipe_proven_by_the_watch_reannounces_even_if_revisions_caught_up() {
         snapshot(&log)
     );
 }
+
+#[tokio::test]
+async fn panicking_transform_restarts_the_reflector_and_health_shows_it() {
+    let source = FakeSource::new();
+    source.put("tmp/a", "1".to_string());
+    let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let p = panicked.clone();
+    let options = InformerOptions {
+        transform: Some(Arc::new(move |o: Object<String>| {
+            if o.value == "boom" && !p.swap(true, Ordering::SeqCst) {
+                panic!("transform bug");
+            }
+            o
+        })),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    eventually("synced", || informer.has_synced()).await;
+    assert!(informer.health().is_healthy(), "{:?}", informer.health());
+    source.put("tmp/b", "boom".to_string());
+    eventually("the cache follows the source after the restart", || {
+        caught_up(&informer, &source)
+    })
+    .await;
+    let health = informer.health();
+    assert_eq!(health.reflector.restarts, 1, "{health:?}");
+    let (error, _) = health.reflector.last_error.expect("the panic is recorded");
+    assert!(error.contains("transform bug"), "{error}");
+    eventually("healthy again", || informer.health().is_healthy()).await;
+}
+
+#[tokio::test]
+async fn panicking_index_function_is_recorded_and_later_changes_flow() {
+    let source = FakeSource::new();
+    let mut indexers = etcd_informer::store::namespace_indexers::<String>();
+    indexers.insert(
+        "fragile".into(),
+        Arc::new(|o: &Object<String>| {
+            assert!(o.value != "boom", "index bug");
+            vec![o.value.clone()]
+        }),
+    );
+    let options = InformerOptions {
+        indexers,
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    eventually("synced", || informer.has_synced()).await;
+    source.put("tmp/a", "boom".to_string());
+    eventually("the panic is recorded", || informer.health().apply_panics == 1).await;
+    source.put("tmp/c", "fine".to_string());
+    eventually("later changes are applied", || {
+        informer.lister().get("tmp/c").is_some()
+    })
+    .await;
+}

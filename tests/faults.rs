@@ -1,0 +1,458 @@
+//! Freshness through faults, against real etcd processes started here: a member restarted, a
+//! store wiped and rewritten past the watched revision behind a cut connection, an expired auth
+//! token, a role without access, and etcd's gRPC proxy in between. Each test owns its etcd.
+#![cfg(feature = "testing")]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions, Permission};
+use etcd_informer::listwatch::{BoxFuture, ListResult, Result as LwResult};
+use etcd_informer::testing::etcd::{EtcdServer, ServerOptions};
+use etcd_informer::{
+    connect, connect_options, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions,
+    ListerWatcher, SharedIndexInformer, TextCodec, WatchStream,
+};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Options that notice a dead or silent watch within seconds.
+fn quick() -> EtcdOptions {
+    EtcdOptions {
+        progress_interval: Duration::from_millis(250),
+        idle_timeout: Duration::from_secs(2),
+        ..Default::default()
+    }
+}
+
+/// A source that counts lists and watches.
+struct Counting<L> {
+    inner: L,
+    lists: Arc<AtomicUsize>,
+    watches: Arc<AtomicUsize>,
+}
+
+impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
+    fn list(&self) -> BoxFuture<'_, LwResult<ListResult<String>>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list()
+    }
+    fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
+        self.watches.fetch_add(1, Ordering::SeqCst);
+        self.inner.watch(after)
+    }
+}
+
+struct Running {
+    informer: SharedIndexInformer<String>,
+    lists: Arc<AtomicUsize>,
+    watches: Arc<AtomicUsize>,
+}
+
+fn start(client: &Client, prefix: &str) -> Running {
+    let lw = EtcdListerWatcher::with_options(client.clone(), prefix, TextCodec, quick()).unwrap();
+    let (lists, watches) = (Arc::default(), Arc::default());
+    let source = Counting {
+        inner: lw,
+        lists: Arc::clone(&lists),
+        watches: Arc::clone(&watches),
+    };
+    let options = InformerOptions {
+        name: prefix.to_owned(),
+        ..Default::default()
+    };
+    let informer = SharedIndexInformer::new(source, options);
+    tokio::spawn(informer.clone().run());
+    Running {
+        informer,
+        lists,
+        watches,
+    }
+}
+
+async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) -> Duration {
+    let started = Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < within,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+async fn etcd_state(client: &Client, prefix: &str) -> BTreeMap<String, (i64, String)> {
+    let resp = client
+        .kv_client()
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read etcd");
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            let key = kv.key_str().unwrap()[prefix.len()..].to_string();
+            (
+                key,
+                (kv.mod_revision(), kv.value_str().unwrap().to_string()),
+            )
+        })
+        .collect()
+}
+
+fn cache_state(informer: &SharedIndexInformer<String>) -> BTreeMap<String, (i64, String)> {
+    informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), (o.mod_revision, o.value.clone())))
+        .collect()
+}
+
+/// Waits until the cache equals etcd under `prefix`; returns how long it took.
+async fn converged(r: &Running, client: &Client, prefix: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let want = etcd_state(client, prefix).await;
+        if cache_state(&r.informer) == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "the cache did not match etcd within {within:?}:\ncache {:?}\netcd  {want:?}",
+            cache_state(&r.informer)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_member_is_caught_up_within_seconds_and_health_says_so() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/restart/";
+    for i in 0..10 {
+        client
+            .kv_client()
+            .put(format!("{prefix}{i}"), "v0", None)
+            .await
+            .unwrap();
+    }
+    let r = start(&client, prefix);
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    assert!(
+        r.informer.health().is_healthy(),
+        "{:?}",
+        r.informer.health()
+    );
+
+    for round in 0..3 {
+        server.stop().await.unwrap();
+        let noticed = eventually(
+            "health reports the lost etcd",
+            Duration::from_secs(10),
+            || !r.informer.health().is_healthy(),
+        )
+        .await;
+        let health = r.informer.health();
+        assert!(health.reflector.disconnected_since.is_some());
+        assert!(health.reflector.last_error.is_some(), "{health:?}");
+        // Down for a few seconds: the reconnect backoff must not have grown past its cap.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        server.start_again().await.unwrap();
+        let client = connect([server.endpoint()]).await.unwrap();
+        client
+            .kv_client()
+            .put(format!("{prefix}{round}"), format!("v{}", round + 1), None)
+            .await
+            .unwrap();
+        client
+            .kv_client()
+            .delete(format!("{prefix}{}", 9 - round), None)
+            .await
+            .unwrap();
+        let took = converged(&r, &client, prefix, Duration::from_secs(10)).await;
+        println!("round {round}: loss noticed in {noticed:?}, caught up {took:?} after the write");
+        assert!(took < Duration::from_secs(3), "caught up in {took:?}");
+        eventually("healthy again", Duration::from_secs(5), || {
+            r.informer.health().is_healthy()
+        })
+        .await;
+    }
+    assert_eq!(
+        r.lists.load(Ordering::SeqCst),
+        1,
+        "restarts resume the watch, no relist"
+    );
+}
+
+/// A TCP forwarder to one etcd whose connections can be cut and refused, to keep the informer
+/// away while the store behind it changes.
+struct Cuttable {
+    addr: SocketAddr,
+    open: Arc<AtomicBool>,
+    generation: Arc<AtomicUsize>,
+}
+
+impl Cuttable {
+    async fn new(target: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicBool::new(true));
+        let generation = Arc::new(AtomicUsize::new(0));
+        let (o, g) = (open.clone(), generation.clone());
+        let target = target.trim_start_matches("http://").to_owned();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let (g, mine, target) = (g.clone(), g.load(Ordering::SeqCst), target.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    let cut = async {
+                        while g.load(Ordering::SeqCst) == mine {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! { _ = copy => {}, _ = cut => {} }
+                });
+            }
+        });
+        Cuttable {
+            addr,
+            open,
+            generation,
+        }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn reopen(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/wiped/";
+    for i in 0..30 {
+        direct
+            .kv_client()
+            .put(format!("{prefix}old-{i}"), "old", None)
+            .await
+            .unwrap();
+    }
+    let link = Cuttable::new(server.endpoint()).await;
+    let client = connect([link.addr.to_string()]).await.unwrap();
+    let r = start(&client, prefix);
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    let watched = r.informer.revision();
+
+    // Same cluster token and peer URLs (same cluster id), revision beyond the watched one by
+    // the time the informer can reconnect.
+    link.cut();
+    server.wipe().await.unwrap();
+    let direct = connect([server.endpoint()]).await.unwrap();
+    for i in 0..(watched + 10) {
+        direct
+            .kv_client()
+            .put(format!("/elsewhere/{i}"), "x", None)
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        direct
+            .kv_client()
+            .put(format!("{prefix}new-{i}"), "new", None)
+            .await
+            .unwrap();
+    }
+    link.reopen();
+    let took = converged(&r, &direct, prefix, Duration::from_secs(15)).await;
+    println!("wiped store recognised and relisted {took:?} after the link reopened");
+    assert_eq!(
+        r.informer.health().reflector.relists.store_replaced,
+        1,
+        "{:?}",
+        r.informer.health()
+    );
+}
+
+/// Starts etcd with auth on and `/auth/` readable by user `reader`; returns (server, root
+/// client).
+async fn etcd_with_auth(token_ttl_s: u32) -> (EtcdServer, Client) {
+    let options = ServerOptions {
+        extra_args: vec![format!("--auth-token-ttl={token_ttl_s}")],
+        ..Default::default()
+    };
+    let server = EtcdServer::start_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let root = connect([server.endpoint()]).await.unwrap();
+    let mut auth = root.auth_client();
+    auth.user_add("root", "rootpw", None).await.unwrap();
+    auth.user_grant_role("root", "root").await.unwrap();
+    auth.role_add("prefix-reader").await.unwrap();
+    auth.role_grant_permission("prefix-reader", Permission::read("/auth/").with_prefix())
+        .await
+        .unwrap();
+    auth.user_add("reader", "readerpw", None).await.unwrap();
+    auth.user_grant_role("reader", "prefix-reader")
+        .await
+        .unwrap();
+    auth.user_add("nobody", "nobodypw", None).await.unwrap();
+    auth.auth_enable().await.unwrap();
+    let root = Client::connect(
+        [server.endpoint()],
+        Some(connect_options().with_user("root", "rootpw")),
+    )
+    .await
+    .unwrap();
+    (server, root)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_auth_token_is_renewed_not_a_frozen_cache() {
+    let (server, root) = etcd_with_auth(1).await;
+    root.kv_client().put("/auth/a", "1", None).await.unwrap();
+    let link = Cuttable::new(server.endpoint()).await;
+    let reader = Client::connect(
+        [link.addr.to_string()],
+        Some(connect_options().with_user("reader", "readerpw")),
+    )
+    .await
+    .unwrap();
+    let r = start(&reader, "/auth/");
+    eventually(
+        "synced as a user who may only read the prefix",
+        Duration::from_secs(30),
+        || r.informer.has_synced(),
+    )
+    .await;
+    // Cut the connection long enough for the token to expire (TTL 1 s, unused), so that the
+    // reconnect presents an expired token.
+    link.cut();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    link.reopen();
+    root.kv_client().put("/auth/b", "2", None).await.unwrap();
+    let took = converged(&r, &root, "/auth/", Duration::from_secs(15)).await;
+    println!("caught up {took:?} after reconnecting with an expired token");
+    eventually("healthy", Duration::from_secs(5), || {
+        r.informer.health().is_healthy()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_without_access_is_a_clear_error_not_a_hot_loop() {
+    let (server, _root) = etcd_with_auth(300).await;
+    let nobody = Client::connect(
+        [server.endpoint()],
+        Some(connect_options().with_user("nobody", "nobodypw")),
+    )
+    .await
+    .unwrap();
+    let r = start(&nobody, "/auth/");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let health = r.informer.health();
+    assert!(!health.is_healthy() && !health.synced);
+    let (error, _) = health.reflector.last_error.clone().expect("an error");
+    assert!(
+        error.contains("permission denied") && error.contains("/auth/"),
+        "the error names the cause and the prefix: {error}"
+    );
+    let lists = r.lists.load(Ordering::SeqCst);
+    println!("{lists} lists in 4 s without access: {error}");
+    assert!(lists <= 6, "{lists} lists in 4 s: a retry storm");
+}
+
+/// etcd's gRPC proxy in front of `server`, killed on drop.
+struct GrpcProxy {
+    child: tokio::process::Child,
+    endpoint: String,
+}
+
+impl GrpcProxy {
+    async fn start(backend: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let endpoint = format!("127.0.0.1:{port}");
+        let child = tokio::process::Command::new("etcd")
+            .args([
+                "grpc-proxy",
+                "start",
+                &format!("--endpoints={}", backend.trim_start_matches("http://")),
+                &format!("--listen-addr={endpoint}"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcd grpc-proxy (Debian package etcd-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(&endpoint).await.is_err() {
+            assert!(Instant::now() < deadline, "the gRPC proxy did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        GrpcProxy { child, endpoint }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_watch_through_the_grpc_proxy_stays_up_and_a_dead_proxy_is_noticed() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut proxy = GrpcProxy::start(&server.endpoint()).await;
+    let client = connect([proxy.endpoint.clone()]).await.unwrap();
+    client
+        .kv_client()
+        .put("/proxied/a", "1", None)
+        .await
+        .unwrap();
+    let r = start(&client, "/proxied/");
+    eventually("synced through the proxy", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    // Quiet for three idle timeouts: progress requests go unanswered, the watch stays.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let health = r.informer.health();
+    assert!(health.is_healthy(), "{health:?}");
+    assert_eq!(
+        r.watches.load(Ordering::SeqCst),
+        1,
+        "the quiet watch was never restarted"
+    );
+    client
+        .kv_client()
+        .put("/proxied/b", "2", None)
+        .await
+        .unwrap();
+    converged(&r, &client, "/proxied/", Duration::from_secs(5)).await;
+
+    proxy.child.kill().await.unwrap();
+    let noticed = eventually("a dead proxy is noticed", Duration::from_secs(5), || {
+        !r.informer.health().is_healthy()
+    })
+    .await;
+    println!("dead proxy noticed in {noticed:?}");
+}
