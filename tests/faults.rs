@@ -13,8 +13,8 @@ use etcd_client::{Client, GetOptions, Permission};
 use etcd_informer::listwatch::{BoxFuture, ListResult, Result as LwResult};
 use etcd_informer::testing::etcd::{EtcdServer, ServerOptions};
 use etcd_informer::{
-    connect, connect_options, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions,
-    ListerWatcher, SharedIndexInformer, TextCodec, WatchStream,
+    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, ListerWatcher,
+    SharedIndexInformer, TextCodec, WatchStream,
 };
 use tokio::net::{TcpListener, TcpStream};
 
