@@ -197,6 +197,8 @@ struct Cuttable {
     addr: SocketAddr,
     open: Arc<AtomicBool>,
     generation: Arc<AtomicUsize>,
+    /// Connections attempted while cut.
+    refused: Arc<AtomicUsize>,
 }
 
 impl Cuttable {
@@ -205,11 +207,13 @@ impl Cuttable {
         let addr = listener.local_addr().unwrap();
         let open = Arc::new(AtomicBool::new(true));
         let generation = Arc::new(AtomicUsize::new(0));
-        let (o, g) = (open.clone(), generation.clone());
+        let refused = Arc::new(AtomicUsize::new(0));
+        let (o, g, n) = (open.clone(), generation.clone(), refused.clone());
         let target = target.trim_start_matches("http://").to_owned();
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if !o.load(Ordering::SeqCst) {
+                    n.fetch_add(1, Ordering::SeqCst);
                     continue; // dropped: refused
                 }
                 let (g, mine, target) = (g.clone(), g.load(Ordering::SeqCst), target.clone());
@@ -231,6 +235,7 @@ impl Cuttable {
             addr,
             open,
             generation,
+            refused,
         }
     }
 
@@ -455,4 +460,37 @@ async fn quiet_watch_through_the_grpc_proxy_stays_up_and_a_dead_proxy_is_noticed
     })
     .await;
     println!("dead proxy noticed in {noticed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_etcd_gets_a_few_connection_attempts_a_second_at_most() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let link = Cuttable::new(server.endpoint()).await;
+    let client = connect([link.addr.to_string()]).await.unwrap();
+    let r = start(&client, "/unreachable/");
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    link.cut();
+    let window = Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    let attempts = link.refused.load(Ordering::SeqCst);
+    let per_minute = attempts as f64 * 60.0 / window.as_secs_f64();
+    println!("{attempts} connection attempts in {window:?} while unreachable: {per_minute:.0}/min");
+    // About one watch attempt a second (the reconnect cap), each one or two TCP connects.
+    assert!(
+        attempts <= 30,
+        "{attempts} attempts in {window:?}: a retry storm"
+    );
+    assert!(attempts >= 3, "it keeps trying ({attempts} attempts)");
+    let health = r.informer.health();
+    assert!(!health.is_healthy(), "{health:?}");
+    link.reopen();
+    client
+        .kv_client()
+        .put("/unreachable/a", "1", None)
+        .await
+        .unwrap();
+    converged(&r, &client, "/unreachable/", Duration::from_secs(5)).await;
 }
