@@ -126,7 +126,8 @@ impl Backoff {
 pub struct ReflectorOptions {
     /// A name for logs and spans (the prefix, for the etcd source).
     pub name: String,
-    /// How often to ask whether to resync; zero disables resync.
+    /// How often to ask whether to resync; zero disables resync; longer than
+    /// [`MAX_RESYNC_PERIOD`](crate::informer::MAX_RESYNC_PERIOD) is that.
     pub resync_period: Duration,
     /// Asked on each resync tick; resync happens only when it says yes (always when `None`).
     pub should_resync: Option<ShouldResync>,
@@ -325,7 +326,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         let mut reconnect = self.options.reconnect.clone();
         // One resync schedule for the reflector's life, so frequent re-watches do not keep
         // pushing the next resync away.
-        let period = self.options.resync_period;
+        // Clamped so that a period of years cannot overflow the clock.
+        let period = self
+            .options
+            .resync_period
+            .min(crate::informer::MAX_RESYNC_PERIOD);
         let mut resync = (!period.is_zero()).then(|| {
             let mut interval = tokio::time::interval_at(Instant::now() + period, period);
             // After a long list or backoff, one late resync, not a burst of them (the burst's

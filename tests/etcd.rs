@@ -690,3 +690,66 @@ async fn pages_too_large_for_a_message_are_split() {
         "one list, split into pages, no failure"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_out_of_range_are_refused_naming_the_option() {
+    let client = shared_client().await;
+    for (options, name) in [
+        (
+            EtcdOptions {
+                max_message_bytes: 0,
+                ..Default::default()
+            },
+            "max_message_bytes",
+        ),
+        (
+            EtcdOptions {
+                page_timeout: Duration::ZERO,
+                ..Default::default()
+            },
+            "page_timeout",
+        ),
+        (
+            EtcdOptions {
+                page_size: 0,
+                ..Default::default()
+            },
+            "page_size",
+        ),
+    ] {
+        let error = EtcdListerWatcher::with_options(client.clone(), "/x/", TextCodec, options)
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&error, ConfigError::Option { name: n, .. } if *n == name),
+            "{error}"
+        );
+        assert!(error.to_string().contains(name), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_keyspace_can_be_watched_with_an_empty_raw_prefix() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = server.client().await;
+    client.kv_client().put("a", "1", None).await.unwrap();
+    client.kv_client().put("/deep/b", "2", None).await.unwrap();
+    let etcd = EtcdOptions {
+        raw_prefix: true,
+        ..quick_etcd_options()
+    };
+    let r = start(&client, "", etcd, Duration::from_millis(50));
+    synced(&r).await;
+    client.kv_client().put("zz", "3", None).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cache_state(&r.informer).len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            cache_state(&r.informer)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let keys: Vec<String> = cache_state(&r.informer).into_keys().collect();
+    assert_eq!(keys, ["/deep/b", "a", "zz"]);
+}

@@ -13,7 +13,8 @@ pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandl
 pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
     ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerHealth,
-    InformerOptions, Processing, SharedIndexInformer, TransformFn, MIN_RESYNC_PERIOD,
+    InformerOptions, Processing, SharedIndexInformer, TransformFn, MAX_RESYNC_PERIOD,
+    MIN_RESYNC_PERIOD,
 };
 
 use crate::listwatch::ListerWatcher;

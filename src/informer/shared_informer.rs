@@ -33,6 +33,10 @@ pub type TransformFn<T> = Arc<dyn Fn(Object<T>) -> Object<T> + Send + Sync>;
 /// The shortest resync period honoured (client-go's `minimumResyncPeriod`).
 pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 
+/// The longest resync period honoured: longer ones (up to `Duration::MAX`) mean "once a year",
+/// instead of overflowing the clock.
+pub const MAX_RESYNC_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// How an informer moves changes from the watch into its cache.
 ///
 /// | | [`Atomic`](Processing::Atomic) (default) | [`DeltaFifo`](Processing::DeltaFifo) |
@@ -379,7 +383,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     /// Registers a handler that receives a resync every `resync_period` (zero: never; at least
-    /// [`MIN_RESYNC_PERIOD`]). Once the informer runs, a period shorter than its resync check
+    /// [`MIN_RESYNC_PERIOD`], at most [`MAX_RESYNC_PERIOD`]). Once the informer runs, a period shorter than its resync check
     /// period is raised to it.
     ///
     /// If the cache holds objects already, the handler first receives an add for each (with
@@ -950,7 +954,7 @@ fn clamp_resync(period: Duration) -> Duration {
     if period.is_zero() {
         period
     } else {
-        period.max(MIN_RESYNC_PERIOD)
+        period.clamp(MIN_RESYNC_PERIOD, MAX_RESYNC_PERIOD)
     }
 }
 

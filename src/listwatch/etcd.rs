@@ -78,6 +78,10 @@ struct Identity {
     raft_term: u64,
 }
 
+/// The smallest accepted [`EtcdOptions::max_message_bytes`]: above etcd's default request limit
+/// of 1.5 MiB, so that one value always fits in a page.
+const MIN_MESSAGE_BYTES: usize = 2 << 20;
+
 /// Options of an [`EtcdListerWatcher`].
 #[derive(Clone)]
 pub struct EtcdOptions {
@@ -87,15 +91,16 @@ pub struct EtcdOptions {
     /// prefixes to one request and 1M-key prefixes to ten, while one page of small values stays
     /// far below the raised message limit. Lower it for values of many kilobytes.
     pub page_size: i64,
-    /// The largest gRPC message accepted from etcd (default [`MAX_DECODING_MESSAGE_SIZE`]); a
-    /// list page larger than this is retried in smaller pages.
+    /// The largest gRPC message accepted from etcd (default [`MAX_DECODING_MESSAGE_SIZE`], at
+    /// least 2 MiB); a list page larger than this is retried in smaller pages.
     pub max_message_bytes: usize,
-    /// Give up on one page after this long.
+    /// Give up on one page after this long (at least 100 ms; default 60 s).
     pub page_timeout: Duration,
     /// Ask etcd for the previous value of each changed key. Not needed (the cache holds the last
     /// value of every key), and it cut etcd 3.4's write throughput 5-13x in our measurements.
     pub prev_kv: bool,
-    /// Accept a prefix that does not end with `/` (then `/a` also matches `/ab`).
+    /// Accept a prefix that does not end with `/` (then `/a` also matches `/ab`); the empty
+    /// prefix then watches the whole keyspace.
     pub raw_prefix: bool,
     /// How often an idle watch asks etcd for a progress notification, to prove it is alive.
     pub progress_interval: Duration,
@@ -248,6 +253,18 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 why: "must be at least 1",
             });
         }
+        if options.max_message_bytes < MIN_MESSAGE_BYTES {
+            return Err(ConfigError::Option {
+                name: "max_message_bytes",
+                why: "must be at least 2 MiB (2,097,152): etcd accepts values of 1.5 MiB",
+            });
+        }
+        if options.page_timeout < Duration::from_millis(100) {
+            return Err(ConfigError::Option {
+                name: "page_timeout",
+                why: "must be at least 100 ms",
+            });
+        }
         if options.watch_buffer < 1 {
             return Err(ConfigError::Option {
                 name: "watch_buffer",
@@ -300,7 +317,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             .kv_client()
             .max_decoding_message_size(self.options.max_message_bytes);
         let mut revision = 0i64;
-        let mut start = self.prefix.to_vec();
+        let mut start = self.first_key();
         let mut decoding = Vec::new();
         let mut pages = 0;
         let mut page_size = self.options.page_size;
@@ -429,8 +446,18 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         reason
     }
 
+    /// The first key of the range: the prefix, or `\0` for the whole keyspace (etcd rejects an
+    /// empty key; `\0` with the range end `\0` means every key).
+    fn first_key(&self) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            vec![0]
+        } else {
+            self.prefix.to_vec()
+        }
+    }
+
     fn range(&self) -> (Vec<u8>, Vec<u8>) {
-        (self.prefix.to_vec(), self.range_end.clone())
+        (self.first_key(), self.range_end.clone())
     }
 
     /// Whether this etcd's progress revisions can advance the watch; asked once (a failed
@@ -472,7 +499,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 .max_decoding_message_size(self.options.max_message_bytes);
             let stream = tokio::time::timeout(
                 self.options.idle_timeout,
-                client.watch(self.prefix.to_vec(), Some(options)),
+                client.watch(self.first_key(), Some(options)),
             )
             .await
             .map_err(|_| {
@@ -489,7 +516,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             let (tx, rx) = mpsc::channel(self.options.watch_buffer);
             let task = WatchTask {
                 client: self.client.clone(),
-                range: (self.prefix.to_vec(), self.range_end.clone()),
+                range: self.range(),
                 decoder: self.decoder(),
                 undecodable: self.undecodable.clone(),
                 identity: self.identity.clone(),
@@ -535,9 +562,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             }
             let resp = tokio::time::timeout(
                 self.options.page_timeout,
-                self.client
-                    .kv_client()
-                    .get(self.prefix.to_vec(), Some(options)),
+                self.client.kv_client().get(self.first_key(), Some(options)),
             )
             .await
             .map_err(|_| {

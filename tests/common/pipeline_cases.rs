@@ -1026,3 +1026,22 @@ async fn panicking_index_function_is_recorded_and_later_changes_flow() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn resync_periods_of_any_length_are_accepted() {
+    let source = FakeSource::new();
+    source.put("tmp/a", "1".to_string());
+    let options = InformerOptions {
+        resync_period: Duration::MAX,
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    let log = Log::default();
+    let registration = informer
+        .add_event_handler_with_resync(recorder(&log), Duration::MAX)
+        .unwrap();
+    eventually("synced", || registration.has_synced()).await;
+    source.put("tmp/a", "2".to_string());
+    eventually("changes flow", || snapshot(&log).len() == 2).await;
+    assert!(informer.health().is_healthy());
+}
