@@ -104,3 +104,9 @@ pub use listwatch::{Freshness, ListResult, ListWatch, ListerWatcher, WatchEvent,
 pub use object::{split_key, Object};
 pub use reflector::{Backoff, Health, Queue, Reflector, ReflectorOptions};
 pub use store::{Indexer, Indexers, Store, NAMESPACE_INDEX};
+
+/// The README's Rust example, compiled as a doctest so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
