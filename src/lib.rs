@@ -109,4 +109,3 @@ pub use store::{Indexer, Indexers, Store, NAMESPACE_INDEX};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-

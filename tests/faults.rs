@@ -494,3 +494,36 @@ async fn unreachable_etcd_gets_a_few_connection_attempts_a_second_at_most() {
         .unwrap();
     converged(&r, &client, "/unreachable/", Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_whose_backend_is_gone_is_noticed_and_recovers() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let _proxy_guard = GrpcProxy::start(&server.endpoint()).await;
+    let client = connect([_proxy_guard.endpoint.clone()]).await.unwrap();
+    client
+        .kv_client()
+        .put("/backend/a", "1", None)
+        .await
+        .unwrap();
+    let r = start(&client, "/backend/");
+    eventually("synced through the proxy", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    server.stop().await.unwrap();
+    let noticed = eventually(
+        "a proxy without its backend is noticed",
+        Duration::from_secs(5),
+        || !r.informer.health().is_healthy(),
+    )
+    .await;
+    println!("backend loss behind the proxy noticed in {noticed:?}");
+    server.start_again().await.unwrap();
+    client
+        .kv_client()
+        .put("/backend/b", "2", None)
+        .await
+        .unwrap();
+    let took = converged(&r, &client, "/backend/", Duration::from_secs(20)).await;
+    println!("caught up {took:?} after the backend returned (through the proxy)");
+}
