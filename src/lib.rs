@@ -61,6 +61,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod connect;
 pub mod delta_fifo;
 pub mod informer;
 pub mod leader_election;
@@ -90,6 +91,7 @@ pub use codec::JsonCodec;
 #[cfg(feature = "protobuf")]
 pub use codec::ProstCodec;
 pub use codec::{Codec, DecodeError, RawCodec, TextCodec};
+pub use connect::{ConnectConfig, ConnectError};
 pub use delta_fifo::{Delta, DeltaFifo, DeltaType};
 pub use informer::{
     ConsistencyError, Controller, ControllerConfig, DeletedObject, Event, EventStream,

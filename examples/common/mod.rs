@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use etcd_informer::testing::etcd::EtcdServer;
+use etcd_informer::ConnectConfig;
 
 /// A ConfigMap-like object, stored as JSON under `/registry/configmaps/<namespace>/<name>`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -40,8 +41,8 @@ pub fn prefix() -> String {
     arg("prefix", DEFAULT_PREFIX)
 }
 
-/// An etcd to talk to: `ETCD_ENDPOINTS` if set (exits non-zero within seconds, naming it, if it
-/// does not answer); else 127.0.0.1:2379 if it answers; else a throwaway etcd started here, if
+/// An etcd to talk to: `ETCD_ENDPOINTS` if set, with etcdctl's TLS and user variables (exits
+/// non-zero within seconds, naming it, if it does not answer); else 127.0.0.1:2379 if it answers; else a throwaway etcd started here, if
 /// the binary exists. Keep the returned server alive as long as the example runs.
 pub async fn etcd() -> (Client, Option<EtcdServer>) {
     // Library warnings (undecodable values, retries) go to stderr; RUST_LOG=debug shows more.
@@ -51,18 +52,22 @@ pub async fn etcd() -> (Client, Option<EtcdServer>) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    if let Ok(list) = std::env::var("ETCD_ENDPOINTS") {
-        let endpoints: Vec<String> = list
-            .split(',')
-            .map(|e| e.trim().to_owned())
-            .filter(|e| !e.is_empty())
-            .collect();
-        match try_connect(&endpoints, Duration::from_secs(5)).await {
-            Ok(client) => return (client, None),
-            Err(e) => {
+    if std::env::var_os("ETCD_ENDPOINTS").is_some() {
+        // ETCD_ENDPOINTS with etcdctl's ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER.
+        let config = ConnectConfig::from_env().unwrap_or_else(|e| {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        });
+        match tokio::time::timeout(Duration::from_secs(5), config.connect()).await {
+            Ok(Ok(client)) => return (client, None),
+            Ok(Err(e)) => {
+                eprintln!("error: {e} (ETCD_ENDPOINTS)");
+                std::process::exit(2);
+            }
+            Err(_) => {
                 eprintln!(
-                    "error: cannot reach etcd at {} (ETCD_ENDPOINTS): {e}",
-                    endpoints.join(",")
+                    "error: cannot reach etcd at {} (ETCD_ENDPOINTS): no answer within 5s",
+                    config.endpoints().join(",")
                 );
                 std::process::exit(2);
             }
