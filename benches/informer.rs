@@ -198,7 +198,9 @@ fn parse_args() -> Args {
                 a.processing = match value().as_str() {
                     "atomic" => Processing::Atomic,
                     "delta-fifo" => Processing::DeltaFifo,
-                    other => fail(format!("--processing {other:?}: expected atomic or delta-fifo")),
+                    other => fail(format!(
+                        "--processing {other:?}: expected atomic or delta-fifo"
+                    )),
                 }
             }
             "--child" => a.child = Some(value()),
