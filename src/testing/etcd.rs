@@ -2,7 +2,8 @@
 //!
 //! * [`EtcdServer`]: one etcd process on free loopback ports with a private temporary data
 //!   directory, which can be stopped, restarted, wiped, killed, paused and resumed.
-//! * [`EtcdCluster`]: `n` such members forming one static cluster.
+//! * [`EtcdCluster`]: `n` such members forming one static cluster, whose members can be
+//!   killed, restarted, paused and resumed one by one, or wiped all together.
 //! * [`test_etcd`]: the etcd shared by all tests of one test binary (or the cluster named by
 //!   `ETCD_ENDPOINTS`), plus [`unique_prefix`] to keep tests sharing it apart.
 //!
@@ -640,6 +641,17 @@ impl EtcdMember {
         }
     }
 
+    /// Deletes the data directory (the process must not be running).
+    fn remove_data(&self) -> Result<(), HarnessError> {
+        match std::fs::remove_dir_all(&self.data_dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(HarnessError::io(
+                format!("removing {}", self.data_dir.display()),
+                e,
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Starts the process (it must not be running).
     fn spawn(&self) -> Result<(), HarnessError> {
         let mut state = lock(&self.state);
@@ -938,15 +950,7 @@ impl EtcdServer {
     /// gone and the revision starts over.
     pub async fn wipe(&self) -> Result<(), HarnessError> {
         self.stop().await?;
-        match std::fs::remove_dir_all(self.data_dir()) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(HarnessError::io(
-                    format!("removing {}", self.data_dir().display()),
-                    e,
-                ))
-            }
-            _ => {}
-        }
+        self.member.remove_data()?;
         self.start_again().await
     }
 
@@ -1077,6 +1081,38 @@ impl EtcdCluster {
             .count();
         let quorum = others + 1 > self.members.len() / 2;
         member.start_on_same_ports(quorum).await
+    }
+
+    /// Wipes the whole cluster: kills every member, deletes all their data and starts them
+    /// again as a fresh cluster on the same ports, with the same member names and cluster token
+    /// (so the same cluster and member ids). Every key is gone and the revision starts over, as
+    /// after restoring an empty backup; clients keep their endpoints. Waits until every member
+    /// answers, a leader exists and reads are served (up to 30 s).
+    pub async fn wipe(&self) -> Result<(), HarnessError> {
+        let mut attempt = 1;
+        loop {
+            // The data is thrown away, so there is nothing to stop gracefully.
+            self.members.iter().for_each(EtcdMember::kill);
+            for member in &self.members {
+                member.remove_data()?;
+            }
+            let started = match self.members.iter().try_for_each(EtcdMember::spawn) {
+                Ok(()) => wait_ready(&self.members, true).await,
+                Err(e) => Err(e),
+            };
+            match started {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_addr_in_use() && attempt < RESTART_ATTEMPTS => {
+                    tracing::debug!(attempt, "port taken; retrying the cluster wipe");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => {
+                    self.members.iter().for_each(EtcdMember::kill);
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// Freezes member `i` with SIGSTOP.
