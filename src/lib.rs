@@ -83,14 +83,14 @@ pub use codec::JsonCodec;
 pub use codec::ProstCodec;
 pub use codec::{Codec, DecodeError, RawCodec, TextCodec};
 pub use delta_fifo::{Delta, DeltaFifo, DeltaType};
-pub use real_fifo::{Batch, RealFifo};
 pub use informer::{
-    ConsistencyError, Processing, Controller, ControllerConfig, DeletedObject, Event, EventStream, HandlerRegistration, Informer,
-    InformerError, InformerOptions, ResourceEventHandler, ResourceEventHandlerFuncs,
-    SharedIndexInformer, SharedInformerFactory,
+    ConsistencyError, Controller, ControllerConfig, DeletedObject, Event, EventStream,
+    HandlerRegistration, Informer, InformerError, InformerOptions, Processing,
+    ResourceEventHandler, ResourceEventHandlerFuncs, SharedIndexInformer, SharedInformerFactory,
 };
 pub use lister::Lister;
 pub use listwatch::etcd::{connect, connect_options, EtcdListerWatcher, EtcdOptions};
+pub use real_fifo::{Batch, RealFifo};
 
 pub use listwatch::{Freshness, ListResult, ListWatch, ListerWatcher, WatchEvent, WatchStream};
 pub use object::{split_key, Object};

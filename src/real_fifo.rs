@@ -16,6 +16,9 @@ use crate::reflector::Queue;
 use crate::store::Store;
 use crate::Object;
 
+/// Newest queued, unpopped state by key: (revision of the change, state; `None` = deleted).
+type Pending<T> = HashMap<Arc<str>, (i64, Option<Arc<Object<T>>>)>;
+
 /// A relist's content, keyed as the cache keys it.
 pub type ObjectMap<T> = HashMap<Arc<str>, Arc<Object<T>>>;
 
@@ -94,7 +97,7 @@ struct Inner<T> {
     /// The revision being filled, not yet committed.
     open: Option<(i64, Vec<Delta<T>>)>,
     /// Newest queued, unpopped state by key: (revision of the change, state; `None` = deleted).
-    pending: HashMap<Arc<str>, (i64, Option<Arc<Object<T>>>)>,
+    pending: Pending<T>,
     /// The newest queued relist until it is popped.
     replace: Option<Arc<ObjectMap<T>>>,
     resync_queued: bool,
@@ -196,7 +199,11 @@ impl<T> RealFifo<T> {
                             }
                         }
                         Batch::Replace { items, .. } => {
-                            if inner.replace.as_ref().is_some_and(|r| Arc::ptr_eq(r, items)) {
+                            if inner
+                                .replace
+                                .as_ref()
+                                .is_some_and(|r| Arc::ptr_eq(r, items))
+                            {
                                 inner.replace = None;
                             }
                         }
@@ -260,10 +267,9 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
             }
         }
         let revision = obj.mod_revision;
-        inner.pending.insert(
-            obj.shared_key().clone(),
-            (revision, Some(obj.clone())),
-        );
+        inner
+            .pending
+            .insert(obj.shared_key().clone(), (revision, Some(obj.clone())));
         let committed = Self::push(&mut inner, revision, Delta::new(kind, obj));
         drop(inner);
         if committed {
@@ -286,11 +292,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
         inner
             .pending
             .insert(object.shared_key().clone(), (revision, None));
-        let committed = Self::push(
-            &mut inner,
-            revision,
-            Delta::new(DeltaType::Deleted, object),
-        );
+        let committed = Self::push(&mut inner, revision, Delta::new(DeltaType::Deleted, object));
         drop(inner);
         if committed {
             self.notify.notify_waiters();
@@ -372,7 +374,10 @@ mod tests {
     async fn one_revision_is_one_batch_and_only_once_committed() {
         let (f, _ix) = fifo();
         f.replace(vec![], 1, false);
-        assert!(matches!(pop(&f).await, Batch::Replace { initial: true, .. }));
+        assert!(matches!(
+            pop(&f).await,
+            Batch::Replace { initial: true, .. }
+        ));
         f.add_if_newer(DeltaType::Added, obj("a", 5));
         f.add_if_newer(DeltaType::Added, obj("b", 5));
         assert!(f.is_empty(), "revision 5 is not committed yet");

@@ -338,7 +338,8 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // A revision is complete once the stream has nothing more ready: sources yield a
             // revision's events together (etcd never splits a transaction across responses).
             ready = ready_now(&mut stream);
-            let more_of_this_revision = matches!(&ready, Some(Some(e)) if e.revision() == Some(*revision));
+            let more_of_this_revision =
+                matches!(&ready, Some(Some(e)) if e.revision() == Some(*revision));
             if !more_of_this_revision {
                 self.fifo.commit(*revision);
             }

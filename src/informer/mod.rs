@@ -13,8 +13,7 @@ pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandl
 pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
     ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerOptions, Processing,
-    SharedIndexInformer,
-    TransformFn, MIN_RESYNC_PERIOD,
+    SharedIndexInformer, TransformFn, MIN_RESYNC_PERIOD, REMOVE_PATIENCE,
 };
 
 use crate::listwatch::ListerWatcher;
