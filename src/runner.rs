@@ -143,8 +143,8 @@ impl Runner {
                     .push(Box::new(move || registration.has_synced()));
             }
             Err(e) => {
-                // Only a failure to start a thread gets here; the runner would never sync, so
-                // say so loudly and let `run` wait visibly.
+                // A thread that cannot start, or an informer that has stopped: the runner
+                // would never sync, so say so loudly and let `run` wait visibly.
                 tracing::error!(runner = %self.name, error = %e, "cannot watch informer");
                 self.synced.push(Box::new(|| false));
             }

@@ -14,7 +14,7 @@ pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
     ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerHealth,
     InformerOptions, Processing, SharedIndexInformer, TransformFn, MAX_RESYNC_PERIOD,
-    MIN_RESYNC_PERIOD,
+    MIN_RESYNC_PERIOD, REMOVE_PATIENCE,
 };
 
 use crate::listwatch::ListerWatcher;

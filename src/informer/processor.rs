@@ -3,7 +3,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -15,8 +16,11 @@ const SHRINK_ABOVE: usize = 1024;
 
 /// One registered handler: a buffer of events drained by a dedicated thread.
 ///
-/// Invariant: `initial_pending` counts the initial adds queued for this handler and not yet
+/// Invariants: `initial_pending` counts the initial adds queued for this handler and not yet
 /// returned from; the handler is synced once its informer is and this is zero.
+/// `Buffer::dispatching` is true exactly while the thread has taken a notification and not yet
+/// come back for the next one: once it is false with `stopped` set, the handler is never called
+/// again.
 pub(crate) struct Listener<T> {
     pub(crate) id: u64,
     pub(crate) name: String,
@@ -24,6 +28,10 @@ pub(crate) struct Listener<T> {
     next_resync: Mutex<Instant>,
     buf: Mutex<Buffer<T>>,
     ready: Condvar,
+    /// Signalled when the thread finishes a notification while someone waits for that.
+    idle: Condvar,
+    /// The handler's thread, so that a wait for it is never made from that thread itself.
+    thread: OnceLock<ThreadId>,
     initial_pending: AtomicUsize,
     delivered: AtomicU64,
     panics: AtomicU64,
@@ -39,6 +47,10 @@ struct Buffer<T> {
     stopped: bool,
     /// Deliver what is queued, then end the thread.
     closing: bool,
+    /// The thread is handling a notification.
+    dispatching: bool,
+    /// Callers of `stop_thread_and_wait` waiting for the notification in progress.
+    waiters: usize,
 }
 
 impl<T: Send + Sync + 'static> Listener<T> {
@@ -61,45 +73,53 @@ impl<T: Send + Sync + 'static> Listener<T> {
                 compact_at: max_backlog.unwrap_or(usize::MAX),
                 stopped: false,
                 closing: false,
+                dispatching: false,
+                waiters: 0,
             }),
             ready: Condvar::new(),
+            idle: Condvar::new(),
+            thread: OnceLock::new(),
             initial_pending: AtomicUsize::new(0),
             delivered: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             max_backlog,
         });
         let this = listener.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("handler-{}", listener.name))
             .spawn(move || this.run(handler))?;
+        let _ = listener.thread.set(thread.thread().id());
         Ok(listener)
     }
 
     fn run(&self, handler: Arc<dyn ResourceEventHandler<T>>) {
+        let _ = self.thread.set(std::thread::current().id());
         let span = tracing::info_span!("handler", name = %self.name);
         let _enter = span.enter();
+        let mut buf = self.lock();
         loop {
-            let event = {
-                let mut buf = self.lock();
-                loop {
-                    if buf.stopped {
-                        return;
-                    }
-                    if let Some(e) = buf.queue.pop_front() {
-                        if buf.queue.is_empty() && buf.queue.capacity() > SHRINK_ABOVE {
-                            // The initial list fills every backlog; do not keep that memory.
-                            buf.queue.shrink_to_fit();
-                        }
-                        break e;
-                    }
-                    if buf.closing {
-                        return;
-                    }
-                    buf.waiting = true;
-                    buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
-                    buf.waiting = false;
+            // Back for the next notification: the previous one, if any, is done.
+            if std::mem::take(&mut buf.dispatching) && buf.waiters > 0 {
+                self.idle.notify_all();
+            }
+            if buf.stopped {
+                return;
+            }
+            let Some(event) = buf.queue.pop_front() else {
+                if buf.closing {
+                    return;
                 }
+                buf.waiting = true;
+                buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
+                buf.waiting = false;
+                continue;
             };
+            if buf.queue.is_empty() && buf.queue.capacity() > SHRINK_ABOVE {
+                // The initial list fills every backlog; do not keep that memory.
+                buf.queue.shrink_to_fit();
+            }
+            buf.dispatching = true;
+            drop(buf);
             let initial = matches!(
                 event,
                 Event::Added {
@@ -118,6 +138,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
             if initial {
                 self.initial_pending.fetch_sub(1, Ordering::AcqRel);
             }
+            buf = self.lock();
         }
     }
 }
@@ -174,6 +195,43 @@ impl<T> Listener<T> {
         buf.queue.clear();
         drop(buf);
         self.ready.notify_all();
+    }
+
+    /// [`stop_thread`](Self::stop_thread), then waits until the handler can no longer be
+    /// called: until it returns from the notification in progress, if any, for at most
+    /// `patience`. Called from the handler's own thread it does not wait (the notification in
+    /// progress is the caller's own, and the thread stops once it returns). Returns whether
+    /// the handler is known to be idle.
+    pub(crate) fn stop_thread_and_wait(&self, patience: Duration) -> bool {
+        self.stop_thread();
+        if self.thread.get() == Some(&std::thread::current().id()) {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + patience;
+        let mut buf = self.lock();
+        buf.waiters += 1;
+        while buf.dispatching {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            buf = self
+                .idle
+                .wait_timeout(buf, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        buf.waiters -= 1;
+        let idle = !buf.dispatching;
+        drop(buf);
+        if !idle {
+            tracing::warn!(
+                handler = %self.name,
+                waited = ?patience,
+                "handler removed while still handling a notification"
+            );
+        }
+        idle
     }
 
     pub(crate) fn initial_delivered(&self) -> bool {
@@ -270,6 +328,36 @@ mod tests {
 
     fn o(key: &str, rev: i64) -> Arc<crate::Object<i64>> {
         Arc::new(Object::new(key, rev, rev))
+    }
+
+    #[test]
+    fn stopping_waits_for_the_notification_in_progress_within_patience() {
+        use crate::ResourceEventHandlerFuncs;
+        use std::sync::atomic::AtomicBool;
+        let release = Arc::new(AtomicBool::new(false));
+        let entered = Arc::new(AtomicBool::new(false));
+        let (r, e) = (release.clone(), entered.clone());
+        let handler = ResourceEventHandlerFuncs::<i64>::new().on_add(move |_, _| {
+            e.store(true, Ordering::SeqCst);
+            while !r.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let listener = Listener::spawn(0, "t".into(), Arc::new(handler), Duration::ZERO, None)
+            .expect("thread");
+        listener.push(Event::Added {
+            object: o("a", 1),
+            is_in_initial_list: false,
+        });
+        while !entered.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Stuck past the patience: gives up, reporting the handler busy.
+        assert!(!listener.stop_thread_and_wait(Duration::from_millis(20)));
+        release.store(true, Ordering::SeqCst);
+        // Once it returned, the wait succeeds.
+        assert!(listener.stop_thread_and_wait(Duration::from_secs(10)));
+        assert_eq!(listener.delivered(), 1);
     }
 
     #[test]

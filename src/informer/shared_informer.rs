@@ -37,6 +37,10 @@ pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 /// instead of overflowing the clock.
 pub const MAX_RESYNC_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// How long [`SharedIndexInformer::remove_event_handler`] waits at most for the handler to
+/// return from a notification in progress.
+pub const REMOVE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How an informer moves changes from the watch into its cache.
 ///
 /// | | [`Atomic`](Processing::Atomic) (default) | [`DeltaFifo`](Processing::DeltaFifo) |
@@ -284,6 +288,13 @@ pub enum InformerError {
         /// Why.
         source: std::io::Error,
     },
+    /// The informer has stopped ([`run`](SharedIndexInformer::run) has ended): a handler
+    /// added now would never hear of a change (client-go refuses it too).
+    #[error("handler not added to informer {informer}: it has stopped already")]
+    Stopped {
+        /// The informer's name.
+        informer: String,
+    },
     /// An index operation failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -325,6 +336,13 @@ impl<T: Send + Sync + 'static> HandlerRegistration<T> {
     /// Notifications whose handling panicked.
     pub fn panics(&self) -> u64 {
         self.listener.panics()
+    }
+
+    /// The handler's resync period as in effect (zero: never): the one asked for, raised to
+    /// [`MIN_RESYNC_PERIOD`], and, for a handler added once the informer ran, to its resync
+    /// check period.
+    pub fn resync_period(&self) -> Duration {
+        self.listener.resync_period
     }
 }
 
@@ -387,12 +405,16 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// period is raised to it.
     ///
     /// If the cache holds objects already, the handler first receives an add for each (with
-    /// `is_in_initial_list` true), then the changes after them.
+    /// `is_in_initial_list` true), then the changes after them. Fails with
+    /// [`InformerError::Stopped`] once the informer has stopped.
     pub fn add_event_handler_with_resync(
         &self,
         handler: impl ResourceEventHandler<T>,
         resync_period: Duration,
     ) -> Result<HandlerRegistration<T>, InformerError> {
+        if self.is_stopped() {
+            return Err(self.stopped_error());
+        }
         let mut period = clamp_resync(resync_period);
         {
             let mut check = self
@@ -435,6 +457,13 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         // Holding the processor while listing the cache: no change can be applied between the
         // snapshot and the registration, so there is no gap and no duplicate.
         let mut processor = self.processor();
+        // Under the processor lock: `run` ending sets `stopped` before it takes the lock to
+        // close the handlers, so a handler registered here is either closed by it or refused.
+        if self.is_stopped() {
+            drop(processor);
+            listener.stop_thread();
+            return Err(self.stopped_error());
+        }
         for object in self.shared.indexer.list() {
             listener.push(Event::Added {
                 object,
@@ -442,22 +471,42 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             });
         }
         processor.listeners.push(listener.clone());
-        if self.shared.stopped.load(Ordering::Acquire) {
-            listener.close();
-        }
         Ok(HandlerRegistration {
             listener,
             informer: Arc::downgrade(&self.shared),
         })
     }
 
-    /// Unregisters a handler; its pending notifications are dropped.
-    pub fn remove_event_handler(&self, registration: &HandlerRegistration<T>) {
+    fn stopped_error(&self) -> InformerError {
+        InformerError::Stopped {
+            informer: self.shared.name.clone(),
+        }
+    }
+
+    /// Unregisters a handler; its pending notifications are dropped. Returns once the handler
+    /// can no longer be called: if it is handling a notification, when it returns from it (for
+    /// at most [`REMOVE_PATIENCE`]; a handler stuck longer is logged and left to finish on its
+    /// own). Called from within the handler itself, it returns at once and the handler is not
+    /// called again after the notification in progress.
+    ///
+    /// Returns whether the handler was registered with this informer: a registration of
+    /// another informer, or one removed already, is left alone (client-go's no-op).
+    pub fn remove_event_handler(&self, registration: &HandlerRegistration<T>) -> bool {
+        if !std::ptr::eq(registration.informer.as_ptr(), Arc::as_ptr(&self.shared)) {
+            return false;
+        }
         let mut processor = self.processor();
+        let before = processor.listeners.len();
         processor
             .listeners
-            .retain(|l| l.id != registration.listener.id);
-        registration.listener.stop_thread();
+            .retain(|l| !Arc::ptr_eq(l, &registration.listener));
+        let removed = processor.listeners.len() < before;
+        // Not under the processor lock: the handler may be calling into the informer.
+        drop(processor);
+        if removed {
+            registration.listener.stop_thread_and_wait(REMOVE_PATIENCE);
+        }
+        removed
     }
 
     /// The changes as a stream of [`Event`]s, starting with an add for every cached object.
@@ -838,6 +887,12 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Whether [`run`](Self::run) has been called.
     pub fn has_started(&self) -> bool {
         self.shared.started.load(Ordering::Acquire)
+    }
+
+    /// Whether [`run`](Self::run) has ended (client-go's `IsStopped`): handlers can no longer
+    /// be added.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.stopped.load(Ordering::Acquire)
     }
 
     /// The informer's name.
