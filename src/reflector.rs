@@ -310,6 +310,8 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
     /// over with a fresh list, so the cache never silently stops changing.
     pub async fn run(mut self) {
         let span = tracing::info_span!("reflector", name = %self.options.name);
+        // Restarts that come close together back off like relists.
+        let mut restarts = self.options.backoff.clone();
         loop {
             let attempt = CatchUnwind(Box::pin(self.run_inner()));
             let Err(panic) = attempt.instrument(span.clone()).await;
@@ -318,7 +320,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             self.handle
                 .failed(format!("the reflector panicked: {message}"));
             self.handle.lock().restarts += 1;
-            tokio::time::sleep(self.options.backoff.clone().next_delay()).await;
+            tokio::time::sleep(restarts.next_delay()).await;
         }
     }
 
@@ -326,8 +328,8 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         let mut backoff = self.options.backoff.clone();
         let mut reconnect = self.options.reconnect.clone();
         // One resync schedule for the reflector's life, so frequent re-watches do not keep
-        // pushing the next resync away.
-        // Clamped so that a period of years cannot overflow the clock.
+        // pushing the next resync away; clamped so that a period of years cannot overflow the
+        // clock.
         let period = self
             .options
             .resync_period
