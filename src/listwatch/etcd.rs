@@ -1009,7 +1009,7 @@ fn is_message_too_large(e: &etcd_client::Error) -> bool {
 /// Sorts etcd's errors by what recovers from them, on their gRPC status code: a compacted
 /// revision (OutOfRange) needs a relist; an etcd that cannot be reached or cannot serve now
 /// (transport errors, Unavailable, which includes "no leader", DeadlineExceeded, Cancelled,
-/// Aborted) is retried as soon as it answers; anything else etcd answered is retried with the
+/// Aborted, and Unknown made from a broken connection) is retried as soon as it answers; anything else etcd answered is retried with the
 /// protective backoff.
 fn classify(e: etcd_client::Error, revision: i64) -> Error {
     use tonic::Code;
@@ -1021,6 +1021,11 @@ fn classify(e: etcd_client::Error, revision: i64) -> Error {
                 reason: message,
             },
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+                Error::Unavailable(message)
+            }
+            // A status made on our side from a broken connection (an h2 or I/O error) carries
+            // that error as its source; one etcd sent does not.
+            Code::Unknown if std::error::Error::source(status).is_some() => {
                 Error::Unavailable(message)
             }
             _ => Error::Transient(message),
