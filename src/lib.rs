@@ -65,6 +65,7 @@ pub mod delta_fifo;
 pub mod informer;
 pub mod leader_election;
 pub mod lister;
+pub mod metrics;
 pub mod listwatch;
 pub mod real_fifo;
 pub mod reflector;

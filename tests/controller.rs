@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use etcd_informer::client::{TypedClient, WriteError};
 use etcd_informer::leader_election::LeaderElector;
-use etcd_informer::runner::{Action, Runner};
+use etcd_informer::runner::{by_key, Action, Context, Runner};
 use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdCluster, EtcdServer};
 use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
 
@@ -340,18 +340,18 @@ async fn leader_cut_off_from_etcd_stops_its_workers_within_the_ttl() {
         LeaderElector::new(client.clone(), "/cut-election/", "a").with_ttl(Duration::from_secs(3));
     let reconciles = Arc::new(AtomicUsize::new(0));
     let r = reconciles.clone();
-    let runner = Runner::new("cut").watch(&informer);
+    let mut runner = Runner::new("cut").watch(&informer);
     let run = tokio::spawn(async move {
         runner
             .run_as_leader(
                 &elector,
-                move |_k| {
+                by_key(move |_k| {
                     let r = r.clone();
                     async move {
                         r.fetch_add(1, Ordering::SeqCst);
                         Ok::<_, String>(Action::RequeueAfter(Duration::from_millis(50)))
                     }
-                },
+                }),
                 std::future::pending::<()>(),
             )
             .await
