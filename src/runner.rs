@@ -537,7 +537,11 @@ impl Runner {
 }
 
 fn new_queue(name: &str, limiter: &Arc<dyn RateLimiter<String>>) -> WorkQueue<String> {
-    WorkQueue::with_config(WorkQueueConfig::new().name(name).rate_limiter(limiter.clone()))
+    WorkQueue::with_config(
+        WorkQueueConfig::new()
+            .name(name)
+            .rate_limiter(limiter.clone()),
+    )
 }
 
 fn erase<F, Fut, E>(reconcile: F) -> Reconciler

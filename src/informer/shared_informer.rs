@@ -15,10 +15,10 @@ use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::handler::{DeletedObject, Event, ResourceEventHandler};
 use super::processor::Listener;
 use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
-use crate::metrics::{EventKind, InformerMetrics};
 use crate::listwatch::{
     BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent, WatchStream,
 };
+use crate::metrics::{EventKind, InformerMetrics};
 use crate::real_fifo::{Batch, RealFifo};
 use crate::reflector::{
     Backoff, Health, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler,
