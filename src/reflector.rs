@@ -164,8 +164,8 @@ impl fmt::Debug for ReflectorOptions {
     }
 }
 
-/// Lists a [`ListerWatcher`], replaces the [`DeltaFifo`] with the list, then watches from the
-/// list's revision and queues every change (client-go's `Reflector`).
+/// Lists a [`ListerWatcher`], replaces the [`DeltaFifo`](crate::DeltaFifo) with the list, then
+/// watches from the list's revision and queues every change (client-go's `Reflector`).
 ///
 /// - On [`Error::Expired`] (compaction) it relists and replaces, which turns keys that vanished
 ///   meanwhile into tombstones.

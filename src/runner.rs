@@ -56,6 +56,9 @@ pub enum RunnerError {
 /// A cached object of some watched informer: an `Arc<Object<T>>`.
 type AnyObject = Arc<dyn Any + Send + Sync>;
 
+/// Looks a key up in one informer's cache.
+type Get = Box<dyn Fn(&str) -> Option<AnyObject> + Send + Sync>;
+
 /// Waits until one informer has applied a revision.
 type WaitFor =
     Box<dyn Fn(i64, Duration) -> BoxFuture<'static, Result<(), ConsistencyError>> + Send + Sync>;
@@ -73,7 +76,7 @@ struct Watched {
     register: Register,
     wait_for: WaitFor,
     /// The key's cached object.
-    get: Box<dyn Fn(&str) -> Option<AnyObject> + Send + Sync>,
+    get: Get,
     /// A `Lister<T>`.
     lister: Box<dyn Any + Send + Sync>,
 }
