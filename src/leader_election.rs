@@ -1,11 +1,15 @@
 //! Leader election over etcd's election API, with the lease kept alive in the background.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaderKey};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
+
+use crate::metrics::LeaderMetrics;
 
 /// Why leading failed or ended.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -103,14 +107,20 @@ impl LeaderElector {
             .map_err(self.error("lease grant"))?
             .id();
         let (lost_tx, lost) = watch::channel(None);
+        let state = Arc::new(LeaderState {
+            leading: AtomicBool::new(false),
+            metrics: LeaderMetrics::new(&self.election, &self.identity),
+        });
         let span = tracing::info_span!("leader_lease", election = %self.election, identity = %self.identity, lease);
         let mut guard = LeaseGuard {
             client: self.client.clone(),
             lease,
             keeper: tokio::spawn(
-                keep_alive(self.clone(), lease, granted_at, lost_tx).instrument(span),
+                keep_alive(self.clone(), lease, granted_at, lost_tx, state.clone())
+                    .instrument(span),
             ),
             revoke_on_drop: true,
+            state,
         };
         let campaign = self
             .client
@@ -132,12 +142,28 @@ impl LeaderElector {
         // From here on, dropping leadership only stops renewing (a crash, as far as others
         // can tell); `resign` revokes.
         guard.revoke_on_drop = false;
+        guard.state.set(true);
         Ok(Leadership {
             client: self.client.clone(),
             leader_key,
             lost,
             guard,
         })
+    }
+}
+
+/// Whether this candidate leads, behind its [metrics](crate::metrics).
+struct LeaderState {
+    leading: AtomicBool,
+    metrics: LeaderMetrics,
+}
+
+impl LeaderState {
+    /// Records that this candidate leads or stopped leading (counted once per change).
+    fn set(&self, leading: bool) {
+        if self.leading.swap(leading, Ordering::AcqRel) != leading {
+            self.metrics.transition(leading);
+        }
     }
 }
 
@@ -148,10 +174,12 @@ struct LeaseGuard {
     lease: i64,
     keeper: tokio::task::JoinHandle<()>,
     revoke_on_drop: bool,
+    state: Arc<LeaderState>,
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        self.state.set(false);
         self.keeper.abort();
         if self.revoke_on_drop {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -195,6 +223,7 @@ impl Leadership {
 
     /// Gives leadership up at once so another candidate can take over.
     pub async fn resign(self) {
+        self.guard.state.set(false);
         self.guard.keeper.abort();
         let _ = self
             .client
@@ -217,12 +246,14 @@ async fn keep_alive(
     lease: i64,
     granted_at: Instant,
     lost: watch::Sender<Option<ElectionError>>,
+    state: Arc<LeaderState>,
 ) {
     let ttl = elector.ttl;
     let period = ttl / 3;
     let margin = ttl * 2 / 3;
     let retry = Duration::from_millis(100);
     let report = |why: String| {
+        state.set(false);
         tracing::warn!(%why, "leadership lost");
         let _ = lost.send(Some(ElectionError::Lost {
             election: elector.election.clone(),

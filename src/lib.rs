@@ -52,6 +52,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Controllers and metrics
+//! [`runner::Runner`] turns informers into a rate-limited work queue reconciled by N workers
+//! (panics and timeouts isolated per key, optionally only while leading an election). With the
+//! `metrics` feature, informers, handlers, queues, runners and electors report through the
+//! `metrics` facade; [`metrics`] lists every metric.
+//!
 //! ## Ordering
 //! Each handler sees one key's changes in revision order, after the cache holds them. Across
 //! keys, handlers see changes in the order the DeltaFIFO hands keys out: a key keeps its place
@@ -67,6 +73,7 @@ pub mod informer;
 pub mod leader_election;
 pub mod lister;
 pub mod listwatch;
+pub mod metrics;
 pub mod real_fifo;
 pub mod reflector;
 pub mod runner;

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use crate::delta_fifo::DeltaType;
 use crate::listwatch::{Error, ListerWatcher, WatchEvent, WatchStream};
+use crate::metrics::{RelistMetrics, RelistReason};
 use crate::Object;
 
 /// What a [`Reflector`] fills: client-go's `Queue` as the reflector sees it. Implemented by
@@ -179,17 +180,20 @@ pub struct Reflector<T, L> {
     fifo: Arc<dyn Queue<T>>,
     options: ReflectorOptions,
     handle: RevisionHandle,
+    relists: RelistMetrics,
 }
 
 /// How many times a reflector listed, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Relists {
-    /// The first list (and the first after a restart).
+    /// The first list.
     pub initial: u64,
     /// The watched revision was compacted (etcd's 410 Gone).
     pub compacted: u64,
     /// The store was wiped, restored or replaced (see [`Error::StoreReplaced`]).
     pub store_replaced: u64,
+    /// The reflector's task panicked and started over with a fresh list.
+    pub error: u64,
 }
 
 /// What a reflector has been through, for readiness probes: a cache that stops changing must
@@ -263,6 +267,8 @@ enum ListReason {
     Initial,
     Compacted,
     StoreReplaced,
+    /// The reflector's task panicked and started over.
+    Restarted,
 }
 
 enum WatchEnd {
@@ -295,6 +301,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         Reflector {
             lw,
             fifo,
+            relists: RelistMetrics::new(&options.name),
             options,
             handle: RevisionHandle::new(),
         }
@@ -312,19 +319,21 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         let span = tracing::info_span!("reflector", name = %self.options.name);
         // Restarts that come close together back off like relists.
         let mut restarts = self.options.backoff.clone();
+        let mut reason = ListReason::Initial;
         loop {
-            let attempt = CatchUnwind(Box::pin(self.run_inner()));
+            let attempt = CatchUnwind(Box::pin(self.run_inner(reason)));
             let Err(panic) = attempt.instrument(span.clone()).await;
             let message = panic_message(&*panic);
             tracing::error!(name = %self.options.name, panic = %message, "the reflector panicked; starting over with a relist");
             self.handle
                 .failed(format!("the reflector panicked: {message}"));
             self.handle.lock().restarts += 1;
+            reason = ListReason::Restarted;
             tokio::time::sleep(restarts.next_delay()).await;
         }
     }
 
-    async fn run_inner(&mut self) -> std::convert::Infallible {
+    async fn run_inner(&mut self, first: ListReason) -> std::convert::Infallible {
         let mut backoff = self.options.backoff.clone();
         let mut reconnect = self.options.reconnect.clone();
         // One resync schedule for the reflector's life, so frequent re-watches do not keep
@@ -341,7 +350,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             interval
         });
-        let mut reason = ListReason::Initial;
+        let mut reason = first;
         let mut highest_seen = 0i64;
         loop {
             let list = match self.lw.list().await {
@@ -373,11 +382,25 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             }
             {
                 let mut health = self.handle.lock();
-                match (replaced, reason) {
-                    (true, _) => health.relists.store_replaced += 1,
-                    (false, ListReason::Compacted) => health.relists.compacted += 1,
-                    _ => health.relists.initial += 1,
-                }
+                let counted = match (replaced, reason) {
+                    (true, _) => {
+                        health.relists.store_replaced += 1;
+                        RelistReason::StoreReplaced
+                    }
+                    (false, ListReason::Compacted) => {
+                        health.relists.compacted += 1;
+                        RelistReason::Compacted
+                    }
+                    (false, ListReason::Restarted) => {
+                        health.relists.error += 1;
+                        RelistReason::Error
+                    }
+                    _ => {
+                        health.relists.initial += 1;
+                        RelistReason::Initial
+                    }
+                };
+                self.relists.relisted(counted);
             }
             // After a wipe, revisions start over in the new store, so an object listed at the
             // revision the cache holds may still differ: the queue retires every cached key
@@ -520,7 +543,7 @@ fn ready_now<T>(stream: &mut WatchStream<T>) -> Option<Option<WatchEvent<T>>> {
 }
 
 /// Catches a panic while polling the wrapped future (no `futures` dependency for one adapter).
-struct CatchUnwind<F>(Pin<Box<F>>);
+pub(crate) struct CatchUnwind<F>(pub(crate) Pin<Box<F>>);
 
 impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
     type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;

@@ -1,21 +1,25 @@
 //! The controller runner: informers feed a rate-limited work queue of keys, and N workers
 //! reconcile them, optionally only while this process leads an election.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::informer::{
-    ConsistencyError, HandlerRegistration, ResourceEventHandlerFuncs, SharedIndexInformer,
+    AbortOnDrop, ConsistencyError, InformerError, ResourceEventHandlerFuncs, SharedIndexInformer,
 };
 use crate::leader_election::{ElectionError, LeaderElector};
 use crate::listwatch::BoxFuture;
-use crate::workqueue::WorkQueue;
-use crate::Object;
+use crate::metrics::{ReconcileResult, RunnerMetrics};
+use crate::reflector::{panic_message, CatchUnwind};
+use crate::workqueue::{default_controller_rate_limiter, RateLimiter, WorkQueue, WorkQueueConfig};
+use crate::{Lister, Object};
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,9 +39,11 @@ pub enum Action {
 /// backoff.
 const READ_YOUR_WRITES_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Waits until one informer has applied a revision.
-type WaitFor =
-    Arc<dyn Fn(i64, Duration) -> BoxFuture<'static, Result<(), ConsistencyError>> + Send + Sync>;
+/// How often a runner whose informers have not synced says so.
+const SYNC_WARNING_PERIOD: Duration = Duration::from_secs(10);
+
+/// How often a running runner refreshes its queue's in-flight metrics (client-go: 500 ms).
+const IN_FLIGHT_METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 /// Why a runner stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -47,13 +53,183 @@ pub enum RunnerError {
     Election(#[from] ElectionError),
 }
 
-type Synced = Box<dyn Fn() -> bool + Send + Sync>;
+/// A cached object of some watched informer: an `Arc<Object<T>>`.
+type AnyObject = Arc<dyn Any + Send + Sync>;
 
-/// Runs `reconcile(key)` for every key its informers report changed, on `workers` tasks, with
-/// client-go's work-queue guarantees: a key is never reconciled by two workers at once, changes
-/// arriving meanwhile coalesce into one more reconcile, failures are retried with per-key
-/// exponential backoff (5 ms to 1000 s, and at most 10/s overall with bursts of 100), and
-/// reconciles start only once every informer has synced.
+/// Looks a key up in one informer's cache.
+type Get = Box<dyn Fn(&str) -> Option<AnyObject> + Send + Sync>;
+
+/// Waits until one informer has applied a revision.
+type WaitFor =
+    Box<dyn Fn(i64, Duration) -> BoxFuture<'static, Result<(), ConsistencyError>> + Send + Sync>;
+
+/// Adds a runner's handler (named after the runner) to one informer, feeding a queue.
+type Register =
+    Box<dyn Fn(&str, &WorkQueue<String>) -> Result<Registered, InformerError> + Send + Sync>;
+
+/// A reconcile with its types erased.
+type Reconciler = Arc<dyn Fn(Context) -> BoxFuture<'static, Result<Action, String>> + Send + Sync>;
+
+/// One watched informer, whatever its object type.
+struct Watched {
+    informer: String,
+    register: Register,
+    wait_for: WaitFor,
+    /// The key's cached object.
+    get: Get,
+    /// A `Lister<T>`.
+    lister: Box<dyn Any + Send + Sync>,
+}
+
+/// A handler added to an informer for one run.
+struct Registered {
+    informer: String,
+    synced: Box<dyn Fn() -> bool + Send + Sync>,
+    unregister: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+/// The handlers of one run; they leave their informers when this is dropped, however the run
+/// ends (returned, cancelled, leadership lost).
+struct Registrations(Vec<Registered>);
+
+impl Drop for Registrations {
+    fn drop(&mut self) {
+        for r in &mut self.0 {
+            if let Some(unregister) = r.unregister.take() {
+                unregister();
+            }
+        }
+    }
+}
+
+/// What a reconcile is given: the key, the key's cached object in the watched informers, their
+/// listers, and the runner's name.
+///
+/// The objects are looked up when the reconcile starts (after any wait for the key's last
+/// write, see [`Action::Wrote`]), so they stay the same throughout one reconcile; the listers
+/// read the caches as they are when called. Informers are numbered in the order they were
+/// passed to [`Runner::watch`] / [`Runner::watch_mapped`], from 0.
+///
+/// ```no_run
+/// # async fn demo(specs: etcd_informer::SharedIndexInformer<u32>, pods: etcd_informer::SharedIndexInformer<String>) {
+/// use etcd_informer::runner::{Action, Context, Runner};
+/// let runner = Runner::new("replicas").watch(&specs).watch(&pods);
+/// let reconcile = |ctx: Context| async move {
+///     match ctx.object::<u32>() {
+///         Some(spec) => println!("{} wants {} replicas", ctx.key(), spec.value),
+///         None => println!("{} was deleted", ctx.key()),
+///     }
+///     let pods = ctx.lister::<String>().expect("watched").len();
+///     println!("{pods} pods cached");
+///     Ok::<_, String>(Action::Done)
+/// };
+/// runner.run_with_context(reconcile, std::future::pending()).await;
+/// # }
+/// ```
+pub struct Context {
+    key: String,
+    runner: Arc<str>,
+    retries: u32,
+    /// Per watched informer, the key's object when the reconcile started.
+    objects: Vec<Option<AnyObject>>,
+    watched: Arc<[Arc<Watched>]>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("key", &self.key)
+            .field("runner", &self.runner)
+            .field("retries", &self.retries)
+            .field(
+                "cached_in",
+                &self
+                    .objects
+                    .iter()
+                    .zip(self.watched.iter())
+                    .filter(|(o, _)| o.is_some())
+                    .map(|(_, w)| w.informer.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Context {
+    /// The key to reconcile.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key, by value.
+    pub fn into_key(self) -> String {
+        self.key
+    }
+
+    /// The runner's name.
+    pub fn runner(&self) -> &str {
+        &self.runner
+    }
+
+    /// How many times this key has been retried with backoff since it last succeeded (0 on a
+    /// first attempt).
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// The key's object in the first watched informer of object type `T` whose cache held the
+    /// key; `None` if none did (deleted, or never there).
+    pub fn object<T: Send + Sync + 'static>(&self) -> Option<Arc<Object<T>>> {
+        (0..self.objects.len()).find_map(|i| self.object_in(i))
+    }
+
+    /// The key's object in the `informer`-th watched informer, if that informer's objects are
+    /// `T`s and its cache held the key.
+    pub fn object_in<T: Send + Sync + 'static>(&self, informer: usize) -> Option<Arc<Object<T>>> {
+        let object = self.objects.get(informer)?.clone()?;
+        object.downcast::<Object<T>>().ok()
+    }
+
+    /// Whether no watched informer's cache held the key: it was deleted (or was never there,
+    /// e.g. a key added to the queue by hand or a key that only a mapping produces).
+    pub fn is_deleted(&self) -> bool {
+        self.objects.iter().all(Option::is_none)
+    }
+
+    /// The lister of the first watched informer of object type `T`.
+    pub fn lister<T: Send + Sync + 'static>(&self) -> Option<&Lister<T>> {
+        self.watched.iter().find_map(|w| w.lister.downcast_ref())
+    }
+
+    /// The lister of the `informer`-th watched informer, if its objects are `T`s.
+    pub fn lister_at<T: Send + Sync + 'static>(&self, informer: usize) -> Option<&Lister<T>> {
+        self.watched.get(informer)?.lister.downcast_ref()
+    }
+}
+
+/// Turns a reconcile of keys into a reconcile of [`Context`]s, for
+/// [`run_as_leader`](Runner::run_as_leader).
+pub fn by_key<F, Fut>(reconcile: F) -> impl Fn(Context) -> Fut + Send + Sync + 'static
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+{
+    move |ctx: Context| reconcile(ctx.into_key())
+}
+
+/// Runs a reconcile for every key its informers report changed, on `workers` tasks, with
+/// client-go's work-queue guarantees:
+///
+/// - a key is never reconciled by two workers at once (per-key concurrency is always 1);
+///   changes arriving meanwhile coalesce into one more reconcile;
+/// - failures are retried with the rate limiter's backoff (default: client-go's default
+///   controller limiter, per key 5 ms doubling to 1000 s, and at most 10/s overall with bursts
+///   of 100);
+/// - a reconcile that panics, or outlives the [`reconcile_timeout`](Self::reconcile_timeout),
+///   is logged with its key, counted (`etcd_informer_reconciles_total{result="panic"|"timeout"}`)
+///   and retried with backoff like a failure; other keys and the workers carry on;
+/// - reconciles start only once every informer has synced (a warning every 10 s names the
+///   informers still waited for);
+/// - the runner's handlers are in its informers only while it runs.
 ///
 /// ```no_run
 /// # async fn demo(informer: etcd_informer::SharedIndexInformer<String>) {
@@ -66,24 +242,17 @@ type Synced = Box<dyn Fn() -> bool + Send + Sync>;
 /// # }
 /// ```
 pub struct Runner {
-    name: String,
+    name: Arc<str>,
+    /// The queue of the current or next run; a run that ends shuts it down, and the next run
+    /// starts with a new one.
     queue: WorkQueue<String>,
+    limiter: Arc<dyn RateLimiter<String>>,
     workers: usize,
-    synced: Vec<Synced>,
-    /// One per watched informer: waits until its cache has applied a revision.
-    wait_for: Vec<WaitFor>,
+    reconcile_timeout: Option<Duration>,
+    watched: Vec<Arc<Watched>>,
     /// The revision of each key's last write, until the informers have applied it.
     written: Arc<Mutex<HashMap<String, i64>>>,
-    /// Removes this runner's handlers from their informers; run on drop.
-    unregister: Vec<Box<dyn FnOnce() + Send + Sync>>,
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        for unregister in self.unregister.drain(..) {
-            unregister();
-        }
-    }
+    metrics: Arc<RunnerMetrics>,
 }
 
 impl fmt::Debug for Runner {
@@ -91,22 +260,36 @@ impl fmt::Debug for Runner {
         f.debug_struct("Runner")
             .field("name", &self.name)
             .field("workers", &self.workers)
+            .field("reconcile_timeout", &self.reconcile_timeout)
+            .field(
+                "watched",
+                &self
+                    .watched
+                    .iter()
+                    .map(|w| w.informer.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .field("queue_depth", &self.queue.len())
             .finish()
     }
 }
 
 impl Runner {
-    /// A runner with one worker and the default controller rate limiter.
+    /// A runner with one worker, no reconcile timeout and client-go's default controller rate
+    /// limiter ([`default_controller_rate_limiter`]). Its queue and handlers are named `name`
+    /// (in logs and [metrics](crate::metrics)).
     pub fn new(name: impl Into<String>) -> Self {
+        let name: Arc<str> = name.into().into();
+        let limiter: Arc<dyn RateLimiter<String>> = Arc::new(default_controller_rate_limiter());
         Runner {
-            name: name.into(),
-            queue: WorkQueue::new(),
+            queue: new_queue(&name, &limiter),
+            metrics: Arc::new(RunnerMetrics::new(&name)),
+            name,
+            limiter,
             workers: 1,
-            synced: Vec::new(),
-            wait_for: Vec::new(),
+            reconcile_timeout: None,
+            watched: Vec::new(),
             written: Arc::default(),
-            unregister: Vec::new(),
         }
     }
 
@@ -126,82 +309,115 @@ impl Runner {
     ) -> Self {
         let map = Arc::new(map);
         let waiter = informer.clone();
-        self.wait_for.push(Arc::new(move |revision, timeout| {
-            let informer = waiter.clone();
-            Box::pin(async move { informer.wait_for_revision(revision, timeout).await })
+        let registrar = informer.clone();
+        let lister = informer.lister();
+        let getter = informer.lister();
+        let register: Register = Box::new(move |runner, queue| {
+            let (q1, q2, q3) = (queue.clone(), queue.clone(), queue.clone());
+            let (m1, m2, m3) = (map.clone(), map.clone(), map.clone());
+            let handler = ResourceEventHandlerFuncs::new()
+                .on_add(move |o, _| m1(o).into_iter().for_each(|k| q1.add(k)))
+                .on_update(move |_, o| m2(o).into_iter().for_each(|k| q2.add(k)))
+                .on_delete(move |o| m3(o.object()).into_iter().for_each(|k| q3.add(k)));
+            let registration = Arc::new(registrar.add_named_event_handler(runner, handler)?);
+            let (synced, informer) = (registration.clone(), registrar.clone());
+            Ok(Registered {
+                informer: registrar.name().to_owned(),
+                synced: Box::new(move || synced.has_synced()),
+                unregister: Some(Box::new(move || {
+                    informer.remove_event_handler(&registration);
+                })),
+            })
+        });
+        self.watched.push(Arc::new(Watched {
+            informer: informer.name().to_owned(),
+            register,
+            wait_for: Box::new(move |revision, timeout| {
+                let informer = waiter.clone();
+                Box::pin(async move { informer.wait_for_revision(revision, timeout).await })
+            }),
+            get: Box::new(move |key| getter.get(key).map(|o| o as AnyObject)),
+            lister: Box::new(lister),
         }));
-        let (q1, q2, q3) = (self.queue.clone(), self.queue.clone(), self.queue.clone());
-        let (m1, m2, m3) = (map.clone(), map.clone(), map);
-        let handler = ResourceEventHandlerFuncs::new()
-            .on_add(move |o, _| m1(o).into_iter().for_each(|k| q1.add(k)))
-            .on_update(move |_, o| m2(o).into_iter().for_each(|k| q2.add(k)))
-            .on_delete(move |o| m3(o.object()).into_iter().for_each(|k| q3.add(k)));
-        match informer.add_event_handler(handler) {
-            Ok(registration) => {
-                let registration: HandlerRegistration<T> = registration;
-                self.synced
-                    .push(Box::new(move || registration.has_synced()));
-            }
-            Err(e) => {
-                // A thread that cannot start, or an informer that has stopped: the runner
-                // would never sync, so say so loudly and let `run` wait visibly.
-                tracing::error!(runner = %self.name, error = %e, "cannot watch informer");
-                self.synced.push(Box::new(|| false));
-            }
-        }
         self
     }
 
-    /// How many keys are reconciled concurrently (at least 1).
+    /// How many keys are reconciled concurrently (at least 1; default 1). One key is never
+    /// reconciled by two workers at once, whatever this is.
     #[must_use]
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
         self
     }
 
-    /// The work queue, e.g. to add keys by hand or read its metrics.
+    /// The backoff of failed (and panicked, and timed out) reconciles. Default:
+    /// [`default_controller_rate_limiter`] (client-go's `DefaultControllerRateLimiter`). Set it
+    /// before adding keys to [`queue`](Self::queue) by hand: it replaces the queue.
+    #[must_use]
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter<String> + 'static) -> Self {
+        self.limiter = Arc::new(limiter);
+        self.queue = new_queue(&self.name, &self.limiter);
+        self
+    }
+
+    /// Cancels a reconcile that runs longer than `timeout` (at its next `.await`) and retries
+    /// the key with backoff. Default: none (a reconcile that never returns holds its key and a
+    /// worker forever).
+    #[must_use]
+    pub fn reconcile_timeout(mut self, timeout: Duration) -> Self {
+        self.reconcile_timeout = Some(timeout);
+        self
+    }
+
+    /// The runner's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The work queue of the current (or next) run, e.g. to add keys by hand or read its
+    /// metrics. A run shuts its queue down when it ends; the next run starts with a new one.
     pub fn queue(&self) -> &WorkQueue<String> {
         &self.queue
     }
 
-    /// Runs until `shutdown` resolves, then stops taking keys and waits for the reconciles in
-    /// flight to finish. The runner's handlers leave their informers when it returns.
+    /// Runs `reconcile(key)` until `shutdown` resolves, then stops taking keys and waits for
+    /// the reconciles in flight to finish. The runner's handlers leave their informers when it
+    /// returns.
     pub async fn run<F, Fut, E>(self, reconcile: F, shutdown: impl Future<Output = ()>)
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let span = tracing::info_span!("runner", name = %self.name);
-        async move {
-            tokio::pin!(shutdown);
-            tokio::select! {
-                _ = self.wait_synced() => {}
-                _ = &mut shutdown => return,
-            }
-            let workers = self.spawn_workers(Arc::new(reconcile));
-            shutdown.await;
-            tracing::info!("shutting down; waiting for reconciles in flight");
-            self.queue.shut_down();
-            for mut w in workers {
-                let _ = (&mut w.0).await;
-            }
-        }
-        .instrument(span)
-        .await
+        self.run_with_context(by_key(reconcile), shutdown).await
     }
 
-    /// Like [`run`](Self::run), but reconciles only while `elector` leads. Returns
-    /// [`RunnerError::Election`] when leadership is lost, after stopping the workers at once
-    /// (reconciles in flight are abandoned: another leader may already be acting).
+    /// Like [`run`](Self::run), with a [`Context`] for each reconcile.
+    pub async fn run_with_context<F, Fut, E>(
+        mut self,
+        reconcile: F,
+        shutdown: impl Future<Output = ()>,
+    ) where
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        self.run_erased(erase(reconcile), shutdown).await
+    }
+
+    /// Campaigns with `elector`, then runs like [`run_with_context`](Self::run_with_context)
+    /// while leading (wrap a reconcile of keys with [`by_key`]). Returns `Ok` after `shutdown`
+    /// (resigning leadership), or [`RunnerError::Election`] when leadership is lost, after
+    /// stopping the workers at once (reconciles in flight are abandoned: another leader may
+    /// already be acting) and removing the runner's handlers. The runner can campaign again.
     pub async fn run_as_leader<F, Fut, E>(
-        self,
+        &mut self,
         elector: &LeaderElector,
         reconcile: F,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RunnerError>
     where
-        F: Fn(String) -> Fut + Send + Sync + 'static,
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
@@ -211,9 +427,10 @@ impl Runner {
             _ = &mut shutdown => return Ok(()),
         };
         tracing::info!(runner = %self.name, identity = elector.identity(), "leading; starting workers");
+        self.renew_queue();
         let queue = self.queue.clone();
         let outcome = tokio::select! {
-            _ = self.run(reconcile, &mut shutdown) => Ok(()),
+            _ = self.run_erased(erase(reconcile), &mut shutdown) => Ok(()),
             lost = leadership.lost() => Err(lost),
         };
         match outcome {
@@ -223,89 +440,247 @@ impl Runner {
             }
             Err(lost) => {
                 queue.shut_down();
-                tracing::error!(error = %lost, "leadership lost; workers stopped");
+                self.metrics.synced(false);
+                tracing::error!(runner = %self.name, error = %lost, "leadership lost; workers stopped");
                 Err(lost.into())
             }
         }
     }
 
-    async fn wait_synced(&self) {
-        crate::informer::wait_until(|| self.synced.iter().all(|s| s())).await;
-        tracing::info!("informers synced; starting workers");
+    /// Starts over with a new queue if the last run shut it down.
+    fn renew_queue(&mut self) {
+        if self.queue.is_shutting_down() {
+            self.queue = new_queue(&self.name, &self.limiter);
+        }
     }
 
-    fn spawn_workers<F, Fut, E>(&self, reconcile: Arc<F>) -> Vec<crate::informer::AbortOnDrop<()>>
-    where
-        F: Fn(String) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: fmt::Display + Send + 'static,
-    {
-        (0..self.workers)
-            .map(|i| {
-                let queue = self.queue.clone();
-                let reconcile = reconcile.clone();
-                let wait_for = self.wait_for.clone();
-                let written = self.written.clone();
-                let span = tracing::info_span!("worker", id = i);
-                crate::informer::AbortOnDrop(tokio::spawn(
-                    async move {
-                        while let Some(key) = queue.get().await {
-                            // After shutdown the queue still hands out queued keys; the runner
-                            // only finishes the reconciles already in flight.
-                            if queue.is_shutting_down() {
-                                queue.done(&key);
-                                break;
-                            }
-                            if let Err(e) = read_your_writes(&written, &wait_for, &key).await {
-                                tracing::warn!(%key, error = %e, "the cache has not caught up with this key's last write; backing off");
-                                queue.add_rate_limited(key.clone());
-                                queue.done(&key);
-                                continue;
-                            }
-                            match reconcile(key.clone()).await {
-                                Ok(Action::Done) => queue.forget(&key),
-                                Ok(Action::RequeueAfter(delay)) => {
-                                    queue.forget(&key);
-                                    queue.add_after(key.clone(), delay);
-                                }
-                                Ok(Action::Wrote(revision)) => {
-                                    queue.forget(&key);
-                                    lock(&written).insert(key.clone(), revision);
-                                }
-                                Err(e) => {
-                                    tracing::warn!(%key, error = %e, retries = queue.num_requeues(&key), "reconcile failed; backing off");
-                                    queue.add_rate_limited(key.clone());
-                                }
-                            }
-                            queue.done(&key);
-                        }
-                    }
-                    .instrument(span),
-                ))
+    async fn run_erased(&mut self, reconcile: Reconciler, shutdown: impl Future<Output = ()>) {
+        let span = tracing::info_span!("runner", name = %self.name);
+        self.renew_queue();
+        let this = &*self;
+        async move {
+            let queue = this.queue.clone();
+            let registrations = this.register(&queue);
+            tokio::pin!(shutdown);
+            tokio::select! {
+                _ = this.wait_synced(&registrations) => {}
+                _ = &mut shutdown => return,
+            }
+            let workers = Arc::new(Workers {
+                queue: queue.clone(),
+                reconcile,
+                runner: this.name.clone(),
+                watched: this.watched.iter().cloned().collect(),
+                written: this.written.clone(),
+                timeout: this.reconcile_timeout,
+                metrics: this.metrics.clone(),
+            });
+            let tasks: Vec<_> = (0..this.workers)
+                .map(|id| {
+                    let span = tracing::info_span!("worker", id);
+                    AbortOnDrop(tokio::spawn(workers.clone().work().instrument(span)))
+                })
+                .collect();
+            let _in_flight = crate::metrics::ENABLED
+                .then(|| AbortOnDrop(tokio::spawn(publish_in_flight(queue.clone()))));
+            shutdown.await;
+            tracing::info!("shutting down; waiting for reconciles in flight");
+            queue.shut_down();
+            for mut task in tasks {
+                let _ = (&mut task.0).await;
+            }
+            this.metrics.synced(false);
+            drop(registrations);
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Adds this runner's handler to every watched informer, feeding `queue`.
+    fn register(&self, queue: &WorkQueue<String>) -> Registrations {
+        let registered = self.watched.iter().map(|w| {
+            (w.register)(&self.name, queue).unwrap_or_else(|e| {
+                // Only a failure to start a thread gets here; the runner would never sync, so
+                // say so loudly and let `run` wait visibly.
+                tracing::error!(runner = %self.name, informer = %w.informer, error = %e, "cannot watch informer");
+                Registered {
+                    informer: w.informer.clone(),
+                    synced: Box::new(|| false),
+                    unregister: None,
+                }
             })
-            .collect()
+        });
+        Registrations(registered.collect())
+    }
+
+    /// Waits until every handler has synced, warning every [`SYNC_WARNING_PERIOD`] meanwhile.
+    async fn wait_synced(&self, registrations: &Registrations) {
+        self.metrics.synced(false);
+        let started = Instant::now();
+        let mut warn_at = started + SYNC_WARNING_PERIOD;
+        loop {
+            let unsynced: Vec<&str> = registrations
+                .0
+                .iter()
+                .filter(|r| !(r.synced)())
+                .map(|r| r.informer.as_str())
+                .collect();
+            if unsynced.is_empty() {
+                break;
+            }
+            if Instant::now() >= warn_at {
+                tracing::warn!(waited = ?started.elapsed(), informers = ?unsynced, "informers have not synced yet; no reconcile runs until they do");
+                warn_at += SYNC_WARNING_PERIOD;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.metrics.synced(true);
+        tracing::info!("informers synced; starting workers");
+    }
+}
+
+fn new_queue(name: &str, limiter: &Arc<dyn RateLimiter<String>>) -> WorkQueue<String> {
+    WorkQueue::with_config(
+        WorkQueueConfig::new()
+            .name(name)
+            .rate_limiter(limiter.clone()),
+    )
+}
+
+fn erase<F, Fut, E>(reconcile: F) -> Reconciler
+where
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    Arc::new(move |ctx| {
+        let fut = reconcile(ctx);
+        Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
+    })
+}
+
+/// Refreshes the queue's in-flight metrics while a run lasts.
+async fn publish_in_flight(queue: WorkQueue<String>) {
+    let mut tick = tokio::time::interval(IN_FLIGHT_METRICS_PERIOD);
+    loop {
+        tick.tick().await;
+        let _ = queue.metrics();
+    }
+}
+
+/// What the workers of one run share.
+struct Workers {
+    queue: WorkQueue<String>,
+    reconcile: Reconciler,
+    runner: Arc<str>,
+    watched: Arc<[Arc<Watched>]>,
+    written: Arc<Mutex<HashMap<String, i64>>>,
+    timeout: Option<Duration>,
+    metrics: Arc<RunnerMetrics>,
+}
+
+/// How one reconcile ended.
+enum Outcome {
+    Finished(Result<Action, String>),
+    Panicked(String),
+    TimedOut(Duration),
+}
+
+impl Workers {
+    async fn work(self: Arc<Self>) {
+        let queue = &self.queue;
+        while let Some(key) = queue.get().await {
+            // After shutdown the queue still hands out queued keys; the runner only finishes
+            // the reconciles already in flight.
+            if queue.is_shutting_down() {
+                queue.done(&key);
+                break;
+            }
+            if let Err(e) = self.read_your_writes(&key).await {
+                tracing::warn!(%key, error = %e, "the cache has not caught up with this key's last write; backing off");
+                queue.add_rate_limited(key.clone());
+                queue.done(&key);
+                continue;
+            }
+            self.reconcile(&key).await;
+            queue.done(&key);
+        }
+    }
+
+    /// Reconciles one key, isolated: a panic or a timeout is one failed attempt of that key.
+    async fn reconcile(&self, key: &str) {
+        let queue = &self.queue;
+        let key = key.to_owned();
+        let retries = queue.num_requeues(&key);
+        let ctx = Context {
+            key: key.clone(),
+            runner: self.runner.clone(),
+            retries,
+            objects: self.watched.iter().map(|w| (w.get)(&key)).collect(),
+            watched: self.watched.clone(),
+        };
+        let reconcile = self.reconcile.clone();
+        // The call itself runs inside the guard too: a reconcile can panic before its future.
+        let attempt = CatchUnwind(Box::pin(async move { reconcile(ctx).await }));
+        let started = Instant::now();
+        let outcome = match self.timeout {
+            Some(timeout) => match tokio::time::timeout(timeout, attempt).await {
+                Ok(Ok(result)) => Outcome::Finished(result),
+                Ok(Err(panic)) => Outcome::Panicked(panic_message(&*panic)),
+                Err(_) => Outcome::TimedOut(timeout),
+            },
+            None => match attempt.await {
+                Ok(result) => Outcome::Finished(result),
+                Err(panic) => Outcome::Panicked(panic_message(&*panic)),
+            },
+        };
+        let result = match outcome {
+            Outcome::Finished(Ok(action)) => {
+                queue.forget(&key);
+                match action {
+                    Action::Done => {}
+                    Action::RequeueAfter(delay) => queue.add_after(key, delay),
+                    Action::Wrote(revision) => {
+                        lock(&self.written).insert(key, revision);
+                    }
+                }
+                ReconcileResult::Ok
+            }
+            Outcome::Finished(Err(e)) => {
+                tracing::warn!(%key, error = %e, retries, "reconcile failed; backing off");
+                queue.add_rate_limited(key);
+                ReconcileResult::Error
+            }
+            Outcome::Panicked(panic) => {
+                tracing::error!(%key, %panic, retries, "reconcile panicked; backing off");
+                queue.add_rate_limited(key);
+                ReconcileResult::Panic
+            }
+            Outcome::TimedOut(timeout) => {
+                tracing::error!(%key, ?timeout, retries, "reconcile timed out and was cancelled; backing off");
+                queue.add_rate_limited(key);
+                ReconcileResult::Timeout
+            }
+        };
+        self.metrics.reconciled(result, started.elapsed());
+    }
+
+    /// Waits until every informer has applied `key`'s last recorded write, then forgets it.
+    async fn read_your_writes(&self, key: &str) -> Result<(), ConsistencyError> {
+        let Some(revision) = lock(&self.written).get(key).copied() else {
+            return Ok(());
+        };
+        for w in self.watched.iter() {
+            (w.wait_for)(revision, READ_YOUR_WRITES_TIMEOUT).await?;
+        }
+        let mut written = lock(&self.written);
+        if written.get(key) == Some(&revision) {
+            written.remove(key);
+        }
+        Ok(())
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Waits until every informer has applied `key`'s last recorded write, then forgets it.
-async fn read_your_writes(
-    written: &Mutex<HashMap<String, i64>>,
-    wait_for: &[WaitFor],
-    key: &str,
-) -> Result<(), ConsistencyError> {
-    let Some(revision) = lock(written).get(key).copied() else {
-        return Ok(());
-    };
-    for wait in wait_for {
-        wait(revision, READ_YOUR_WRITES_TIMEOUT).await?;
-    }
-    let mut written = lock(written);
-    if written.get(key) == Some(&revision) {
-        written.remove(key);
-    }
-    Ok(())
 }

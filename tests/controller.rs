@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use etcd_informer::client::{TypedClient, WriteError};
 use etcd_informer::leader_election::LeaderElector;
-use etcd_informer::runner::{Action, Runner};
+use etcd_informer::runner::{by_key, Action, Context, Runner};
 use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdCluster, EtcdServer};
 use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
 
@@ -340,18 +340,18 @@ async fn leader_cut_off_from_etcd_stops_its_workers_within_the_ttl() {
         LeaderElector::new(client.clone(), "/cut-election/", "a").with_ttl(Duration::from_secs(3));
     let reconciles = Arc::new(AtomicUsize::new(0));
     let r = reconciles.clone();
-    let runner = Runner::new("cut").watch(&informer);
+    let mut runner = Runner::new("cut").watch(&informer);
     let run = tokio::spawn(async move {
         runner
             .run_as_leader(
                 &elector,
-                move |_k| {
+                by_key(move |_k| {
                     let r = r.clone();
                     async move {
                         r.fetch_add(1, Ordering::SeqCst);
                         Ok::<_, String>(Action::RequeueAfter(Duration::from_millis(50)))
                     }
-                },
+                }),
                 std::future::pending::<()>(),
             )
             .await
@@ -476,4 +476,297 @@ async fn leader_whose_lease_vanished_learns_it_on_reconnect() {
     let why = lost.expect("a learns it lost the lease").to_string();
     assert!(took < Duration::from_secs(3), "took {took:?}: {why}");
     assert!(why.contains("expired or was revoked"), "{why}");
+}
+
+/// Waits for `task` to finish, failing after `within`.
+async fn finished<T>(what: &str, within: Duration, task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(within, task)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {within:?}: {what}"))
+        .expect("task panicked")
+}
+
+async fn put(client: &Client, key: String, value: &str) {
+    client.kv_client().put(key, value, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_survives_panicking_reconciles_and_gives_them_a_context() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("runner-panics");
+    for key in ["ns/a", "ns/b", "ns/boom"] {
+        put(&client, format!("{prefix}{key}"), "v1").await;
+    }
+    let informer = informer(&client, &prefix);
+    let runner = Runner::new("panics").watch(&informer).workers(2);
+    let attempts: Arc<Mutex<Vec<(String, u32)>>> = Default::default();
+    // What each reconcile saw: key, value (or "deleted"), runner name.
+    let seen: Arc<Mutex<Vec<(String, String, String)>>> = Default::default();
+    let (a, s) = (attempts.clone(), seen.clone());
+    let reconcile = move |ctx: Context| {
+        let (attempts, seen) = (a.clone(), s.clone());
+        async move {
+            let tries = {
+                let mut attempts = attempts.lock().unwrap();
+                attempts.push((ctx.key().to_owned(), ctx.retries()));
+                attempts.iter().filter(|(k, _)| k == ctx.key()).count()
+            };
+            if ctx.key() == "ns/boom" && tries <= 2 {
+                panic!("reconcile bug on attempt {tries}");
+            }
+            let value = match ctx.object::<String>() {
+                Some(o) => o.value.clone(),
+                None => "deleted".to_owned(),
+            };
+            assert_eq!(ctx.is_deleted(), value == "deleted");
+            assert!(ctx.lister::<String>().is_some() && ctx.lister::<u64>().is_none());
+            assert!(
+                ctx.object::<u64>().is_none(),
+                "typed lookups do not mix types"
+            );
+            seen.lock()
+                .unwrap()
+                .push((ctx.key().to_owned(), value, ctx.runner().to_owned()));
+            Ok::<_, String>(Action::Done)
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(runner.run_with_context(reconcile, async move {
+        let _ = stop_rx.await;
+    }));
+    let saw = |key: &str, value: &str| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|(k, v, r)| k == key && v == value && r == "panics")
+    };
+    eventually("every key reconciled", Duration::from_secs(10), || {
+        saw("ns/a", "v1") && saw("ns/b", "v1") && saw("ns/boom", "v1")
+    })
+    .await;
+    let boom: Vec<u32> = attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k == "ns/boom")
+        .map(|(_, retries)| *retries)
+        .collect();
+    assert_eq!(
+        boom,
+        [0, 1, 2],
+        "two panics, retried with backoff, then converged"
+    );
+    for key in ["ns/a", "ns/b"] {
+        let n = attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k == key)
+            .count();
+        assert_eq!(n, 1, "{key} is unaffected by the panics");
+    }
+    // Later changes to the key that panicked are reconciled, and deletes show as such.
+    put(&client, format!("{prefix}ns/boom"), "v2").await;
+    client
+        .kv_client()
+        .delete(format!("{prefix}ns/a"), None)
+        .await
+        .unwrap();
+    eventually("later changes reconciled", Duration::from_secs(10), || {
+        saw("ns/boom", "v2") && saw("ns/a", "deleted")
+    })
+    .await;
+    stop_tx.send(()).unwrap();
+    finished("runner stops", Duration::from_secs(10), run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_that_never_returns_times_out_and_is_retried() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("runner-timeout");
+    put(&client, format!("{prefix}ns/stuck"), "0").await;
+    put(&client, format!("{prefix}ns/fine"), "0").await;
+    let informer = informer(&client, &prefix);
+    let runner = Runner::new("timeouts")
+        .watch(&informer)
+        .workers(2)
+        .reconcile_timeout(Duration::from_millis(300));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let done: Arc<Mutex<Vec<String>>> = Default::default();
+    let (a, c, d) = (attempts.clone(), cancelled.clone(), done.clone());
+    /// Sets its flag when dropped: the stuck reconcile was cancelled, not leaked.
+    struct OnDrop(Arc<AtomicBool>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let reconcile = move |key: String| {
+        let (a, c, d) = (a.clone(), c.clone(), d.clone());
+        async move {
+            if key == "ns/stuck" && a.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _guard = OnDrop(c);
+                std::future::pending::<()>().await;
+            }
+            d.lock().unwrap().push(key);
+            Ok::<_, String>(Action::Done)
+        }
+    };
+    let started = tokio::time::Instant::now();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(runner.run(reconcile, async move {
+        let _ = stop_rx.await;
+    }));
+    eventually("the stuck key converged", Duration::from_secs(10), || {
+        done.lock().unwrap().contains(&"ns/stuck".to_owned())
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "retried only after the timeout: {took:?}"
+    );
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "timed out once, then retried"
+    );
+    assert!(
+        cancelled.load(Ordering::SeqCst),
+        "the stuck reconcile was dropped"
+    );
+    assert!(done.lock().unwrap().contains(&"ns/fine".to_owned()));
+    stop_tx.send(()).unwrap();
+    finished("runner stops", Duration::from_secs(10), run).await;
+}
+
+/// Names of this process's threads that start with `prefix` (Linux truncates names to 15
+/// bytes).
+fn threads_named(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim().to_owned())
+                .filter(|name| name.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_removes_its_handlers_when_it_returns() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("runner-release");
+    put(&client, format!("{prefix}ns/a"), "0").await;
+    let informer = informer(&client, &prefix);
+    informer.wait_for_cache_sync().await;
+    assert_eq!(informer.handler_count(), 0);
+    // The handler thread is named after the runner: "handler-zq7rel".
+    let runner = Runner::new("zq7rel").watch(&informer).watch(&informer);
+    let reconciled = Arc::new(AtomicUsize::new(0));
+    let r = reconciled.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(runner.run(
+        move |_key| {
+            let r = r.clone();
+            async move {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(Action::Done)
+            }
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    eventually("reconciled", Duration::from_secs(10), || {
+        reconciled.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    assert_eq!(informer.handler_count(), 2, "one handler per watch");
+    assert_eq!(threads_named("handler-zq7rel").len(), 2);
+    stop_tx.send(()).unwrap();
+    finished("runner stops", Duration::from_secs(10), run).await;
+    assert_eq!(
+        informer.handler_count(),
+        0,
+        "handlers removed when run returns"
+    );
+    eventually("handler threads ended", Duration::from_secs(5), || {
+        threads_named("handler-zq7rel").is_empty()
+    })
+    .await;
+    // The informer goes on without them.
+    put(&client, format!("{prefix}ns/b"), "0").await;
+    eventually("cache follows", Duration::from_secs(10), || {
+        informer.lister().get("ns/b").is_some()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_campaigns_again_after_losing_leadership() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("runner-again");
+    let election = unique_prefix("runner-again-election");
+    put(&client, format!("{prefix}ns/a"), "0").await;
+    let informer = informer(&client, &prefix);
+    let elector =
+        LeaderElector::new(client.clone(), election.clone(), "a").with_ttl(Duration::from_secs(2));
+    let runner = Runner::new("again").watch(&informer);
+    let seen: Arc<Mutex<Vec<String>>> = Default::default();
+    let s = seen.clone();
+    let reconcile = move |key: String| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(key);
+            Ok::<_, String>(Action::Done)
+        }
+    };
+
+    // First term: leads, reconciles, loses its lease.
+    let (rec, el) = (reconcile.clone(), elector.clone());
+    let first = tokio::spawn(async move {
+        let mut runner = runner;
+        let result = runner
+            .run_as_leader(&el, by_key(rec), std::future::pending::<()>())
+            .await;
+        (result, runner)
+    });
+    eventually("first term reconciles", Duration::from_secs(10), || {
+        seen.lock().unwrap().contains(&"ns/a".to_owned())
+    })
+    .await;
+    let leader = client
+        .election_client()
+        .leader(election.clone())
+        .await
+        .unwrap();
+    let lease = leader.kv().expect("a leader key").lease();
+    client.lease_client().revoke(lease).await.unwrap();
+    let (result, mut runner) = finished("leadership lost", Duration::from_secs(5), first).await;
+    assert!(result.is_err(), "reports the loss");
+    assert_eq!(informer.handler_count(), 0, "handlers removed on loss");
+
+    // Second term, same runner: the changes made meanwhile are reconciled.
+    seen.lock().unwrap().clear();
+    put(&client, format!("{prefix}ns/b"), "0").await;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let second = tokio::spawn(async move {
+        runner
+            .run_as_leader(&elector, by_key(reconcile), async move {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    eventually("second term reconciles", Duration::from_secs(10), || {
+        let seen = seen.lock().unwrap();
+        seen.contains(&"ns/a".to_owned()) && seen.contains(&"ns/b".to_owned())
+    })
+    .await;
+    stop_tx.send(()).unwrap();
+    let result = finished("runner stops", Duration::from_secs(10), second).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(informer.handler_count(), 0);
 }

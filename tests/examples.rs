@@ -215,3 +215,158 @@ fn example_with_unreachable_etcd_names_it_and_fails_fast() {
         start.elapsed()
     );
 }
+
+/// The metrics the example serves at `addr`, in Prometheus text format.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response)
+        .expect("read the metrics");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+/// The values of `name`'s series whose labels contain every one of `labels`.
+fn values(text: &str, name: &str, labels: &[&str]) -> Vec<f64> {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+fn free_addr() -> String {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lightweight_controller_serves_metrics_that_move() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix("example_metrics");
+    let addr = free_addr();
+    let ex = Example::start(
+        "lightweight_controller",
+        &etcd.endpoints,
+        &["--id", "m", "--prefix", &prefix, "--metrics-addr", &addr],
+    );
+    assert_eq!(ex.next_lines(1), ["[m] waiting to lead"]);
+    let specs = format!(r#"informer="{prefix}replicasets/""#);
+    let pods = format!(r#"informer="{prefix}pods/""#);
+    // Leading, informers listed, the runner's handlers registered.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = scrape(&addr);
+        let synced = values(
+            &text,
+            "etcd_informer_runner_synced",
+            &[r#"runner="replicaset""#],
+        );
+        if synced == [1.0] {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner never started:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for informer in [&specs, &pods] {
+        let initial = values(
+            &text,
+            "etcd_informer_relists_total",
+            &[informer, r#"reason="initial""#],
+        );
+        assert!(initial.iter().sum::<f64>() >= 1.0, "{informer}:\n{text}");
+        let backlog = values(
+            &text,
+            "etcd_informer_handler_backlog",
+            &[informer, r#"handler="replicaset""#],
+        );
+        assert_eq!(backlog.len(), 1, "{informer}:\n{text}");
+    }
+    let depth = values(
+        &text,
+        "etcd_informer_workqueue_depth",
+        &[r#"name="replicaset""#],
+    );
+    assert_eq!(depth.len(), 1, "{text}");
+    let leading = values(
+        &text,
+        "etcd_informer_leader_is_leader",
+        &[r#"identity="m""#],
+    );
+    assert_eq!(leading, [1.0], "{text}");
+    let adds = |text: &str| {
+        values(
+            text,
+            "etcd_informer_workqueue_adds_total",
+            &[r#"name="replicaset""#],
+        )
+        .iter()
+        .sum::<f64>()
+    };
+    let ok = |text: &str| {
+        values(
+            text,
+            "etcd_informer_reconciles_total",
+            &[r#"runner="replicaset""#, r#"result="ok""#],
+        )
+        .iter()
+        .sum::<f64>()
+    };
+    let (adds_before, ok_before) = (adds(&text), ok(&text));
+
+    put(
+        &client,
+        format!("{prefix}replicasets/web"),
+        r#"{"replicas": 1}"#.into(),
+    )
+    .await;
+    assert_eq!(
+        ex.next_lines(1),
+        [format!("[m] created {prefix}pods/web-0")]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = scrape(&addr);
+        let added = values(
+            &text,
+            "etcd_informer_events_total",
+            &[&specs, r#"kind="added""#],
+        );
+        if adds(&text) > adds_before && ok(&text) > ok_before && added.iter().sum::<f64>() >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "work queue adds, reconciles and events did not grow after a put:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ex.interrupt();
+}
+
+#[test]
+fn lightweight_controller_with_its_metrics_address_taken_names_it_and_exits_2() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let output = Command::new(example_path("lightweight_controller"))
+        .args(["--metrics-addr", &addr])
+        // Never reached: the metrics address is checked first.
+        .env("ETCD_ENDPOINTS", "127.0.0.1:9")
+        .output()
+        .expect("run example");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&addr), "stderr names the address: {stderr}");
+}

@@ -10,11 +10,10 @@ pub(crate) use controller::AbortOnDrop;
 pub use controller::{Controller, ControllerConfig, ProcessFn};
 pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
-pub(crate) use shared_informer::wait_until;
 pub use shared_informer::{
     ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerHealth,
-    InformerOptions, Processing, SharedIndexInformer, TransformFn, MAX_RESYNC_PERIOD,
-    MIN_RESYNC_PERIOD, REMOVE_PATIENCE,
+    InformerOptions, Processing, SharedIndexInformer, TransformFn, DEFAULT_STREAM_BACKLOG,
+    MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD, REMOVE_PATIENCE,
 };
 
 use crate::listwatch::ListerWatcher;

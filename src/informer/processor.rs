@@ -1,26 +1,31 @@
-//! Per-handler delivery: each handler has its own buffer and its own thread.
+//! Per-handler delivery: each handler has its own buffer, drained by its own thread (a
+//! [`ResourceEventHandler`]) or by its consumer (an [`EventStream`](super::EventStream)).
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll, Waker};
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::handler::{Event, ResourceEventHandler};
+use crate::metrics::HandlerMetrics;
 
 /// Capacity (in events) above which a drained backlog releases its memory.
 const SHRINK_ABOVE: usize = 1024;
 
-/// One registered handler: a buffer of events drained by a dedicated thread.
+/// One registered handler: a buffer of events drained by a dedicated thread, or polled by an
+/// event stream.
 ///
 /// Invariants: `initial_pending` counts the initial adds queued for this handler and not yet
-/// returned from; the handler is synced once its informer is and this is zero.
-/// `Buffer::dispatching` is true exactly while the thread has taken a notification and not yet
-/// come back for the next one: once it is false with `stopped` set, the handler is never called
-/// again.
+/// returned from (or taken from the stream); the handler is synced once its informer is and
+/// this is zero. With `max_backlog`, the buffer holds at most `max(max_backlog, 4 × keys)`
+/// events: past its threshold it is merged per key ([`compact`]). `Buffer::dispatching` is
+/// true exactly while the thread has taken a notification and not yet come back for the next
+/// one: once it is false with `stopped` set, the handler is never called again.
 pub(crate) struct Listener<T> {
     pub(crate) id: u64,
     pub(crate) name: String,
@@ -36,16 +41,19 @@ pub(crate) struct Listener<T> {
     delivered: AtomicU64,
     panics: AtomicU64,
     max_backlog: Option<usize>,
+    metrics: HandlerMetrics,
 }
 
 struct Buffer<T> {
     queue: VecDeque<Event<T>>,
     /// The thread waits on the condvar and nobody has woken it yet.
     waiting: bool,
+    /// The stream's consumer waits for an event.
+    waker: Option<Waker>,
     /// Compact when the queue grows past this (only with `max_backlog`).
     compact_at: usize,
     stopped: bool,
-    /// Deliver what is queued, then end the thread.
+    /// Deliver what is queued, then end the thread (or the stream).
     closing: bool,
     /// The thread is handling a notification.
     dispatching: bool,
@@ -53,16 +61,29 @@ struct Buffer<T> {
     waiters: usize,
 }
 
+impl<T> Buffer<T> {
+    /// The next event, releasing the memory of a large drained backlog.
+    fn pop(&mut self) -> Option<Event<T>> {
+        let e = self.queue.pop_front()?;
+        if self.queue.is_empty() && self.queue.capacity() > SHRINK_ABOVE {
+            // The initial list fills every backlog; do not keep that memory.
+            self.queue.shrink_to_fit();
+        }
+        Some(e)
+    }
+}
+
 impl<T: Send + Sync + 'static> Listener<T> {
-    /// A listener whose thread calls `handler`; the thread ends when [`stop`](Self::stop) is called.
-    pub(crate) fn spawn(
+    /// A listener drained by [`poll_next`](Self::poll_next) rather than by a thread.
+    pub(crate) fn new(
         id: u64,
         name: String,
-        handler: Arc<dyn ResourceEventHandler<T>>,
+        informer: &str,
         resync_period: Duration,
         max_backlog: Option<usize>,
-    ) -> std::io::Result<Arc<Self>> {
-        let listener = Arc::new(Listener {
+    ) -> Arc<Self> {
+        let metrics = HandlerMetrics::new(informer, &name);
+        Arc::new(Listener {
             id,
             name,
             resync_period,
@@ -70,6 +91,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
             buf: Mutex::new(Buffer {
                 queue: VecDeque::new(),
                 waiting: false,
+                waker: None,
                 compact_at: max_backlog.unwrap_or(usize::MAX),
                 stopped: false,
                 closing: false,
@@ -83,7 +105,24 @@ impl<T: Send + Sync + 'static> Listener<T> {
             delivered: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             max_backlog,
-        });
+            metrics,
+        })
+    }
+
+    /// A listener whose thread calls `handler`; the thread ends when [`stop_thread`] or
+    /// [`close`] is called.
+    ///
+    /// [`stop_thread`]: Self::stop_thread
+    /// [`close`]: Self::close
+    pub(crate) fn spawn(
+        id: u64,
+        name: String,
+        informer: &str,
+        handler: Arc<dyn ResourceEventHandler<T>>,
+        resync_period: Duration,
+        max_backlog: Option<usize>,
+    ) -> std::io::Result<Arc<Self>> {
+        let listener = Self::new(id, name, informer, resync_period, max_backlog);
         let this = listener.clone();
         let thread = std::thread::Builder::new()
             .name(format!("handler-{}", listener.name))
@@ -105,7 +144,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
             if buf.stopped {
                 return;
             }
-            let Some(event) = buf.queue.pop_front() else {
+            let Some(event) = buf.pop() else {
                 if buf.closing {
                     return;
                 }
@@ -114,32 +153,42 @@ impl<T: Send + Sync + 'static> Listener<T> {
                 buf.waiting = false;
                 continue;
             };
-            if buf.queue.is_empty() && buf.queue.capacity() > SHRINK_ABOVE {
-                // The initial list fills every backlog; do not keep that memory.
-                buf.queue.shrink_to_fit();
-            }
+            self.metrics.backlog(buf.queue.len());
             buf.dispatching = true;
             drop(buf);
-            let initial = matches!(
-                event,
-                Event::Added {
-                    is_in_initial_list: true,
-                    ..
-                }
-            );
             if catch_unwind(AssertUnwindSafe(|| event.dispatch(&*handler))).is_err() {
                 self.panics.fetch_add(1, Ordering::Relaxed);
+                self.metrics.panics.increment(1);
                 tracing::error!(
                     key = event.key(),
                     "event handler panicked; notification skipped"
                 );
             }
-            self.delivered.fetch_add(1, Ordering::Relaxed);
-            if initial {
-                self.initial_pending.fetch_sub(1, Ordering::AcqRel);
-            }
+            self.count_delivered(&event);
             buf = self.lock();
         }
+    }
+
+    /// The next event for a stream: `None` once the listener is stopped, or closed and drained.
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Event<T>>> {
+        let mut buf = self.lock();
+        if buf.stopped {
+            return Poll::Ready(None);
+        }
+        if let Some(event) = buf.pop() {
+            self.metrics.backlog(buf.queue.len());
+            drop(buf);
+            self.count_delivered(&event);
+            return Poll::Ready(Some(event));
+        }
+        if buf.closing {
+            return Poll::Ready(None);
+        }
+        match &mut buf.waker {
+            Some(w) => w.clone_from(cx.waker()),
+            None => buf.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 }
 
@@ -148,15 +197,18 @@ impl<T> Listener<T> {
         self.buf.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Counts `event` as delivered.
+    fn count_delivered(&self, event: &Event<T>) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        self.metrics.delivered.increment(1);
+        if is_initial(event) {
+            self.initial_pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// Queues an event for the handler; never blocks on the handler.
     pub(crate) fn push(&self, event: Event<T>) {
-        if matches!(
-            event,
-            Event::Added {
-                is_in_initial_list: true,
-                ..
-            }
-        ) {
+        if is_initial(&event) {
             self.initial_pending.fetch_add(1, Ordering::AcqRel);
         }
         let mut buf = self.lock();
@@ -173,28 +225,45 @@ impl<T> Listener<T> {
             buf.compact_at = max.max(buf.queue.len().saturating_mul(2));
             tracing::debug!(handler = %self.name, backlog = buf.queue.len(), "handler backlog compacted");
         }
+        self.metrics.backlog(buf.queue.len());
         // Wake the thread only if it sleeps and nobody woke it yet: each wake is a futex
         // syscall, most of the cost of delivering to a busy handler.
         let wake = std::mem::replace(&mut buf.waiting, false);
+        let waker = buf.waker.take();
         drop(buf);
         if wake {
             self.ready.notify_one();
         }
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
-    /// Ends the thread once every queued notification is delivered.
+    /// Ends the thread (or the stream) once every queued notification is delivered.
     pub(crate) fn close(&self) {
-        self.lock().closing = true;
+        let mut buf = self.lock();
+        buf.closing = true;
+        let waker = buf.waker.take();
+        drop(buf);
         self.ready.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
-    /// Ends the thread after the notification it is handling; queued ones are dropped.
+    /// Ends the thread after the notification it is handling (or the stream at once); queued
+    /// ones are dropped.
     pub(crate) fn stop_thread(&self) {
         let mut buf = self.lock();
         buf.stopped = true;
         buf.queue.clear();
+        let waker = buf.waker.take();
         drop(buf);
+        self.metrics.backlog(0);
         self.ready.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
     /// [`stop_thread`](Self::stop_thread), then waits until the handler can no longer be
@@ -266,6 +335,16 @@ impl<T> Listener<T> {
         }
         true
     }
+}
+
+fn is_initial<T>(event: &Event<T>) -> bool {
+    matches!(
+        event,
+        Event::Added {
+            is_in_initial_list: true,
+            ..
+        }
+    )
 }
 
 /// Merges the backlog per key so that it holds at most two events per key (a delete then a
@@ -343,7 +422,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
-        let listener = Listener::spawn(0, "t".into(), Arc::new(handler), Duration::ZERO, None)
+        let listener = Listener::spawn(0, "t".into(), "i", Arc::new(handler), Duration::ZERO, None)
             .expect("thread");
         listener.push(Event::Added {
             object: o("a", 1),

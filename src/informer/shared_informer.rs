@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
@@ -19,6 +18,7 @@ use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
 use crate::listwatch::{
     BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent, WatchStream,
 };
+use crate::metrics::{EventKind, InformerMetrics};
 use crate::real_fifo::{Batch, RealFifo};
 use crate::reflector::{
     Backoff, Health, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler,
@@ -29,6 +29,16 @@ use crate::{Lister, Object};
 /// Rewrites each object before it is cached (client-go's `TransformFunc`), e.g. to drop fields
 /// the program never reads and save memory.
 pub type TransformFn<T> = Arc<dyn Fn(Object<T>) -> Object<T> + Send + Sync>;
+
+/// The backlog bound of an [`EventStream`] when [`InformerOptions::max_handler_backlog`] is
+/// `None`: a stream's consumer is async code that usually keeps up, so 1024 pending events is
+/// far more than it needs in bursts, and at about 100 bytes each it keeps a sleeping consumer
+/// to around 100 KB plus the objects (beyond that, events merge per key).
+pub const DEFAULT_STREAM_BACKLOG: usize = 1024;
+
+/// How often an informer samples the gauges of its [metrics](crate::metrics) (revisions, queue
+/// depth, decode errors).
+const METRICS_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 
 /// The shortest resync period honoured (client-go's `minimumResyncPeriod`).
 pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
@@ -125,7 +135,9 @@ pub struct InformerOptions<T> {
     pub transform: Option<TransformFn<T>>,
     /// Past this many pending notifications a handler's backlog is merged per key, so it stays
     /// bounded by the number of keys while every key's final state is still delivered. `None`:
-    /// every notification is delivered, however far behind the handler falls.
+    /// every notification is delivered, however far behind the handler falls; an
+    /// [`event_stream`](SharedIndexInformer::event_stream) is bounded anyway, at
+    /// [`DEFAULT_STREAM_BACKLOG`].
     pub max_handler_backlog: Option<usize>,
     /// Called with every list or watch failure.
     pub watch_error_handler: Option<WatchErrorHandler>,
@@ -247,6 +259,7 @@ struct Shared<T> {
     next_id: AtomicU64,
     /// Batches whose application panicked.
     apply_panics: AtomicU64,
+    metrics: InformerMetrics,
 }
 
 /// The registered handlers.
@@ -362,7 +375,6 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let default_resync = clamp_resync(options.resync_period);
         SharedIndexInformer {
             shared: Arc::new(Shared {
-                name: options.name,
                 indexer,
                 queue,
                 processor: Mutex::new(Processor {
@@ -381,6 +393,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 max_handler_backlog: options.max_handler_backlog,
                 next_id: AtomicU64::new(0),
                 apply_panics: AtomicU64::new(0),
+                metrics: InformerMetrics::new(&options.name),
+                name: options.name,
             }),
         }
     }
@@ -400,6 +414,18 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         self.add_event_handler_with_resync(handler, self.shared.default_resync)
     }
 
+    /// Registers a handler named `name` (in logs, its thread's name and its
+    /// [metrics](crate::metrics)), with the informer's default resync period.
+    pub fn add_named_event_handler(
+        &self,
+        name: impl Into<String>,
+        handler: impl ResourceEventHandler<T>,
+    ) -> Result<HandlerRegistration<T>, InformerError> {
+        let period = self.resync_period_for(self.shared.default_resync);
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.spawn_handler(id, name.into(), handler, period)
+    }
+
     /// Registers a handler that receives a resync every `resync_period` (zero: never; at least
     /// [`MIN_RESYNC_PERIOD`], at most [`MAX_RESYNC_PERIOD`]). Once the informer runs, a period shorter than its resync check
     /// period is raised to it.
@@ -415,45 +441,70 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         if self.is_stopped() {
             return Err(self.stopped_error());
         }
-        let mut period = clamp_resync(resync_period);
-        {
-            let mut check = self
-                .shared
-                .resync_check_period
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if !period.is_zero() {
-                if self.shared.started.load(Ordering::Acquire) {
-                    if check.is_zero() {
-                        tracing::warn!(
-                            informer = %self.shared.name,
-                            requested = ?period,
-                            "the informer started without resync; this handler will not be resynced"
-                        );
-                    } else if period < *check {
-                        tracing::warn!(
-                            informer = %self.shared.name,
-                            requested = ?period,
-                            check_period = ?*check,
-                            "handler resync period raised to the informer's resync check period"
-                        );
-                        period = period.max(*check);
-                    }
-                } else if check.is_zero() || period < *check {
-                    *check = period;
-                }
-            }
-        }
+        let period = self.resync_period_for(resync_period);
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}#{id}", self.shared.name);
+        self.spawn_handler(id, name, handler, period)
+    }
+
+    fn spawn_handler(
+        &self,
+        id: u64,
+        name: String,
+        handler: impl ResourceEventHandler<T>,
+        period: Duration,
+    ) -> Result<HandlerRegistration<T>, InformerError> {
         let listener = Listener::spawn(
             id,
             name.clone(),
+            &self.shared.name,
             Arc::new(handler),
             period,
             self.shared.max_handler_backlog,
         )
         .map_err(|source| InformerError::Thread { name, source })?;
+        self.register(listener)
+    }
+
+    /// The resync period a handler asking for `resync_period` gets, lowering the informer's
+    /// resync check period to it before the informer starts.
+    fn resync_period_for(&self, resync_period: Duration) -> Duration {
+        let mut period = clamp_resync(resync_period);
+        let mut check = self
+            .shared
+            .resync_check_period
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if period.is_zero() {
+            return period;
+        }
+        if self.shared.started.load(Ordering::Acquire) {
+            if check.is_zero() {
+                tracing::warn!(
+                    informer = %self.shared.name,
+                    requested = ?period,
+                    "the informer started without resync; this handler will not be resynced"
+                );
+            } else if period < *check {
+                tracing::warn!(
+                    informer = %self.shared.name,
+                    requested = ?period,
+                    check_period = ?*check,
+                    "handler resync period raised to the informer's resync check period"
+                );
+                period = period.max(*check);
+            }
+        } else if check.is_zero() || period < *check {
+            *check = period;
+        }
+        period
+    }
+
+    /// Adds a listener to the processor, queueing an add for every cached object first.
+    fn register(
+        &self,
+        listener: Arc<Listener<T>>,
+    ) -> Result<HandlerRegistration<T>, InformerError> {
         // Holding the processor while listing the cache: no change can be applied between the
         // snapshot and the registration, so there is no gap and no duplicate.
         let mut processor = self.processor();
@@ -509,13 +560,34 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         removed
     }
 
+    /// How many handlers and event streams are registered.
+    pub fn handler_count(&self) -> usize {
+        self.processor().listeners.len()
+    }
+
     /// The changes as a stream of [`Event`]s, starting with an add for every cached object.
-    /// The stream's buffer is unbounded; dropping the stream unregisters it.
+    /// Dropping the stream unregisters it.
+    ///
+    /// The stream's buffer is bounded: past [`InformerOptions::max_handler_backlog`] pending
+    /// events ([`DEFAULT_STREAM_BACKLOG`] if `None`) they are merged per key, as a handler's
+    /// backlog is, so a consumer that falls behind costs memory in proportion to the number of
+    /// keys, slows nobody else, and still receives every key's final state (intermediate ones
+    /// may be skipped). [`EventStream::backlog`] tells how far behind it is.
     pub fn event_stream(&self) -> Result<EventStream<T>, InformerError> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let registration = self.add_event_handler(StreamHandler { tx })?;
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let listener = Listener::new(
+            id,
+            format!("{}#{id}", self.shared.name),
+            &self.shared.name,
+            Duration::ZERO,
+            Some(
+                self.shared
+                    .max_handler_backlog
+                    .unwrap_or(DEFAULT_STREAM_BACKLOG),
+            ),
+        );
+        let registration = self.register(listener)?;
         Ok(EventStream {
-            rx,
             registration,
             informer: self.clone(),
         })
@@ -550,6 +622,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         // However `run` ends (stopped, or its future dropped), let each handler thread finish
         // its backlog and end, instead of waiting forever for events that cannot come.
         let _close_handlers = CloseHandlersOnDrop(self.shared.clone());
+        let _sampler = crate::metrics::ENABLED
+            .then(|| AbortOnDrop(tokio::spawn(sample_metrics(Arc::downgrade(&self.shared)))));
         let revision = &self.shared.revision;
         match &self.shared.queue {
             Queue::DeltaFifo(fifo) => {
@@ -625,7 +699,19 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 .map(|d| apply_delta(txn, d, is_in_initial_list))
                 .collect::<Vec<_>>()
         });
+        self.distribute(&processor, events);
+    }
+
+    /// Counts and hands the notifications of one apply to the handlers, in order.
+    fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, bool)>) {
         for (event, is_sync) in events {
+            if !is_sync {
+                self.shared.metrics.event(match event {
+                    Event::Added { .. } => EventKind::Added,
+                    Event::Updated { .. } => EventKind::Updated,
+                    Event::Deleted(_) => EventKind::Deleted,
+                });
+            }
             processor.distribute(event, is_sync);
         }
     }
@@ -677,9 +763,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 Vec::new()
             }
         };
-        for (event, is_sync) in events {
-            processor.distribute(event, is_sync);
-        }
+        self.distribute(&processor, events);
     }
 
     /// Picks the handlers whose resync is due; the reflector resyncs only if there are any.
@@ -997,6 +1081,31 @@ impl<T> Drop for CloseHandlersOnDrop<T> {
     }
 }
 
+/// Publishes an informer's sampled [metrics](crate::metrics) every second while it runs (and
+/// it exists).
+async fn sample_metrics<T: Send + Sync + 'static>(shared: Weak<Shared<T>>) {
+    let mut tick = tokio::time::interval(METRICS_SAMPLE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let queued = match &shared.queue {
+            Queue::Atomic(q) => q.len(),
+            Queue::DeltaFifo(q) => q.len(),
+        };
+        let decode_errors = shared.source.decode_errors();
+        let informer = SharedIndexInformer { shared };
+        informer.shared.metrics.sample(
+            informer.revision(),
+            informer.last_synced_revision(),
+            queued,
+            decode_errors,
+        );
+    }
+}
+
 /// Polls `cond` until it holds. Polling (every 10 ms, as client-go polls every 100 ms) keeps
 /// every "synced" condition cheap to evaluate and free of extra wake-up machinery.
 pub(crate) async fn wait_until(cond: impl Fn() -> bool) {
@@ -1013,47 +1122,40 @@ fn clamp_resync(period: Duration) -> Duration {
     }
 }
 
-/// A handler that forwards into a channel, behind [`EventStream`].
-struct StreamHandler<T> {
-    tx: mpsc::UnboundedSender<Event<T>>,
-}
-
-impl<T: Send + Sync + 'static> ResourceEventHandler<T> for StreamHandler<T> {
-    fn on_add(&self, object: &Arc<Object<T>>, is_in_initial_list: bool) {
-        let _ = self.tx.send(Event::Added {
-            object: object.clone(),
-            is_in_initial_list,
-        });
-    }
-    fn on_update(&self, old: &Arc<Object<T>>, new: &Arc<Object<T>>) {
-        let _ = self.tx.send(Event::Updated {
-            old: old.clone(),
-            new: new.clone(),
-        });
-    }
-    fn on_delete(&self, obj: &DeletedObject<T>) {
-        let _ = self.tx.send(Event::Deleted(obj.clone()));
-    }
-}
-
 /// The changes of an informer as a [`Stream`]; see [`SharedIndexInformer::event_stream`].
+///
+/// The stream ends when the informer stops (after what is buffered) or is dropped.
 pub struct EventStream<T: Send + Sync + 'static> {
-    rx: mpsc::UnboundedReceiver<Event<T>>,
     registration: HandlerRegistration<T>,
     informer: SharedIndexInformer<T>,
 }
 
 impl<T: Send + Sync + 'static> EventStream<T> {
-    /// Whether every initial add has been delivered into the stream.
+    /// Whether the informer has synced and every initial add has been taken from the stream.
     pub fn has_synced(&self) -> bool {
         self.registration.has_synced()
+    }
+
+    /// Events buffered for the stream and not taken yet (bounded; see
+    /// [`SharedIndexInformer::event_stream`]).
+    pub fn backlog(&self) -> usize {
+        self.registration.backlog()
+    }
+}
+
+impl<T: Send + Sync + 'static> fmt::Debug for EventStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventStream")
+            .field("informer", &self.informer.name())
+            .field("backlog", &self.backlog())
+            .finish()
     }
 }
 
 impl<T: Send + Sync + 'static> Stream for EventStream<T> {
     type Item = Event<T>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event<T>>> {
-        self.rx.poll_recv(cx)
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event<T>>> {
+        self.registration.listener.poll_next(cx)
     }
 }
 
@@ -1070,6 +1172,10 @@ struct Transformed<L, T> {
 }
 
 impl<T: Send + Sync + 'static, L: ListerWatcher<T>> ListerWatcher<T> for Transformed<L, T> {
+    fn decode_errors(&self) -> u64 {
+        self.source.decode_errors()
+    }
+
     fn list(&self) -> BoxFuture<'_, crate::listwatch::Result<ListResult<T>>> {
         Box::pin(async move {
             let mut list = self.source.list().await?;

@@ -479,6 +479,10 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
 }
 
 impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
+    fn decode_errors(&self) -> u64 {
+        EtcdListerWatcher::decode_errors(self)
+    }
+
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin(self.list_inner())
     }

@@ -167,9 +167,17 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
             ))
         })
     }
+    /// How many values failed to decode so far (0 for sources that do not decode), for the
+    /// informer's `etcd_informer_decode_errors_total` [metric](crate::metrics).
+    fn decode_errors(&self) -> u64 {
+        0
+    }
 }
 
 impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
+    fn decode_errors(&self) -> u64 {
+        (**self).decode_errors()
+    }
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         (**self).list()
     }
@@ -187,6 +195,9 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
 }
 
 impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
+    fn decode_errors(&self) -> u64 {
+        (**self).decode_errors()
+    }
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         (**self).list()
     }

@@ -58,6 +58,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::metrics::WorkQueueMetrics;
+
 /// Used as the ready time when `now + delay` cannot be represented.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
@@ -79,6 +81,9 @@ pub struct QueueMetrics {
     pub retries: u64,
     /// How long the longest-running item still processing has been processing.
     pub longest_running: Option<Duration>,
+    /// How long the items still processing have been processing, summed (client-go's
+    /// `unfinished_work_seconds`).
+    pub unfinished_work: Duration,
     /// Total time items waited between being added (or becoming ready) and being handed out.
     pub queue_latency_total: Duration,
     /// Number of waits summed in `queue_latency_total`, which is the number of items handed out.
@@ -267,6 +272,8 @@ struct State<K> {
     queue_latency_count: u64,
     work_duration_total: Duration,
     work_duration_count: u64,
+    /// The queue's [metrics](crate::metrics), updated with the counters above.
+    metrics: WorkQueueMetrics,
 }
 
 /// Items waiting for a delayed add. A heap ordered by ready time. An item whose ready time is
@@ -345,7 +352,7 @@ impl<K: Clone + Eq + Hash> Delayed<K> {
 }
 
 impl<K: Clone + Eq + Hash> State<K> {
-    fn new() -> Self {
+    fn new(name: &str) -> Self {
         Self {
             queue: VecDeque::new(),
             dirty: HashMap::new(),
@@ -359,6 +366,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             queue_latency_count: 0,
             work_duration_total: Duration::ZERO,
             work_duration_count: 0,
+            metrics: WorkQueueMetrics::new(name),
         }
     }
 
@@ -368,9 +376,11 @@ impl<K: Clone + Eq + Hash> State<K> {
             return false;
         }
         self.adds += 1;
+        self.metrics.adds.increment(1);
         let processing = self.processing.contains_key(&item);
         if !processing {
             self.queue.push_back(item.clone());
+            self.metrics.depth(self.queue.len());
         }
         self.dirty.insert(item, at);
         !processing
@@ -463,8 +473,8 @@ where
             .unwrap_or_else(|| Box::new(default_controller_rate_limiter()));
         Self {
             inner: Arc::new(Inner {
+                state: Mutex::new(State::new(&config.name)),
                 name: config.name,
-                state: Mutex::new(State::new()),
                 ready: Notify::new(),
                 drained: Notify::new(),
                 limiter,
@@ -538,6 +548,7 @@ where
         }
         if retry {
             state.retries += 1;
+            state.metrics.retries.increment(1);
         }
         let mut queued = state.promote_ready(now);
         let mut earlier_deadline = false;
@@ -581,8 +592,11 @@ where
                 state.promote_ready(now);
                 if let Some(item) = state.queue.pop_front() {
                     let added = state.dirty.remove(&item).unwrap_or(now);
-                    state.queue_latency_total += now.saturating_duration_since(added);
+                    let waited = now.saturating_duration_since(added);
+                    state.queue_latency_total += waited;
                     state.queue_latency_count += 1;
+                    state.metrics.waited(waited);
+                    state.metrics.depth(state.queue.len());
                     state.processing.insert(item.clone(), now);
                     let more = !state.queue.is_empty();
                     drop(state);
@@ -615,13 +629,16 @@ where
         let Some(started) = state.processing.remove(item) else {
             return;
         };
-        state.work_duration_total += now.saturating_duration_since(started);
+        let worked = now.saturating_duration_since(started);
+        state.work_duration_total += worked;
         state.work_duration_count += 1;
+        state.metrics.worked(worked);
         // A dirty item was added before any shutdown (later adds are ignored), so it is queued
         // even when shutting down.
         let queued = state.dirty.contains_key(item);
         if queued {
             state.queue.push_back(item.clone());
+            state.metrics.depth(state.queue.len());
         }
         let shutting_down = state.shutting_down;
         drop(state);
@@ -703,21 +720,29 @@ where
         self.len() == 0
     }
 
-    /// A snapshot of the queue's counters.
+    /// A snapshot of the queue's counters. Also refreshes the queue's in-flight
+    /// [metrics](crate::metrics) (`unfinished_work_seconds`, `longest_running_processor_seconds`),
+    /// which a [`Runner`](crate::runner::Runner) does every second.
     pub fn metrics(&self) -> QueueMetrics {
         let now = Instant::now();
         let state = self.promote_and_lock();
+        let running = || {
+            state
+                .processing
+                .values()
+                .map(|started| now.saturating_duration_since(*started))
+        };
+        let longest_running = running().max();
+        let unfinished_work = running().sum();
+        state.metrics.in_flight(unfinished_work, longest_running);
         QueueMetrics {
             depth: state.queue.len(),
             delayed: state.delayed.len(),
             processing: state.processing.len(),
             adds: state.adds,
             retries: state.retries,
-            longest_running: state
-                .processing
-                .values()
-                .map(|started| now.saturating_duration_since(*started))
-                .max(),
+            longest_running,
+            unfinished_work,
             queue_latency_total: state.queue_latency_total,
             queue_latency_count: state.queue_latency_count,
             work_duration_total: state.work_duration_total,

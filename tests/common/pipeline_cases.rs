@@ -674,6 +674,113 @@ async fn event_stream_and_transform() {
     assert!(matches!(&second, Event::Deleted(d) if d.key() == "a" && !d.is_final_state_unknown()));
 }
 
+#[tokio::test]
+async fn sleeping_stream_consumer_stays_bounded_and_ends_with_every_final_state() {
+    let source: FakeSource<String> = FakeSource::new();
+    const BOUND: usize = 32;
+    let options = InformerOptions {
+        max_handler_backlog: Some(BOUND),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    informer.wait_for_cache_sync().await;
+    let mut stream = informer.event_stream().unwrap();
+    // Another handler, not slowed by the sleeping consumer.
+    let log = Log::default();
+    let other = informer.add_event_handler(recorder(&log)).unwrap();
+    let mut max_backlog = 0;
+    for i in 0..1000 {
+        let key = format!("k{}", i % 5);
+        if i % 17 == 0 {
+            source.delete(&key);
+        } else {
+            source.put(&key, i.to_string());
+        }
+        if i % 10 == 0 {
+            tokio::task::yield_now().await;
+            max_backlog = max_backlog.max(stream.backlog());
+        }
+    }
+    eventually("cache caught up", || caught_up(&informer, &source)).await;
+    eventually("the other handler kept up", || {
+        other.backlog() == 0 && other.delivered() as usize == snapshot(&log).len()
+    })
+    .await;
+    assert!(
+        snapshot(&log).len() > BOUND,
+        "the other handler got more than the stream keeps"
+    );
+    max_backlog = max_backlog.max(stream.backlog());
+    assert!(
+        (1..=BOUND).contains(&max_backlog),
+        "stream backlog {max_backlog} not within the bound {BOUND}"
+    );
+    // The consumer wakes up and drains the stream.
+    let mut state: HashMap<String, String> = HashMap::new();
+    while stream.backlog() > 0 {
+        match stream.next().await.expect("stream open") {
+            Event::Added { object, .. } => {
+                assert!(
+                    state.insert(object.key().into(), object.value.clone()).is_none(),
+                    "add of a present key"
+                );
+            }
+            Event::Updated { new, .. } => {
+                assert!(
+                    state.insert(new.key().into(), new.value.clone()).is_some(),
+                    "update of an absent key"
+                );
+            }
+            Event::Deleted(d) => {
+                assert!(state.remove(d.key()).is_some(), "delete of an absent key");
+            }
+        }
+    }
+    let cache: HashMap<String, String> = informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), o.value.clone()))
+        .collect();
+    assert_eq!(state, cache, "the consumer ends with every key's final state");
+    // And it goes on receiving changes.
+    source.put("k0", "last".into());
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("a change after the drain")
+        .unwrap();
+    assert_eq!(next.key(), "k0");
+    drop(stream);
+    assert_eq!(informer.handler_count(), 1, "dropping the stream unregisters it");
+}
+
+#[tokio::test]
+async fn handler_panicking_on_every_event_is_counted_and_the_informer_goes_on() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let broken = informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new()
+                .on_add(|_, _| panic!("broken handler"))
+                .on_update(|_, _| panic!("broken handler")),
+        )
+        .unwrap();
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    informer.wait_for_cache_sync().await;
+    for i in 0..20 {
+        source.put(&format!("k{}", i % 4), i.to_string());
+    }
+    eventually("every change reached the healthy handler", || {
+        snapshot(&log).len() == 20
+    })
+    .await;
+    eventually("every panic counted", || broken.panics() == 20).await;
+    assert_eq!(broken.delivered(), 20);
+    assert!(caught_up(&informer, &source));
+    assert!(informer.health().running, "the informer keeps running");
+}
+
 #[tokio::test(start_paused = true)]
 async fn controller_retry_on_error_backs_off_per_key() {
     let source: FakeSource<String> = FakeSource::new();

@@ -1,0 +1,411 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (cargo feature `metrics`):
+//! install any recorder (e.g. `metrics-exporter-prometheus`) and every informer, handler, work
+//! queue, runner and elector reports into it. Without the feature every call here is a no-op on
+//! a zero-sized handle, so nothing is allocated or counted.
+//!
+//! Handles are registered once (per informer, handler, queue, runner, elector) and updated with
+//! plain atomic operations afterwards: no metric call allocates per event.
+//!
+//! | metric | type | labels | moves when |
+//! | --- | --- | --- | --- |
+//! | `etcd_informer_events_total` | counter | `informer`, `kind` (added, updated, deleted) | a change is applied to the cache (resyncs excluded) |
+//! | `etcd_informer_relists_total` | counter | `informer`, `reason` (initial, compacted, store_replaced, error) | the reflector lists: first list, watched revision compacted, store wiped or restored, restart after a panic |
+//! | `etcd_informer_decode_errors_total` | counter | `informer` | a value under the prefix does not decode (sampled every second) |
+//! | `etcd_informer_applied_revision` | gauge | `informer` | the cache reaches a new revision (sampled every second) |
+//! | `etcd_informer_revision_lag` | gauge | `informer` | revisions the reflector has read and the cache has not applied yet (sampled every second) |
+//! | `etcd_informer_queue_depth` | gauge | `informer` | batches (RealFifo) or keys (DeltaFifo) queued between reflector and cache (sampled every second) |
+//! | `etcd_informer_handler_backlog` | gauge | `informer`, `handler` | notifications queued for a handler (or an event stream) and not delivered |
+//! | `etcd_informer_handler_delivered_total` | counter | `informer`, `handler` | a notification is delivered |
+//! | `etcd_informer_handler_panics_total` | counter | `informer`, `handler` | a handler panics on a notification |
+//! | `etcd_informer_workqueue_depth` | gauge | `name` | keys waiting in a work queue |
+//! | `etcd_informer_workqueue_adds_total` | counter | `name` | a key is added (not counting adds of a key already waiting) |
+//! | `etcd_informer_workqueue_queue_duration_seconds` | histogram | `name` | a key is handed out: how long it waited |
+//! | `etcd_informer_workqueue_work_duration_seconds` | histogram | `name` | a key is done: how long it was processed |
+//! | `etcd_informer_workqueue_retries_total` | counter | `name` | a key is re-added with backoff |
+//! | `etcd_informer_workqueue_unfinished_work_seconds` | gauge | `name` | sum of how long the keys in processing have been processing (runner: every second) |
+//! | `etcd_informer_workqueue_longest_running_processor_seconds` | gauge | `name` | how long the oldest key in processing has been processing (runner: every second) |
+//! | `etcd_informer_reconciles_total` | counter | `runner`, `result` (ok, error, panic, timeout) | a reconcile ends |
+//! | `etcd_informer_reconcile_duration_seconds` | histogram | `runner` | a reconcile ends |
+//! | `etcd_informer_runner_synced` | gauge | `runner` | 1 once every watched informer has synced and workers run, 0 while waiting |
+//! | `etcd_informer_leader_is_leader` | gauge | `election`, `identity` | 1 while this candidate leads |
+//! | `etcd_informer_leader_transitions_total` | counter | `election`, `identity` | this candidate starts or stops leading |
+//!
+//! Work-queue metrics are client-go's (`workqueue_*`), labelled by the queue's name; a
+//! [`Runner`](crate::runner::Runner)'s queue is named after the runner. Handlers are named
+//! `<informer>#<id>`, or as given to
+//! [`add_named_event_handler`](crate::SharedIndexInformer::add_named_event_handler) (the runner
+//! names its handlers after itself).
+
+use std::time::Duration;
+
+#[cfg(feature = "metrics")]
+use ::metrics::{Counter, Gauge, Histogram};
+
+#[cfg(not(feature = "metrics"))]
+use noop::{Counter, Gauge, Histogram};
+
+/// Registers a description (the `# HELP` line) for every metric of this crate with the
+/// installed recorder. Call it once, after installing the recorder. A no-op without the
+/// `metrics` feature.
+pub fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        describe_counter!(
+            "etcd_informer_events_total",
+            "Changes applied to an informer's cache, by kind (resyncs excluded)."
+        );
+        describe_counter!(
+            "etcd_informer_relists_total",
+            "Lists made by a reflector, by reason (initial, compacted, store_replaced, error)."
+        );
+        describe_counter!(
+            "etcd_informer_decode_errors_total",
+            "Values under an informer's prefix that did not decode."
+        );
+        describe_gauge!(
+            "etcd_informer_applied_revision",
+            "The etcd revision an informer's cache is at."
+        );
+        describe_gauge!(
+            "etcd_informer_revision_lag",
+            "Revisions the reflector has read that the cache has not applied yet."
+        );
+        describe_gauge!(
+            "etcd_informer_queue_depth",
+            "Batches (RealFifo) or keys (DeltaFifo) queued between the reflector and the cache."
+        );
+        describe_gauge!(
+            "etcd_informer_handler_backlog",
+            "Notifications queued for a handler and not delivered yet."
+        );
+        describe_counter!(
+            "etcd_informer_handler_delivered_total",
+            "Notifications delivered to a handler."
+        );
+        describe_counter!(
+            "etcd_informer_handler_panics_total",
+            "Notifications whose handler panicked."
+        );
+        describe_gauge!(
+            "etcd_informer_workqueue_depth",
+            "Keys waiting in a work queue."
+        );
+        describe_counter!(
+            "etcd_informer_workqueue_adds_total",
+            "Keys added to a work queue."
+        );
+        describe_histogram!(
+            "etcd_informer_workqueue_queue_duration_seconds",
+            Unit::Seconds,
+            "How long a key waited in a work queue before being handed out."
+        );
+        describe_histogram!(
+            "etcd_informer_workqueue_work_duration_seconds",
+            Unit::Seconds,
+            "How long processing a key took."
+        );
+        describe_counter!(
+            "etcd_informer_workqueue_retries_total",
+            "Keys re-added to a work queue with backoff."
+        );
+        describe_gauge!(
+            "etcd_informer_workqueue_unfinished_work_seconds",
+            Unit::Seconds,
+            "Sum of how long the keys in processing have been processing."
+        );
+        describe_gauge!(
+            "etcd_informer_workqueue_longest_running_processor_seconds",
+            Unit::Seconds,
+            "How long the oldest key in processing has been processing."
+        );
+        describe_counter!(
+            "etcd_informer_reconciles_total",
+            "Reconciles, by result (ok, error, panic, timeout)."
+        );
+        describe_histogram!(
+            "etcd_informer_reconcile_duration_seconds",
+            Unit::Seconds,
+            "How long reconciles took."
+        );
+        describe_gauge!(
+            "etcd_informer_runner_synced",
+            "1 once every informer a runner watches has synced, 0 while it waits."
+        );
+        describe_gauge!(
+            "etcd_informer_leader_is_leader",
+            "1 while this candidate leads its election."
+        );
+        describe_counter!(
+            "etcd_informer_leader_transitions_total",
+            "Times this candidate started or stopped leading."
+        );
+    }
+}
+
+/// Zero-sized stand-ins for the `metrics` handles when the feature is off.
+#[cfg(not(feature = "metrics"))]
+mod noop {
+    #[derive(Clone, Default)]
+    pub(crate) struct Counter;
+    impl Counter {
+        pub(crate) fn increment(&self, _: u64) {}
+        pub(crate) fn absolute(&self, _: u64) {}
+    }
+
+    #[derive(Clone, Default)]
+    pub(crate) struct Gauge;
+    impl Gauge {
+        pub(crate) fn set(&self, _: f64) {}
+    }
+
+    #[derive(Clone, Default)]
+    pub(crate) struct Histogram;
+    impl Histogram {
+        pub(crate) fn record(&self, _: f64) {}
+    }
+}
+
+/// `counter!`, `gauge!` and `histogram!` with the feature.
+#[cfg(feature = "metrics")]
+macro_rules! handle {
+    ($kind:ident, $name:literal $(, $label:literal => $value:expr)*) => {
+        ::metrics::$kind!($name $(, $label => $value)*)
+    };
+}
+
+/// A zero-sized handle without the feature (the label expressions are not evaluated).
+#[cfg(not(feature = "metrics"))]
+macro_rules! handle {
+    ($kind:ident, $name:literal $(, $label:literal => $value:expr)*) => {
+        Default::default()
+    };
+}
+
+/// Whether metrics are compiled in: guards work done only to compute a metric.
+pub(crate) const ENABLED: bool = cfg!(feature = "metrics");
+
+/// The `kind` of an applied change.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum EventKind {
+    Added,
+    Updated,
+    Deleted,
+}
+
+/// One informer's metrics.
+#[derive(Clone)]
+pub(crate) struct InformerMetrics {
+    added: Counter,
+    updated: Counter,
+    deleted: Counter,
+    decode_errors: Counter,
+    applied_revision: Gauge,
+    revision_lag: Gauge,
+    queue_depth: Gauge,
+}
+
+impl InformerMetrics {
+    pub(crate) fn new(informer: &str) -> Self {
+        let _ = informer;
+        InformerMetrics {
+            added: handle!(counter, "etcd_informer_events_total", "informer" => informer.to_owned(), "kind" => "added"),
+            updated: handle!(counter, "etcd_informer_events_total", "informer" => informer.to_owned(), "kind" => "updated"),
+            deleted: handle!(counter, "etcd_informer_events_total", "informer" => informer.to_owned(), "kind" => "deleted"),
+            decode_errors: handle!(counter, "etcd_informer_decode_errors_total", "informer" => informer.to_owned()),
+            applied_revision: handle!(gauge, "etcd_informer_applied_revision", "informer" => informer.to_owned()),
+            revision_lag: handle!(gauge, "etcd_informer_revision_lag", "informer" => informer.to_owned()),
+            queue_depth: handle!(gauge, "etcd_informer_queue_depth", "informer" => informer.to_owned()),
+        }
+    }
+
+    pub(crate) fn event(&self, kind: EventKind) {
+        match kind {
+            EventKind::Added => self.added.increment(1),
+            EventKind::Updated => self.updated.increment(1),
+            EventKind::Deleted => self.deleted.increment(1),
+        }
+    }
+
+    /// Publishes what is sampled: revisions, queue depth and the source's decode errors.
+    pub(crate) fn sample(&self, applied: i64, last_synced: i64, queued: usize, decode_errors: u64) {
+        self.applied_revision.set(applied as f64);
+        self.revision_lag
+            .set(last_synced.saturating_sub(applied).max(0) as f64);
+        self.queue_depth.set(queued as f64);
+        self.decode_errors.absolute(decode_errors);
+    }
+}
+
+/// Why a reflector listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RelistReason {
+    Initial,
+    Compacted,
+    StoreReplaced,
+    Error,
+}
+
+/// A reflector's relists, by reason.
+pub(crate) struct RelistMetrics {
+    initial: Counter,
+    compacted: Counter,
+    store_replaced: Counter,
+    error: Counter,
+}
+
+impl RelistMetrics {
+    pub(crate) fn new(informer: &str) -> Self {
+        let _ = informer;
+        RelistMetrics {
+            initial: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "initial"),
+            compacted: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "compacted"),
+            store_replaced: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "store_replaced"),
+            error: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "error"),
+        }
+    }
+
+    pub(crate) fn relisted(&self, reason: RelistReason) {
+        match reason {
+            RelistReason::Initial => self.initial.increment(1),
+            RelistReason::Compacted => self.compacted.increment(1),
+            RelistReason::StoreReplaced => self.store_replaced.increment(1),
+            RelistReason::Error => self.error.increment(1),
+        }
+    }
+}
+
+/// One handler's (or event stream's) metrics.
+pub(crate) struct HandlerMetrics {
+    pub(crate) backlog: Gauge,
+    pub(crate) delivered: Counter,
+    pub(crate) panics: Counter,
+}
+
+impl HandlerMetrics {
+    pub(crate) fn new(informer: &str, handler: &str) -> Self {
+        let _ = (informer, handler);
+        HandlerMetrics {
+            backlog: handle!(gauge, "etcd_informer_handler_backlog", "informer" => informer.to_owned(), "handler" => handler.to_owned()),
+            delivered: handle!(counter, "etcd_informer_handler_delivered_total", "informer" => informer.to_owned(), "handler" => handler.to_owned()),
+            panics: handle!(counter, "etcd_informer_handler_panics_total", "informer" => informer.to_owned(), "handler" => handler.to_owned()),
+        }
+    }
+
+    pub(crate) fn backlog(&self, len: usize) {
+        self.backlog.set(len as f64);
+    }
+}
+
+/// A work queue's metrics (client-go's workqueue metrics).
+pub(crate) struct WorkQueueMetrics {
+    pub(crate) depth: Gauge,
+    pub(crate) adds: Counter,
+    queue_duration: Histogram,
+    work_duration: Histogram,
+    pub(crate) retries: Counter,
+    unfinished_work: Gauge,
+    longest_running: Gauge,
+}
+
+impl WorkQueueMetrics {
+    pub(crate) fn new(name: &str) -> Self {
+        let _ = name;
+        WorkQueueMetrics {
+            depth: handle!(gauge, "etcd_informer_workqueue_depth", "name" => name.to_owned()),
+            adds: handle!(counter, "etcd_informer_workqueue_adds_total", "name" => name.to_owned()),
+            queue_duration: handle!(histogram, "etcd_informer_workqueue_queue_duration_seconds", "name" => name.to_owned()),
+            work_duration: handle!(histogram, "etcd_informer_workqueue_work_duration_seconds", "name" => name.to_owned()),
+            retries: handle!(counter, "etcd_informer_workqueue_retries_total", "name" => name.to_owned()),
+            unfinished_work: handle!(gauge, "etcd_informer_workqueue_unfinished_work_seconds", "name" => name.to_owned()),
+            longest_running: handle!(gauge, "etcd_informer_workqueue_longest_running_processor_seconds", "name" => name.to_owned()),
+        }
+    }
+
+    pub(crate) fn depth(&self, len: usize) {
+        self.depth.set(len as f64);
+    }
+
+    pub(crate) fn waited(&self, d: Duration) {
+        self.queue_duration.record(d.as_secs_f64());
+    }
+
+    pub(crate) fn worked(&self, d: Duration) {
+        self.work_duration.record(d.as_secs_f64());
+    }
+
+    pub(crate) fn in_flight(&self, unfinished: Duration, longest: Option<Duration>) {
+        self.unfinished_work.set(unfinished.as_secs_f64());
+        self.longest_running
+            .set(longest.unwrap_or_default().as_secs_f64());
+    }
+}
+
+/// How a reconcile ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReconcileResult {
+    Ok,
+    Error,
+    Panic,
+    Timeout,
+}
+
+/// A runner's metrics.
+pub(crate) struct RunnerMetrics {
+    ok: Counter,
+    error: Counter,
+    panic: Counter,
+    timeout: Counter,
+    duration: Histogram,
+    pub(crate) synced: Gauge,
+}
+
+impl RunnerMetrics {
+    pub(crate) fn new(runner: &str) -> Self {
+        let _ = runner;
+        RunnerMetrics {
+            ok: handle!(counter, "etcd_informer_reconciles_total", "runner" => runner.to_owned(), "result" => "ok"),
+            error: handle!(counter, "etcd_informer_reconciles_total", "runner" => runner.to_owned(), "result" => "error"),
+            panic: handle!(counter, "etcd_informer_reconciles_total", "runner" => runner.to_owned(), "result" => "panic"),
+            timeout: handle!(counter, "etcd_informer_reconciles_total", "runner" => runner.to_owned(), "result" => "timeout"),
+            duration: handle!(histogram, "etcd_informer_reconcile_duration_seconds", "runner" => runner.to_owned()),
+            synced: handle!(gauge, "etcd_informer_runner_synced", "runner" => runner.to_owned()),
+        }
+    }
+
+    pub(crate) fn reconciled(&self, result: ReconcileResult, took: Duration) {
+        match result {
+            ReconcileResult::Ok => self.ok.increment(1),
+            ReconcileResult::Error => self.error.increment(1),
+            ReconcileResult::Panic => self.panic.increment(1),
+            ReconcileResult::Timeout => self.timeout.increment(1),
+        }
+        self.duration.record(took.as_secs_f64());
+    }
+
+    pub(crate) fn synced(&self, synced: bool) {
+        self.synced.set(if synced { 1.0 } else { 0.0 });
+    }
+}
+
+/// A candidate's leadership state.
+pub(crate) struct LeaderMetrics {
+    is_leader: Gauge,
+    transitions: Counter,
+}
+
+impl LeaderMetrics {
+    pub(crate) fn new(election: &str, identity: &str) -> Self {
+        let _ = (election, identity);
+        LeaderMetrics {
+            is_leader: handle!(gauge, "etcd_informer_leader_is_leader", "election" => election.to_owned(), "identity" => identity.to_owned()),
+            transitions: handle!(counter, "etcd_informer_leader_transitions_total", "election" => election.to_owned(), "identity" => identity.to_owned()),
+        }
+    }
+
+    /// This candidate started (`true`) or stopped leading.
+    pub(crate) fn transition(&self, leading: bool) {
+        self.is_leader.set(if leading { 1.0 } else { 0.0 });
+        self.transitions.increment(1);
+    }
+}
