@@ -39,6 +39,9 @@ fn informer_options(backoff: Duration) -> InformerOptions<String> {
     InformerOptions {
         name: "etcd-test".into(),
         backoff: Backoff::new(backoff, backoff * 2, Duration::from_secs(120), 0.0),
+        // The tests here choose every retry delay (some open a window behind the informer's
+        // back with a long one); tests/faults.rs measures the default reconnect backoff.
+        reconnect: Backoff::new(backoff, backoff * 2, Duration::from_secs(120), 0.0),
         ..Default::default()
     }
 }
