@@ -39,6 +39,13 @@ pub trait Queue<T>: Send + Sync {
     fn progress(&self, revision: i64);
 }
 
+/// Relists further apart than this are not a storm: they happen at once, and the protective
+/// backoff starts over. Closer ones wait for [`ReflectorOptions::backoff`]. A relist of a big
+/// prefix is what etcd must be protected from, but a fault every minute (a member restarted, a
+/// compaction) must not push recovery tens of seconds away, as a backoff that resets only after
+/// two quiet minutes (client-go's) does.
+pub const RELIST_STORM_WINDOW: Duration = Duration::from_secs(10);
+
 /// Called with every list or watch failure.
 pub type WatchErrorHandler = Arc<dyn Fn(&Error) + Send + Sync>;
 
@@ -98,10 +105,10 @@ impl Backoff {
         )
     }
 
-    /// Whether no failure happened within the reset period: the next delay starts over.
-    fn is_quiet(&self) -> bool {
-        self.last
-            .is_none_or(|t| Instant::now().saturating_duration_since(t) >= self.reset_after)
+    /// Starts over: the next delay is the initial one.
+    pub fn reset(&mut self) {
+        self.next = self.initial;
+        self.last = None;
     }
 
     /// The delay before the next attempt.
@@ -134,9 +141,9 @@ pub struct ReflectorOptions {
     pub should_resync: Option<ShouldResync>,
     /// Called with every list or watch failure, after it is logged.
     pub watch_error_handler: Option<WatchErrorHandler>,
-    /// The protective backoff: delays between relists that come close together (the first
-    /// relist after a quiet period is immediate), and retries after etcd answered with an
-    /// error. Default: client-go's reflector figures (SEMANTICS etcd rule 12).
+    /// The protective backoff: delays between relists that come within
+    /// [`RELIST_STORM_WINDOW`] of each other (others are immediate), and retries after etcd
+    /// answered with an error. Default: client-go's reflector figures (SEMANTICS etcd rule 12).
     pub backoff: Backoff,
     /// Delays between attempts to watch again while etcd cannot be reached
     /// ([`Error::Unavailable`]); default [`Backoff::reconnect`].
@@ -406,6 +413,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // revision the cache holds may still differ: the queue retires every cached key
             // (tombstones) and adds the list afresh.
             self.fifo.replace(items, list.revision, replaced);
+            let listed_at = Instant::now();
             let mut revision = list.revision;
             highest_seen = revision;
             self.handle.revision.store(revision, Ordering::Release);
@@ -422,10 +430,12 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                         } else {
                             ListReason::Compacted
                         };
-                        let quiet = backoff.is_quiet();
-                        let delay = backoff.next_delay();
-                        if !quiet {
-                            tokio::time::sleep(delay).await;
+                        // A relist storm is relists back to back; one that follows the last
+                        // by more than `RELIST_STORM_WINDOW` happens at once.
+                        if listed_at.elapsed() >= RELIST_STORM_WINDOW {
+                            backoff.reset();
+                        } else {
+                            tokio::time::sleep(backoff.next_delay()).await;
                         }
                         break;
                     }
