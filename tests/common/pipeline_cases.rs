@@ -1152,3 +1152,42 @@ async fn resync_periods_of_any_length_are_accepted() {
     eventually("changes flow", || snapshot(&log).len() == 2).await;
     assert!(informer.health().is_healthy());
 }
+
+#[tokio::test(start_paused = true)]
+async fn relists_far_apart_are_immediate_and_close_ones_back_off() {
+    let source = FakeSource::new();
+    source.put("tmp/a", "1".to_string());
+    let second = Duration::from_secs(1);
+    let options = InformerOptions {
+        backoff: etcd_informer::Backoff::new(second, 30 * second, 120 * second, 0.0),
+        ..fast_options()
+    };
+    let informer = started(&source, options);
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let expire = || Error::Expired {
+        revision: 0,
+        reason: "compacted in the test".into(),
+    };
+    let relisted = |n: usize| {
+        let source = source.clone();
+        async move {
+            while source.list_count() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    // Long after the last list: not a storm, relisted at once.
+    tokio::time::sleep(etcd_informer::RELIST_STORM_WINDOW * 2).await;
+    let started_at = tokio::time::Instant::now();
+    source.break_watches(expire());
+    relisted(2).await;
+    assert!(started_at.elapsed() < Duration::from_millis(100), "{:?}", started_at.elapsed());
+    // Right after it: the protective backoff.
+    let started_at = tokio::time::Instant::now();
+    source.break_watches(expire());
+    relisted(3).await;
+    assert!(started_at.elapsed() >= second, "{:?}", started_at.elapsed());
+    assert!(caught_up(&informer, &source));
+}
