@@ -527,3 +527,26 @@ async fn proxy_whose_backend_is_gone_is_noticed_and_recovers() {
     let took = converged(&r, &client, "/backend/", Duration::from_secs(20)).await;
     println!("caught up {took:?} after the backend returned (through the proxy)");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_one_clear_error_at_connect() {
+    let (server, _root) = etcd_with_auth(300).await;
+    let started = Instant::now();
+    let result = etcd_informer::ConnectConfig::new([server.endpoint()])
+        .user("reader", "not-the-password")
+        .connect()
+        .await;
+    let Err(error) = result else {
+        panic!("a wrong password is refused");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("authentication failed") && message.contains(&server.endpoint()),
+        "names the cause and the endpoint: {message}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
