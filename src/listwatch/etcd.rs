@@ -32,8 +32,12 @@ pub const MAX_DECODING_MESSAGE_SIZE: usize = 1 << 30;
 /// - **require leader**: without it a watch on a member cut off from its cluster hangs
 ///   silently, and reads may be served stale; with it the member cancels the stream with "no
 ///   leader" and we retry, possibly on another endpoint;
-/// - **gRPC keepalive** (ping every 10 s, give up after 5 s without an answer, also while idle):
-///   etcd-client has it off, so a killed or frozen etcd would leave a watch waiting forever;
+/// - **gRPC keepalive** every 5.5 minutes, giving up after 20 s without an answer, only while
+///   a stream is open: etcd-client has it off, so a half-open connection would otherwise stay
+///   forever. Not more often: etcd's gRPC proxy (like any Go gRPC server with the default
+///   policy) closes connections that ping more often than every 5 minutes ("too many pings"),
+///   and a silent watch is caught sooner by the etcd source's own liveness check (a cheap read
+///   after half of [`EtcdOptions::idle_timeout`] of silence);
 /// - a 5 s connect timeout, so an unreachable endpoint is reported, not waited on;
 /// - automatic re-authentication of reads when etcd has forgotten the auth token (etcd drops
 ///   simple tokens after `--auth-token-ttl`, 300 s by default); watches re-authenticate in
@@ -41,8 +45,8 @@ pub const MAX_DECODING_MESSAGE_SIZE: usize = 1 << 30;
 pub fn connect_options() -> ConnectOptions {
     ConnectOptions::new()
         .with_require_leader(true)
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-        .with_keep_alive_while_idle(true)
+        .with_keep_alive(Duration::from_secs(330), Duration::from_secs(20))
+        .with_keep_alive_while_idle(false)
         .with_connect_timeout(Duration::from_secs(5))
         .with_auto_token_refresh(true)
 }
