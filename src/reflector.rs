@@ -39,12 +39,13 @@ pub trait Queue<T>: Send + Sync {
     fn progress(&self, revision: i64);
 }
 
-/// Relists further apart than this are not a storm: they happen at once, and the protective
-/// backoff starts over. Closer ones wait for [`ReflectorOptions::backoff`]. A relist of a big
-/// prefix is what etcd must be protected from, but a fault every minute (a member restarted, a
-/// compaction) must not push recovery tens of seconds away, as a backoff that resets only after
-/// two quiet minutes (client-go's) does.
-pub const RELIST_STORM_WINDOW: Duration = Duration::from_secs(10);
+/// A relist is part of a storm when the watch opened after the previous list did not stay up
+/// this long: then it waits for [`ReflectorOptions::backoff`], doubling each time. A relist
+/// after a watch that did stay up (a member restarted, a compaction while the informer was
+/// away) happens at once and starts the backoff over: a fault every few seconds must not push
+/// recovery tens of seconds away, as a backoff that resets only after two quiet minutes
+/// (client-go's) does, while a list whose watch expires at once still backs off.
+pub const RELIST_STORM_WINDOW: Duration = Duration::from_secs(2);
 
 /// Called with every list or watch failure.
 pub type WatchErrorHandler = Arc<dyn Fn(&Error) + Send + Sync>;
@@ -141,9 +142,9 @@ pub struct ReflectorOptions {
     pub should_resync: Option<ShouldResync>,
     /// Called with every list or watch failure, after it is logged.
     pub watch_error_handler: Option<WatchErrorHandler>,
-    /// The protective backoff: delays between relists that come within
-    /// [`RELIST_STORM_WINDOW`] of each other (others are immediate), and retries after etcd
-    /// answered with an error. Default: client-go's reflector figures (SEMANTICS etcd rule 12).
+    /// The protective backoff: delays between relists in a storm (see
+    /// [`RELIST_STORM_WINDOW`]; others are immediate), and retries after etcd answered with an
+    /// error. Default: client-go's reflector figures (SEMANTICS etcd rule 12).
     pub backoff: Backoff,
     /// Delays between attempts to watch again while etcd cannot be reached
     /// ([`Error::Unavailable`]); default [`Backoff::reconnect`].
@@ -188,6 +189,8 @@ pub struct Reflector<T, L> {
     options: ReflectorOptions,
     handle: RevisionHandle,
     relists: RelistMetrics,
+    /// When the current watch was opened.
+    watching_since: Option<Instant>,
 }
 
 /// How many times a reflector listed, by reason.
@@ -311,6 +314,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             relists: RelistMetrics::new(&options.name),
             options,
             handle: RevisionHandle::new(),
+            watching_since: None,
         }
     }
 
@@ -413,7 +417,8 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // revision the cache holds may still differ: the queue retires every cached key
             // (tombstones) and adds the list afresh.
             self.fifo.replace(items, list.revision, replaced);
-            let listed_at = Instant::now();
+            // Whether a watch after this list stayed up (see `RELIST_STORM_WINDOW`).
+            let mut watch_stayed_up = false;
             let mut revision = list.revision;
             highest_seen = revision;
             self.handle.revision.store(revision, Ordering::Release);
@@ -423,16 +428,19 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // for etcd, so it happens as soon as etcd answers; a relist is what must be
             // protected, so relists that come close together back off.
             loop {
-                match self.watch(&mut revision, &mut resync).await {
+                let end = self.watch(&mut revision, &mut resync).await;
+                watch_stayed_up |= self
+                    .watching_since
+                    .take()
+                    .is_some_and(|t| t.elapsed() >= RELIST_STORM_WINDOW);
+                match end {
                     WatchEnd::Expired { store_replaced } => {
                         reason = if store_replaced {
                             ListReason::StoreReplaced
                         } else {
                             ListReason::Compacted
                         };
-                        // A relist storm is relists back to back; one that follows the last
-                        // by more than `RELIST_STORM_WINDOW` happens at once.
-                        if listed_at.elapsed() >= RELIST_STORM_WINDOW {
+                        if watch_stayed_up {
                             backoff.reset();
                         } else {
                             tokio::time::sleep(backoff.next_delay()).await;
@@ -460,6 +468,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             }
         };
         self.handle.connected();
+        self.watching_since = Some(Instant::now());
         // An event already taken from the stream, not yet handled.
         let mut ready: Option<Option<WatchEvent<T>>> = None;
         loop {

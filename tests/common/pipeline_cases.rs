@@ -1154,7 +1154,7 @@ async fn resync_periods_of_any_length_are_accepted() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn relists_far_apart_are_immediate_and_close_ones_back_off() {
+async fn relist_after_a_watch_that_stayed_up_is_immediate_a_storm_backs_off() {
     let source = FakeSource::new();
     source.put("tmp/a", "1".to_string());
     let second = Duration::from_secs(1);
@@ -1178,13 +1178,13 @@ async fn relists_far_apart_are_immediate_and_close_ones_back_off() {
             }
         }
     };
-    // Long after the last list: not a storm, relisted at once.
+    // After a watch that stayed up: not a storm, relisted at once.
     tokio::time::sleep(etcd_informer::RELIST_STORM_WINDOW * 2).await;
     let started_at = tokio::time::Instant::now();
     source.break_watches(expire());
     relisted(2).await;
     assert!(started_at.elapsed() < Duration::from_millis(100), "{:?}", started_at.elapsed());
-    // Right after it: the protective backoff.
+    // The watch after that list expires at once: a storm, so the protective backoff.
     let started_at = tokio::time::Instant::now();
     source.break_watches(expire());
     relisted(3).await;
