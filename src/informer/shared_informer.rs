@@ -932,7 +932,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             .await
             .map_err(|_| ConsistencyError::Source {
                 informer: self.shared.name.clone(),
-                source: SourceError::Transient(format!("no answer within {timeout:?}")),
+                source: SourceError::transient(format!("no answer within {timeout:?}")),
             })??;
         if !(current.unchanged && self.has_synced()) {
             let left = timeout.saturating_sub(started.elapsed());

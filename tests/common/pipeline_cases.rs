@@ -1166,10 +1166,7 @@ async fn relists_far_apart_are_immediate_and_close_ones_back_off() {
     while !informer.has_synced() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let expire = || Error::Expired {
-        revision: 0,
-        reason: "compacted in the test".into(),
-    };
+    let expire = || Error::expired(0, "compacted in the test");
     let relisted = |n: usize| {
         let source = source.clone();
         async move {
