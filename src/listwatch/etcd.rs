@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::{
     BoxFuture, Error, Freshness, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
 };
-use crate::codec::{Codec, DecodeError};
+use crate::codec::{Codec, DecodeError, DecodeErrorKind};
 use crate::Object;
 
 /// Called with every value that does not decode.
@@ -636,7 +636,7 @@ impl<T: 'static> Decoder<T> {
     fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
         let key = relative_key(&self.prefix, full);
         if key.is_none() {
-            self.report(full, revision, "the key is not UTF-8".into());
+            self.report(full, revision, DecodeErrorKind::KeyNotUtf8);
         }
         key
     }
@@ -652,20 +652,16 @@ impl<T: 'static> Decoder<T> {
                 Some(obj)
             }
             Err(source) => {
-                self.report(&kv.key, kv.mod_revision, source);
+                self.report(&kv.key, kv.mod_revision, DecodeErrorKind::Value(source));
                 None
             }
         }
     }
 
-    fn report(&self, key: &[u8], revision: i64, source: crate::codec::CodecError) {
-        let error = DecodeError {
-            key: String::from_utf8_lossy(key).into_owned(),
-            revision,
-            source,
-        };
+    fn report(&self, key: &[u8], revision: i64, kind: DecodeErrorKind) {
+        let error = DecodeError::new(key.to_vec(), revision, kind);
         self.errors.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(key = %error.key, revision, error = %error.source, "undecodable value; treating the key as absent");
+        tracing::warn!(key = %error.escaped_key(), revision, %error, "undecodable key or value; treating the key as absent");
         if let Some(h) = &self.on_error {
             h(&error);
         }
