@@ -11,6 +11,7 @@ use crate::Object;
 
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WriteError {
     /// The key changed since the caller read it (or was deleted, or created meanwhile): read it
     /// again and retry. `actual` is its current `mod_revision`, `None` if it does not exist;

@@ -123,6 +123,7 @@ impl Popped {
 
 /// What the function given to [`DeltaFifo::pop`] returns when it could not process the deltas.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PopError {
     /// Drop the deltas.
     #[error("processing failed; deltas dropped: {0}")]

@@ -13,6 +13,7 @@ use crate::metrics::LeaderMetrics;
 
 /// Why leading failed or ended.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ElectionError {
     /// etcd refused or failed a request.
     #[error("election {election:?}: {what} failed: {message}")]

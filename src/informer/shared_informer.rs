@@ -99,6 +99,7 @@ impl InformerHealth {
 
 /// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConsistencyError {
     /// The cache did not reach the revision in time.
     #[error("informer {informer}: the cache did not reach revision {revision} within {waited:?} (it is at {applied})")]
@@ -292,6 +293,7 @@ impl<T> Drop for Shared<T> {
 
 /// Errors when registering a handler.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InformerError {
     /// The handler's thread could not be started.
     #[error("cannot start a thread for handler {name}: {source}")]

@@ -148,6 +148,7 @@ impl fmt::Debug for EtcdOptions {
 
 /// A bad argument to [`EtcdListerWatcher`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The prefix is empty or does not end with `/`.
     #[error(

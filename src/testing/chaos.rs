@@ -182,6 +182,7 @@ impl ChaosConfig {
 /// Why a chaos run stopped. Every variant names the seed, the endpoint mode, the round and the
 /// fault (round 0 is the initial sync).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ChaosError {
     /// Starting or controlling etcd failed.
     #[error("seed {seed}, {endpoints}, round {round} ({phase}): etcd harness: {source}")]
