@@ -149,6 +149,30 @@ pub enum PopError {
 /// The FIFO knows the cache ("known objects", usually the informer's [`Indexer`](crate::Indexer))
 /// so that deletes carry the last state of the key, relists detect vanished keys, and resyncs
 /// re-deliver cached objects.
+///
+/// ```
+/// use std::sync::Arc;
+/// use etcd_informer::delta_fifo::Popped;
+/// use etcd_informer::{DeltaFifo, DeltaType, Object};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let fifo = DeltaFifo::new(None);
+/// fifo.add(Arc::new(Object::new("a", 2, "one")));
+/// fifo.update(Arc::new(Object::new("a", 3, "two")));
+/// // One slot per key: both deltas of "a" come out together, oldest first.
+/// let mut kinds = vec![];
+/// let popped = fifo
+///     .pop(|deltas, _initial| {
+///         kinds.extend(deltas.iter().map(|d| d.kind));
+///         Ok(())
+///     })
+///     .await;
+/// assert_eq!(popped, Popped::Processed("a".into()));
+/// assert_eq!(kinds, [DeltaType::Added, DeltaType::Updated]);
+/// fifo.close();
+/// assert_eq!(fifo.pop(|_, _| Ok(())).await, Popped::Closed);
+/// # }
+/// ```
 pub struct DeltaFifo<T> {
     inner: Mutex<Inner<T>>,
     notify: Notify,

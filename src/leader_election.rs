@@ -44,6 +44,27 @@ pub enum ElectionError {
 /// `ttl / 3`. If a renewal fails to arrive for `ttl * 2 / 3` (etcd unreachable) or etcd says the
 /// lease is gone (revoked, expired), leadership is reported lost *before* the lease can expire on
 /// the server, so two leaders never act at once as long as clocks run at the same rate.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use etcd_informer::leader_election::LeaderElector;
+/// # async fn work() {}
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// let elector = LeaderElector::new(client, "my-controller", "pod-1")
+///     .with_ttl(Duration::from_secs(15));
+/// let leadership = elector.campaign().await?;
+/// // Work only while leading: stop as soon as leadership is lost.
+/// let lost = tokio::select! {
+///     e = leadership.lost() => Some(e),
+///     () = work() => None,
+/// };
+/// match lost {
+///     Some(e) => eprintln!("stopped: {e}"),
+///     None => leadership.resign().await, // hand over at once
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct LeaderElector {
     client: Client,

@@ -34,6 +34,40 @@ pub struct ControllerConfig<T, L> {
 }
 
 /// Runs a reflector and the loop that pops its queue.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+/// use etcd_informer::testing::FakeSource;
+/// use etcd_informer::{Controller, ControllerConfig, DeltaFifo, ReflectorOptions};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let source = FakeSource::<String>::new();
+/// source.put("a", "1".into());
+/// let fifo = Arc::new(DeltaFifo::new(None));
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let s = seen.clone();
+/// let controller = Controller::new(ControllerConfig {
+///     lister_watcher: source.clone(),
+///     queue: fifo.clone(),
+///     process: Box::new(move |deltas, _initial| {
+///         // Any error type will do; it is logged with its sources.
+///         let newest = deltas.last().ok_or("no deltas")?;
+///         s.lock().unwrap().push(newest.object.key().to_owned());
+///         Ok(())
+///     }),
+///     retry_on_error: true,
+///     reflector: ReflectorOptions::default(),
+/// });
+/// let run = tokio::spawn(controller.run());
+/// while seen.lock().unwrap().is_empty() {
+///     tokio::time::sleep(Duration::from_millis(10)).await;
+/// }
+/// fifo.close(); // the loop ends once the queue is drained
+/// run.await.unwrap();
+/// assert_eq!(*seen.lock().unwrap(), ["a"]);
+/// # }
+/// ```
 pub struct Controller<T, L> {
     config: ControllerConfig<T, L>,
 }

@@ -180,6 +180,34 @@ pub enum ConfigError {
 ///   treated as absent; nothing else is affected.
 ///
 /// Keys are relative to the prefix and must be UTF-8 (others are reported like bad values).
+///
+/// Usually handed to a [`SharedIndexInformer`](crate::SharedIndexInformer); used alone, it lists
+/// and watches:
+///
+/// ```no_run
+/// use etcd_informer::{EtcdListerWatcher, EtcdOptions, ListerWatcher, TextCodec, WatchEvent};
+/// use tokio_stream::StreamExt;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// let options = EtcdOptions {
+///     on_decode_error: Some(std::sync::Arc::new(|e| eprintln!("skipped: {e}"))),
+///     ..Default::default()
+/// };
+/// let lw = EtcdListerWatcher::with_options(client, "/config/", TextCodec, options)?;
+/// let list = lw.list().await?;
+/// println!("{} keys at revision {}", list.items.len(), list.revision);
+/// let mut changes = lw.watch(list.revision).await?;
+/// while let Some(event) = changes.next().await {
+///     match event {
+///         WatchEvent::Added(o) | WatchEvent::Modified(o) => println!("{} = {}", o.key(), o.value),
+///         WatchEvent::Deleted { key, .. } => println!("{key} deleted"),
+///         WatchEvent::Bookmark(revision) => println!("nothing new up to {revision}"),
+///         // Expired (compacted): list again; anything else: watch again from the last revision.
+///         WatchEvent::Error(e) => return Err(e.into()),
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub struct EtcdListerWatcher<T> {
     client: Client,
     prefix: Arc<[u8]>,
