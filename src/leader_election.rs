@@ -22,8 +22,11 @@ pub enum ElectionError {
         election: String,
         /// The request.
         what: &'static str,
-        /// The client's error.
+        /// What failed.
         message: String,
+        /// The client's error, when it returned one.
+        #[source]
+        source: Option<Arc<etcd_client::Error>>,
     },
     /// The lease could not be renewed in time, or was revoked: another candidate may lead now.
     #[error("election {election:?}: leadership of {identity:?} lost: {why}")]
@@ -112,6 +115,7 @@ impl LeaderElector {
             election: self.election.clone(),
             what,
             message: e.to_string(),
+            source: Some(Arc::new(e)),
         }
     }
 
@@ -156,6 +160,7 @@ impl LeaderElector {
                     election: self.election.clone(),
                     what: "campaign",
                     message: "etcd returned no leader key".into(),
+                    source: None,
                 })
             }
             Err(e) => return Err(self.error("campaign")(e)),
