@@ -134,6 +134,7 @@ pub fn fault_schedule(seed: u64, rounds_per_fault: usize) -> Vec<Fault> {
 
 /// Settings of a [`Chaos`] run.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ChaosConfig {
     /// Seeds every random choice of the schedule: operations, keys, target members, counts.
     pub seed: u64,
