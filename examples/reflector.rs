@@ -44,7 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Ok(())
                 })
                 .await;
-            if popped.is_err() {
+            if popped.is_closed() {
                 break;
             }
         }

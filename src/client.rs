@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
-use crate::codec::{Codec, CodecError, DecodeError};
+use crate::codec::{Codec, CodecError, DecodeError, DecodeErrorKind};
 use crate::listwatch::etcd::ConfigError;
 use crate::Object;
 
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WriteError {
     /// The key changed since the caller read it (or was deleted, or created meanwhile): read it
     /// again and retry. `actual` is its current `mod_revision`, `None` if it does not exist;
@@ -136,14 +137,13 @@ impl<T: Send + Sync + 'static> TypedClient<T> {
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
         };
-        let value = self
-            .codec
-            .decode(kv.value())
-            .map_err(|source| DecodeError {
-                key: full,
-                revision: kv.mod_revision(),
-                source,
-            })?;
+        let value = self.codec.decode(kv.value()).map_err(|source| {
+            DecodeError::new(
+                full.into_bytes(),
+                kv.mod_revision(),
+                DecodeErrorKind::Value(source),
+            )
+        })?;
         let mut obj = Object::new(key, kv.mod_revision(), value);
         obj.create_revision = kv.create_revision();
         obj.version = kv.version();

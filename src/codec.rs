@@ -18,17 +18,105 @@ pub trait Codec<T>: Send + Sync + 'static {
     fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError>;
 }
 
-/// A value under the prefix that the codec could not decode.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot decode the value of key {key:?} at revision {revision}: {source}")]
+/// A key under the prefix that cannot become an object: its key is not UTF-8, or the codec
+/// could not decode its value.
+///
+/// The key is kept as etcd's bytes and printed escaped: a UTF-8 key as a quoted string, any other
+/// as `b"..."` with `\xNN` escapes, so that two different keys never print alike.
+///
+/// ```
+/// use etcd_informer::codec::{DecodeError, DecodeErrorKind};
+///
+/// let bad_key = DecodeError::new(b"/pods/\xff".to_vec(), 7, DecodeErrorKind::KeyNotUtf8);
+/// assert_eq!(bad_key.to_string(), r#"the key b"/pods/\xff" at revision 7 is not UTF-8"#);
+/// assert_eq!(bad_key.key_str(), None);
+///
+/// let bad_value = DecodeError::new(b"/pods/a".to_vec(), 8, DecodeErrorKind::Value("EOF".into()));
+/// assert_eq!(
+///     bad_value.to_string(),
+///     r#"cannot decode the value of key "/pods/a" at revision 8: EOF"#
+/// );
+/// assert_eq!(bad_value.key_str(), Some("/pods/a"));
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
 pub struct DecodeError {
-    /// The full etcd key, lossily as UTF-8.
-    pub key: String,
+    /// The full etcd key, as etcd's bytes.
+    pub key: Vec<u8>,
     /// The key's `mod_revision`.
     pub revision: i64,
-    /// What the codec said.
-    #[source]
-    pub source: CodecError,
+    /// What is wrong: the key or the value.
+    pub kind: DecodeErrorKind,
+}
+
+/// What [`DecodeError`] found wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DecodeErrorKind {
+    /// The key is not UTF-8, so it cannot be an object's key (the value was not looked at).
+    KeyNotUtf8,
+    /// The codec could not decode the value; what it said.
+    Value(CodecError),
+}
+
+impl DecodeError {
+    /// The error about `key` at `revision`.
+    pub fn new(key: Vec<u8>, revision: i64, kind: DecodeErrorKind) -> Self {
+        DecodeError {
+            key,
+            revision,
+            kind,
+        }
+    }
+
+    /// The key, if it is UTF-8.
+    pub fn key_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.key).ok()
+    }
+
+    /// The key, escaped as in the error's message.
+    pub fn escaped_key(&self) -> String {
+        EscapedKey(&self.key).to_string()
+    }
+}
+
+/// Prints a key unambiguously: `"text"` (Rust string escapes) when UTF-8, else `b"..."`.
+struct EscapedKey<'a>(&'a [u8]);
+
+impl fmt::Display for EscapedKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(self.0) {
+            Ok(key) => write!(f, "{key:?}"),
+            Err(_) => write!(f, "b\"{}\"", self.0.escape_ascii()),
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = EscapedKey(&self.key);
+        match &self.kind {
+            DecodeErrorKind::KeyNotUtf8 => write!(
+                f,
+                "the key {key} at revision {} is not UTF-8",
+                self.revision
+            ),
+            DecodeErrorKind::Value(e) => write!(
+                f,
+                "cannot decode the value of key {key} at revision {}: {e}",
+                self.revision
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            DecodeErrorKind::KeyNotUtf8 => None,
+            DecodeErrorKind::Value(e) => Some(&**e),
+        }
+    }
 }
 
 macro_rules! marker_codec {

@@ -78,18 +78,59 @@ impl<T> Delta<T> {
     }
 }
 
-/// The error of [`DeltaFifo::pop`] once the queue is closed and empty.
+/// The error of [`RealFifo::pop`](crate::real_fifo::RealFifo::pop) once the queue is closed
+/// and empty ([`DeltaFifo::pop`] says [`Popped::Closed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the DeltaFIFO is closed")]
 pub struct Closed;
 
-/// What the function given to [`DeltaFifo::pop`] returns when it could not process the deltas.
+/// What one [`DeltaFifo::pop`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Popped {
+    /// The key's deltas were processed; they are gone from the queue.
+    Processed(Arc<str>),
+    /// The process function failed on the key's deltas: they were dropped, or put back on
+    /// [`PopError::Requeue`].
+    Failed {
+        /// The key whose deltas failed.
+        key: Arc<str>,
+        /// What the process function returned.
+        error: PopError,
+    },
+    /// The queue is closed and empty: nothing will be popped any more.
+    Closed,
+}
+
+impl Popped {
+    /// The key popped, unless the queue is closed.
+    pub fn key(&self) -> Option<&Arc<str>> {
+        match self {
+            Popped::Processed(key) | Popped::Failed { key, .. } => Some(key),
+            Popped::Closed => None,
+        }
+    }
+
+    /// Whether the queue was closed and empty.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, Popped::Closed)
+    }
+
+    /// Whether the key's deltas were processed without error.
+    pub fn is_processed(&self) -> bool {
+        matches!(self, Popped::Processed(_))
+    }
+}
+
+/// What the function given to [`DeltaFifo::pop`] returns when it could not process the deltas.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PopError {
     /// Drop the deltas.
+    #[error("processing failed; deltas dropped: {0}")]
     Drop(String),
     /// Put the deltas back, unless newer ones for the key arrived meanwhile (client-go's
     /// `ErrRequeue` with `AddIfNotPresent`), and do not hand the key out again before `after`.
+    #[error("processing failed; retrying in {after:?}: {reason}")]
     Requeue {
         /// Why processing failed.
         reason: String,
@@ -108,6 +149,30 @@ pub enum PopError {
 /// The FIFO knows the cache ("known objects", usually the informer's [`Indexer`](crate::Indexer))
 /// so that deletes carry the last state of the key, relists detect vanished keys, and resyncs
 /// re-deliver cached objects.
+///
+/// ```
+/// use std::sync::Arc;
+/// use etcd_informer::delta_fifo::Popped;
+/// use etcd_informer::{DeltaFifo, DeltaType, Object};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let fifo = DeltaFifo::new(None);
+/// fifo.add(Arc::new(Object::new("a", 2, "one")));
+/// fifo.update(Arc::new(Object::new("a", 3, "two")));
+/// // One slot per key: both deltas of "a" come out together, oldest first.
+/// let mut kinds = vec![];
+/// let popped = fifo
+///     .pop(|deltas, _initial| {
+///         kinds.extend(deltas.iter().map(|d| d.kind));
+///         Ok(())
+///     })
+///     .await;
+/// assert_eq!(popped, Popped::Processed("a".into()));
+/// assert_eq!(kinds, [DeltaType::Added, DeltaType::Updated]);
+/// fifo.close();
+/// assert_eq!(fifo.pop(|_, _| Ok(())).await, Popped::Closed);
+/// # }
+/// ```
 pub struct DeltaFifo<T> {
     inner: Mutex<Inner<T>>,
     notify: Notify,
@@ -350,8 +415,9 @@ impl<T> DeltaFifo<T> {
     ///
     /// On [`PopError::Requeue`] the deltas go back (unless newer ones arrived) and the key is not
     /// handed out again before the delay; other keys keep flowing meanwhile. Returns the key
-    /// processed and the process function's error, or [`Closed`] once closed and empty.
-    pub async fn pop<F>(&self, process: F) -> Result<(Arc<str>, Result<(), PopError>), Closed>
+    /// processed ([`Popped::Processed`]) or the process function's error ([`Popped::Failed`]),
+    /// or [`Popped::Closed`] once closed and empty.
+    pub async fn pop<F>(&self, process: F) -> Popped
     where
         F: FnOnce(&[Delta<T>], bool) -> Result<(), PopError>,
     {
@@ -394,10 +460,13 @@ impl<T> DeltaFifo<T> {
                         inner.items.shrink_to_fit();
                         inner.queue.shrink_to_fit();
                     }
-                    return Ok((key, result));
+                    return match result {
+                        Ok(()) => Popped::Processed(key),
+                        Err(error) => Popped::Failed { key, error },
+                    };
                 }
                 if inner.closed && inner.queue.is_empty() {
-                    return Err(Closed);
+                    return Popped::Closed;
                 }
                 wait_until = inner.not_before.values().min().copied();
             }
@@ -546,7 +615,7 @@ mod tests {
         let mut out = vec![];
         while !f.is_empty() {
             let mut got = vec![];
-            let (key, _) = f
+            let popped = f
                 .pop(|d, _| {
                     got = d
                         .iter()
@@ -554,8 +623,8 @@ mod tests {
                         .collect();
                     Ok(())
                 })
-                .await
-                .unwrap();
+                .await;
+            let key = popped.key().expect("queue open");
             out.push((key.to_string(), got));
         }
         out
@@ -687,35 +756,32 @@ mod tests {
         f.replace(vec![obj("a", 2), obj("b", 3)]);
         let mut initial = vec![];
         for _ in 0..2 {
-            let (_, r) = f
+            let popped = f
                 .pop(|_, init| {
                     initial.push(init);
                     Ok(())
                 })
-                .await
-                .unwrap();
-            assert!(r.is_ok());
+                .await;
+            assert!(popped.is_processed());
             assert!(!f.has_synced(), "tombstone still pending");
         }
-        let (_, r) = f
+        let popped = f
             .pop(|_, init| {
                 initial.push(init);
                 Ok(())
             })
-            .await
-            .unwrap();
-        assert!(r.is_ok());
+            .await;
+        assert!(popped.is_processed());
         assert!(f.has_synced());
         assert_eq!(initial, [true, true, true]);
         f.add(obj("c", 4));
-        let (_, r) = f
+        let popped = f
             .pop(|_, init| {
                 assert!(!init);
                 Ok(())
             })
-            .await
-            .unwrap();
-        assert!(r.is_ok());
+            .await;
+        assert!(popped.is_processed());
     }
 
     #[tokio::test(start_paused = true)]
@@ -723,32 +789,28 @@ mod tests {
         let (f, _) = fifo_with(&[]);
         f.add(obj("a", 1));
         f.add(obj("b", 2));
-        let (key, res) = f
+        let popped = f
             .pop(|_, _| {
                 Err(PopError::Requeue {
                     reason: "boom".into(),
                     after: Duration::from_secs(5),
                 })
             })
-            .await
-            .unwrap();
-        assert_eq!(&*key, "a");
-        assert!(res.is_err());
+            .await;
+        assert!(matches!(popped, Popped::Failed { ref key, .. } if &**key == "a"));
         // b is handed out while a waits.
         let start = Instant::now();
-        let (key, _) = f.pop(|_, _| Ok(())).await.unwrap();
-        assert_eq!(&*key, "b");
+        assert_eq!(f.pop(|_, _| Ok(())).await, Popped::Processed("b".into()));
         // Newer deltas for a join its slot; a comes back only after the delay.
         f.update(obj("a", 7));
         let mut seen = vec![];
-        let (key, _) = f
+        let popped = f
             .pop(|d, _| {
                 seen = d.iter().map(|d| d.object.mod_revision).collect();
                 Ok(())
             })
-            .await
-            .unwrap();
-        assert_eq!(&*key, "a");
+            .await;
+        assert_eq!(popped, Popped::Processed("a".into()));
         assert_eq!(seen, [1, 7]);
         assert!(start.elapsed() >= Duration::from_secs(5));
     }
@@ -767,7 +829,7 @@ mod tests {
         let (f, _) = fifo_with(&[]);
         f.add(obj("a", 1));
         f.close();
-        assert!(f.pop(|_, _| Ok(())).await.is_ok());
-        assert_eq!(f.pop(|_, _| Ok(())).await.unwrap_err(), Closed);
+        assert!(f.pop(|_, _| Ok(())).await.is_processed());
+        assert_eq!(f.pop(|_, _| Ok(())).await, Popped::Closed);
     }
 }

@@ -13,6 +13,7 @@ use crate::metrics::LeaderMetrics;
 
 /// Why leading failed or ended.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ElectionError {
     /// etcd refused or failed a request.
     #[error("election {election:?}: {what} failed: {message}")]
@@ -21,8 +22,11 @@ pub enum ElectionError {
         election: String,
         /// The request.
         what: &'static str,
-        /// The client's error.
+        /// What failed.
         message: String,
+        /// The client's error, when it returned one.
+        #[source]
+        source: Option<Arc<etcd_client::Error>>,
     },
     /// The lease could not be renewed in time, or was revoked: another candidate may lead now.
     #[error("election {election:?}: leadership of {identity:?} lost: {why}")]
@@ -43,6 +47,27 @@ pub enum ElectionError {
 /// `ttl / 3`. If a renewal fails to arrive for `ttl * 2 / 3` (etcd unreachable) or etcd says the
 /// lease is gone (revoked, expired), leadership is reported lost *before* the lease can expire on
 /// the server, so two leaders never act at once as long as clocks run at the same rate.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use etcd_informer::leader_election::LeaderElector;
+/// # async fn work() {}
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// let elector = LeaderElector::new(client, "my-controller", "pod-1")
+///     .with_ttl(Duration::from_secs(15));
+/// let leadership = elector.campaign().await?;
+/// // Work only while leading: stop as soon as leadership is lost.
+/// let lost = tokio::select! {
+///     e = leadership.lost() => Some(e),
+///     () = work() => None,
+/// };
+/// match lost {
+///     Some(e) => eprintln!("stopped: {e}"),
+///     None => leadership.resign().await, // hand over at once
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct LeaderElector {
     client: Client,
@@ -90,6 +115,7 @@ impl LeaderElector {
             election: self.election.clone(),
             what,
             message: e.to_string(),
+            source: Some(Arc::new(e)),
         }
     }
 
@@ -134,6 +160,7 @@ impl LeaderElector {
                     election: self.election.clone(),
                     what: "campaign",
                     message: "etcd returned no leader key".into(),
+                    source: None,
                 })
             }
             Err(e) => return Err(self.error("campaign")(e)),

@@ -99,7 +99,7 @@ pub use codec::JsonCodec;
 pub use codec::ProstCodec;
 pub use codec::{Codec, DecodeError, RawCodec, TextCodec};
 pub use connect::{ConnectConfig, ConnectError};
-pub use delta_fifo::{Delta, DeltaFifo, DeltaType};
+pub use delta_fifo::{Delta, DeltaFifo, DeltaType, Popped};
 pub use informer::{
     ConsistencyError, Controller, ControllerConfig, DeletedObject, Event, EventStream,
     HandlerRegistration, Informer, InformerError, InformerOptions, Processing,

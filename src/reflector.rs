@@ -183,6 +183,31 @@ impl fmt::Debug for ReflectorOptions {
 /// - A list at a revision lower than one already seen means the store was wiped or restored: it
 ///   is logged and replaces the cache like any relist.
 /// - Events not newer than the state the FIFO knows for their key are dropped as duplicates.
+///
+/// ```
+/// use std::sync::Arc;
+/// use etcd_informer::testing::FakeSource;
+/// use etcd_informer::{Delta, DeltaFifo, DeltaType, Reflector, ReflectorOptions};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let source = FakeSource::<String>::new();
+/// source.put("a", "1".into());
+/// let fifo = Arc::new(DeltaFifo::new(None));
+/// let reflector = Reflector::new(source.clone(), fifo.clone(), ReflectorOptions::default());
+/// let task = tokio::spawn(reflector.run());
+/// // The list arrives as Replaced deltas, later changes as they happen.
+/// let mut kinds = vec![];
+/// let mut record = |deltas: &[Delta<String>], _initial| {
+///     kinds.extend(deltas.iter().map(|d| d.kind));
+///     Ok(())
+/// };
+/// assert!(fifo.pop(&mut record).await.is_processed());
+/// source.put("a", "2".into());
+/// assert!(fifo.pop(&mut record).await.is_processed());
+/// assert_eq!(kinds, [DeltaType::Replaced, DeltaType::Updated]);
+/// task.abort();
+/// # }
+/// ```
 pub struct Reflector<T, L> {
     lw: L,
     fifo: Arc<dyn Queue<T>>,

@@ -47,6 +47,7 @@ const IN_FLIGHT_METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 /// Why a runner stopped early.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunnerError {
     /// Leadership was lost; the workers were stopped.
     #[error(transparent)]

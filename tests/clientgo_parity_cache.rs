@@ -76,7 +76,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use etcd_informer::delta_fifo::{Closed, PopError};
+use etcd_informer::delta_fifo::{PopError, Popped};
 use etcd_informer::listwatch::Error;
 use etcd_informer::testing::FakeSource;
 use etcd_informer::{
@@ -289,7 +289,7 @@ fn summary(deltas: &[Delta<i64>]) -> Summary {
 /// Pops one key: its name, its deltas, and whether it belongs to the initial list.
 async fn pop_initial(f: &DeltaFifo<i64>) -> (String, Summary, bool) {
     let mut got = (Vec::new(), false);
-    let (key, result) = tokio::time::timeout(
+    let popped = tokio::time::timeout(
         PATIENCE,
         f.pop(|d, initial| {
             got = (summary(d), initial);
@@ -297,9 +297,10 @@ async fn pop_initial(f: &DeltaFifo<i64>) -> (String, Summary, bool) {
         }),
     )
     .await
-    .expect("something to pop")
-    .expect("queue open");
-    assert!(result.is_ok());
+    .expect("something to pop");
+    let Popped::Processed(key) = popped else {
+        panic!("not processed: {popped:?}");
+    };
     (key.to_string(), got.0, got.1)
 }
 
@@ -311,7 +312,7 @@ async fn pop(f: &DeltaFifo<i64>) -> (String, Summary) {
 /// The deltas of the next key, as they are.
 async fn pop_deltas(f: &DeltaFifo<i64>) -> Vec<Delta<i64>> {
     let mut out = Vec::new();
-    let (_, result) = tokio::time::timeout(
+    let popped = tokio::time::timeout(
         PATIENCE,
         f.pop(|d, _| {
             out = d.to_vec();
@@ -319,9 +320,8 @@ async fn pop_deltas(f: &DeltaFifo<i64>) -> Vec<Delta<i64>> {
         }),
     )
     .await
-    .expect("something to pop")
-    .expect("queue open");
-    assert!(result.is_ok());
+    .expect("something to pop");
+    assert!(popped.is_processed(), "{popped:?}");
     out
 }
 
@@ -478,21 +478,22 @@ async fn delta_fifo_test_requeue_on_pop() {
         reason: reason.into(),
         after: Duration::ZERO,
     };
-    let (key, result) = f.pop(|_, _| Err(requeue(""))).await.unwrap();
-    assert_eq!(&*key, "foo");
-    assert!(result.is_err());
+    let popped = f.pop(|_, _| Err(requeue(""))).await;
+    assert!(matches!(popped, Popped::Failed { ref key, .. } if &**key == "foo"));
     assert!(f.get("foo").is_some(), "requeued");
 
-    let (_, result) = f.pop(|_, _| Err(requeue("test error"))).await.unwrap();
+    let popped = f.pop(|_, _| Err(requeue("test error"))).await;
     assert_eq!(
-        result,
-        Err(requeue("test error")),
+        popped,
+        Popped::Failed {
+            key: "foo".into(),
+            error: requeue("test error")
+        },
         "the error is handed back"
     );
     assert!(f.get("foo").is_some(), "requeued again");
 
-    let (_, result) = f.pop(|_, _| Ok(())).await.unwrap();
-    assert!(result.is_ok());
+    assert!(f.pop(|_, _| Ok(())).await.is_processed());
     assert!(f.get("foo").is_none(), "removed once processed");
 }
 
@@ -871,7 +872,7 @@ async fn delta_fifo_test_pop_should_unblock_when_closed() {
     let poppers: Vec<_> = (0..10)
         .map(|_| {
             let f = f.clone();
-            tokio::spawn(async move { f.pop(|_, _| Ok(())).await.map(|_| ()) })
+            tokio::spawn(async move { f.pop(|_, _| Ok(())).await })
         })
         .collect();
     settle().await;
@@ -881,7 +882,7 @@ async fn delta_fifo_test_pop_should_unblock_when_closed() {
             .await
             .expect("pop returns after close")
             .unwrap();
-        assert_eq!(popped, Err(Closed));
+        assert_eq!(popped, Popped::Closed);
     }
 }
 

@@ -95,7 +95,7 @@ async fn safe_writes_detect_conflicts() {
         .await
         .unwrap();
     match typed.get("bad").await {
-        Err(WriteError::Decode(e)) => assert_eq!(e.key, format!("{prefix}bad")),
+        Err(WriteError::Decode(e)) => assert_eq!(e.key_str(), Some(&*format!("{prefix}bad"))),
         other => panic!("expected a decode error, got {other:?}"),
     }
     assert!(TypedClient::new(client, "/no-slash", TextCodec).is_err());

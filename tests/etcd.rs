@@ -300,7 +300,9 @@ async fn undecodable_value_is_reported_with_its_key_and_others_flow() {
     let reported: Arc<Mutex<Vec<String>>> = Default::default();
     let rep = reported.clone();
     let etcd = EtcdOptions {
-        on_decode_error: Some(Arc::new(move |e| rep.lock().unwrap().push(e.key.clone()))),
+        on_decode_error: Some(Arc::new(move |e| {
+            rep.lock().unwrap().push(e.key_str().unwrap().to_owned())
+        })),
         ..quick_etcd_options()
     };
     let r = start(&client, &prefix, etcd, Duration::from_millis(100));

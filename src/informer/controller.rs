@@ -7,12 +7,16 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::delta_fifo::{Delta, DeltaFifo, PopError};
+use crate::delta_fifo::{Delta, DeltaFifo, PopError, Popped};
 use crate::listwatch::ListerWatcher;
 use crate::reflector::{Reflector, ReflectorOptions, RevisionHandle};
 
+/// The error of a [`ProcessFn`]: the process function's own error, whatever its type (a `&str`
+/// or `String` converts with `.into()`). The controller logs it with its chain of sources.
+pub type ProcessError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Processes the deltas of one key; gets whether they belong to the initial list.
-pub type ProcessFn<T> = Box<dyn FnMut(&[Delta<T>], bool) -> Result<(), String> + Send>;
+pub type ProcessFn<T> = Box<dyn FnMut(&[Delta<T>], bool) -> Result<(), ProcessError> + Send>;
 
 /// How a [`Controller`] is put together (client-go's `cache.Config`).
 pub struct ControllerConfig<T, L> {
@@ -30,6 +34,40 @@ pub struct ControllerConfig<T, L> {
 }
 
 /// Runs a reflector and the loop that pops its queue.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+/// use etcd_informer::testing::FakeSource;
+/// use etcd_informer::{Controller, ControllerConfig, DeltaFifo, ReflectorOptions};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let source = FakeSource::<String>::new();
+/// source.put("a", "1".into());
+/// let fifo = Arc::new(DeltaFifo::new(None));
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let s = seen.clone();
+/// let controller = Controller::new(ControllerConfig {
+///     lister_watcher: source.clone(),
+///     queue: fifo.clone(),
+///     process: Box::new(move |deltas, _initial| {
+///         // Any error type will do; it is logged with its sources.
+///         let newest = deltas.last().ok_or("no deltas")?;
+///         s.lock().unwrap().push(newest.object.key().to_owned());
+///         Ok(())
+///     }),
+///     retry_on_error: true,
+///     reflector: ReflectorOptions::default(),
+/// });
+/// let run = tokio::spawn(controller.run());
+/// while seen.lock().unwrap().is_empty() {
+///     tokio::time::sleep(Duration::from_millis(10)).await;
+/// }
+/// fifo.close(); // the loop ends once the queue is drained
+/// run.await.unwrap();
+/// assert_eq!(*seen.lock().unwrap(), ["a"]);
+/// # }
+/// ```
 pub struct Controller<T, L> {
     config: ControllerConfig<T, L>,
 }
@@ -67,18 +105,28 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
             loop {
                 let popped = queue
                     .pop(|deltas, initial| {
-                        process(deltas, initial).map_err(|reason| {
+                        process(deltas, initial).map_err(|error| {
                             let key = deltas.first().map(|d| d.object.key()).unwrap_or_default();
+                            let reason = chain(&*error);
                             if retry_on_error {
                                 let n = failures.entry(key.into()).or_insert(0);
                                 let after = RETRY_BASE
                                     .saturating_mul(1u32 << (*n).min(20))
                                     .min(RETRY_MAX);
                                 *n += 1;
-                                tracing::warn!(key, %reason, ?after, "processing failed; will retry");
+                                tracing::warn!(
+                                    key,
+                                    error = &*error as &dyn std::error::Error,
+                                    ?after,
+                                    "processing failed; will retry"
+                                );
                                 PopError::Requeue { reason, after }
                             } else {
-                                tracing::warn!(key, %reason, "processing failed; dropped");
+                                tracing::warn!(
+                                    key,
+                                    error = &*error as &dyn std::error::Error,
+                                    "processing failed; dropped"
+                                );
                                 PopError::Drop(reason)
                             }
                         })
@@ -89,19 +137,31 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
                     reflector.0.abort();
                 }
                 match popped {
-                    Ok((key, Ok(()))) => {
+                    Popped::Processed(key) => {
                         if !failures.is_empty() {
                             failures.remove(&key);
                         }
                     }
-                    Ok((_, Err(_))) => {}
-                    Err(_closed) => break,
+                    Popped::Failed { .. } => {}
+                    Popped::Closed => break,
                 }
             }
         }
         .instrument(span)
         .await;
     }
+}
+
+/// An error and its sources, joined with ": ".
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 /// Aborts a spawned task when dropped, so a dropped informer leaves nothing running.

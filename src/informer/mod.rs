@@ -7,7 +7,7 @@ mod processor;
 mod shared_informer;
 
 pub(crate) use controller::AbortOnDrop;
-pub use controller::{Controller, ControllerConfig, ProcessFn};
+pub use controller::{Controller, ControllerConfig, ProcessError, ProcessFn};
 pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use shared_informer::{

@@ -99,6 +99,7 @@ impl InformerHealth {
 
 /// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConsistencyError {
     /// The cache did not reach the revision in time.
     #[error("informer {informer}: the cache did not reach revision {revision} within {waited:?} (it is at {applied})")]
@@ -292,6 +293,7 @@ impl<T> Drop for Shared<T> {
 
 /// Errors when registering a handler.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InformerError {
     /// The handler's thread could not be started.
     #[error("cannot start a thread for handler {name}: {source}")]
@@ -932,7 +934,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             .await
             .map_err(|_| ConsistencyError::Source {
                 informer: self.shared.name.clone(),
-                source: SourceError::Transient(format!("no answer within {timeout:?}")),
+                source: SourceError::transient(format!("no answer within {timeout:?}")),
             })??;
         if !(current.unchanged && self.has_synced()) {
             let left = timeout.saturating_sub(started.elapsed());
@@ -1125,6 +1127,29 @@ fn clamp_resync(period: Duration) -> Duration {
 /// The changes of an informer as a [`Stream`]; see [`SharedIndexInformer::event_stream`].
 ///
 /// The stream ends when the informer stops (after what is buffered) or is dropped.
+///
+/// ```
+/// use etcd_informer::testing::FakeSource;
+/// use etcd_informer::{Event, SharedIndexInformer};
+/// use tokio_stream::StreamExt;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let source = FakeSource::<String>::new();
+/// source.put("a", "1".into());
+/// let informer = SharedIndexInformer::new(source.clone(), Default::default());
+/// let mut events = informer.event_stream()?;
+/// tokio::spawn(informer.clone().run());
+/// match events.next().await {
+///     Some(Event::Added { object, is_in_initial_list }) => {
+///         assert_eq!((object.key(), is_in_initial_list), ("a", true));
+///     }
+///     other => panic!("expected the initial add, got {other:?}"),
+/// }
+/// source.put("a", "2".into());
+/// assert!(matches!(events.next().await, Some(Event::Updated { .. })));
+/// informer.stop();
+/// # Ok(()) }
+/// ```
 pub struct EventStream<T: Send + Sync + 'static> {
     registration: HandlerRegistration<T>,
     informer: SharedIndexInformer<T>,

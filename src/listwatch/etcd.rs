@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::{
     BoxFuture, Error, Freshness, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
 };
-use crate::codec::{Codec, DecodeError};
+use crate::codec::{Codec, DecodeError, DecodeErrorKind};
 use crate::Object;
 
 /// Called with every value that does not decode.
@@ -152,6 +152,7 @@ impl fmt::Debug for EtcdOptions {
 
 /// A bad argument to [`EtcdListerWatcher`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The prefix is empty or does not end with `/`.
     #[error(
@@ -183,6 +184,34 @@ pub enum ConfigError {
 ///   treated as absent; nothing else is affected.
 ///
 /// Keys are relative to the prefix and must be UTF-8 (others are reported like bad values).
+///
+/// Usually handed to a [`SharedIndexInformer`](crate::SharedIndexInformer); used alone, it lists
+/// and watches:
+///
+/// ```no_run
+/// use etcd_informer::{EtcdListerWatcher, EtcdOptions, ListerWatcher, TextCodec, WatchEvent};
+/// use tokio_stream::StreamExt;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// let options = EtcdOptions {
+///     on_decode_error: Some(std::sync::Arc::new(|e| eprintln!("skipped: {e}"))),
+///     ..Default::default()
+/// };
+/// let lw = EtcdListerWatcher::with_options(client, "/config/", TextCodec, options)?;
+/// let list = lw.list().await?;
+/// println!("{} keys at revision {}", list.items.len(), list.revision);
+/// let mut changes = lw.watch(list.revision).await?;
+/// while let Some(event) = changes.next().await {
+///     match event {
+///         WatchEvent::Added(o) | WatchEvent::Modified(o) => println!("{} = {}", o.key(), o.value),
+///         WatchEvent::Deleted { key, .. } => println!("{key} deleted"),
+///         WatchEvent::Bookmark(revision) => println!("nothing new up to {revision}"),
+///         // Expired (compacted): list again; anything else: watch again from the last revision.
+///         WatchEvent::Error(e) => return Err(e.into()),
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub struct EtcdListerWatcher<T> {
     client: Client,
     prefix: Arc<[u8]>,
@@ -340,7 +369,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             )
             .await
             .map_err(|_| {
-                Error::Unavailable(format!(
+                Error::unavailable(format!(
                     "list of {} timed out after {:?} (page {pages})",
                     self.prefix(),
                     self.options.page_timeout
@@ -367,7 +396,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             let more = resp.more();
             let kvs: Vec<PbKeyValue> = resp.take_kvs().into_iter().map(|kv| kv.0).collect();
             if let Some(newer) = kvs.iter().find(|kv| kv.mod_revision > revision) {
-                return Err(Error::Transient(format!(
+                return Err(Error::transient(format!(
                     "list of {} is inconsistent: key {:?} has mod_revision {} above the list revision {revision}",
                     self.prefix(),
                     String::from_utf8_lossy(&newer.key),
@@ -381,7 +410,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                         start.push(0);
                     }
                     None => {
-                        return Err(Error::Transient(format!(
+                        return Err(Error::transient(format!(
                             "list of {}: etcd said more keys follow an empty page",
                             self.prefix()
                         )))
@@ -409,7 +438,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         let mut undecodable = HashSet::new();
         for page in decoding {
             let (page, bad) = page.await.map_err(|e| {
-                Error::Transient(format!("decoding a page of {} failed: {e}", self.prefix()))
+                Error::transient(format!("decoding a page of {} failed: {e}", self.prefix()))
             })?;
             if items.is_empty() {
                 items = page;
@@ -511,7 +540,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             )
             .await
             .map_err(|_| {
-                Error::Unavailable(format!(
+                Error::unavailable(format!(
                     "starting the watch of {} took over {:?}",
                     self.prefix(),
                     self.options.idle_timeout
@@ -574,7 +603,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             )
             .await
             .map_err(|_| {
-                Error::Unavailable(format!(
+                Error::unavailable(format!(
                     "reading the revision of {} timed out after {:?}",
                     self.prefix(),
                     self.options.page_timeout
@@ -640,7 +669,7 @@ impl<T: 'static> Decoder<T> {
     fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
         let key = relative_key(&self.prefix, full);
         if key.is_none() {
-            self.report(full, revision, "the key is not UTF-8".into());
+            self.report(full, revision, DecodeErrorKind::KeyNotUtf8);
         }
         key
     }
@@ -656,20 +685,16 @@ impl<T: 'static> Decoder<T> {
                 Some(obj)
             }
             Err(source) => {
-                self.report(&kv.key, kv.mod_revision, source);
+                self.report(&kv.key, kv.mod_revision, DecodeErrorKind::Value(source));
                 None
             }
         }
     }
 
-    fn report(&self, key: &[u8], revision: i64, source: crate::codec::CodecError) {
-        let error = DecodeError {
-            key: String::from_utf8_lossy(key).into_owned(),
-            revision,
-            source,
-        };
+    fn report(&self, key: &[u8], revision: i64, kind: DecodeErrorKind) {
+        let error = DecodeError::new(key.to_vec(), revision, kind);
         self.errors.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(key = %error.key, revision, error = %error.source, "undecodable value; treating the key as absent");
+        tracing::warn!(key = %error.escaped_key(), revision, %error, "undecodable key or value; treating the key as absent");
         if let Some(h) = &self.on_error {
             h(&error);
         }
@@ -723,7 +748,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     }
                     // A liveness probe: etcd answers on this stream once the watch is synced.
                     if requests.request_progress().await.is_err() {
-                        self.fail(Error::Unavailable(format!("the watch stream of {} closed", self.name))).await;
+                        self.fail(Error::unavailable(format!("the watch stream of {} closed", self.name))).await;
                         return;
                     }
                     continue;
@@ -733,7 +758,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             let response = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    self.fail(Error::Unavailable(format!(
+                    self.fail(Error::unavailable(format!(
                         "etcd ended the watch stream of {}",
                         self.name
                     )))
@@ -762,23 +787,20 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
     async fn handle(&mut self, mut response: etcd_client::WatchResponse) -> Result<(), Error> {
         let header_revision = response.header().map_or(0, |h| h.revision());
         if response.compact_revision() != 0 {
-            return Err(Error::Expired {
-                revision: self.after + 1,
-                reason: format!(
+            return Err(Error::expired(
+                self.after + 1,
+                format!(
                     "etcd compacted up to revision {}",
                     response.compact_revision()
                 ),
-            });
+            ));
         }
         if response.canceled() {
             let reason = response.cancel_reason().to_owned();
             if reason.contains("compacted") {
-                return Err(Error::Expired {
-                    revision: self.after + 1,
-                    reason,
-                });
+                return Err(Error::expired(self.after + 1, reason));
             }
-            let error = Error::Transient(format!(
+            let error = Error::transient(format!(
                 "etcd canceled the watch of {}: {reason}",
                 self.name
             ));
@@ -934,7 +956,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 renew_token_if_refused(&self.client, &error).await;
                 Err(named(error, &self.name))
             }
-            Err(_) => Err(Error::Unavailable(format!(
+            Err(_) => Err(Error::unavailable(format!(
                 "the watch of {} heard nothing and a read got no answer within {timeout:?}; assuming the connection is dead",
                 self.name
             ))),
@@ -966,7 +988,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     self.after
                 ),
             },
-            _ => Error::Transient(format!(
+            _ => Error::transient(format!(
                 "the member serving the watch is at revision {header_revision}, behind the watched revision {}",
                 self.after
             )),
@@ -1022,40 +1044,36 @@ fn is_message_too_large(e: &etcd_client::Error) -> bool {
 fn classify(e: etcd_client::Error, revision: i64) -> Error {
     use tonic::Code;
     let message = e.to_string();
-    match &e {
+    let error = match &e {
         etcd_client::Error::GRpcStatus(status) => match status.code() {
-            Code::OutOfRange if message.contains("compacted") => Error::Expired {
-                revision,
-                reason: message,
-            },
+            Code::OutOfRange if message.contains("compacted") => Error::expired(revision, message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
-                Error::Unavailable(message)
+                Error::unavailable(message)
             }
             // A status made on our side from a broken connection (an h2 or I/O error) carries
             // that error as its source; one etcd sent does not.
             Code::Unknown if std::error::Error::source(status).is_some() => {
-                Error::Unavailable(message)
+                Error::unavailable(message)
             }
-            _ => Error::Transient(message),
+            _ => Error::transient(message),
         },
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
-            Error::Unavailable(message)
+            Error::unavailable(message)
         }
-        _ if message.contains("required revision has been compacted") => Error::Expired {
-            revision,
-            reason: message,
-        },
-        _ => Error::Transient(message),
-    }
+        _ if message.contains("required revision has been compacted") => {
+            Error::expired(revision, message)
+        }
+        _ => Error::transient(message),
+    };
+    error.with_source(e)
 }
 
 /// Prefixes a transient error's message with the prefix it concerns.
-fn named(error: Error, prefix: &str) -> Error {
-    match error {
-        Error::Transient(m) => Error::Transient(format!("{prefix}: {m}")),
-        Error::Unavailable(m) => Error::Unavailable(format!("{prefix}: {m}")),
-        other => other,
+fn named(mut error: Error, prefix: &str) -> Error {
+    if let Error::Transient { message, .. } | Error::Unavailable { message, .. } = &mut error {
+        *message = format!("{prefix}: {message}");
     }
+    error
 }
 
 /// When etcd refused the auth token (it forgets simple tokens after `--auth-token-ttl`; a watch

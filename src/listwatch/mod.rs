@@ -70,24 +70,52 @@ impl<T> WatchEvent<T> {
     }
 }
 
+/// The underlying error a [`Error`] keeps as its [`source`](std::error::Error::source): etcd's
+/// (an [`etcd_client::Error`]) for the etcd source. Shared, so that the error stays `Clone`.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a list or watch failed. The reflector relists on [`Error::Expired`] and
 /// [`Error::StoreReplaced`], watches again as soon as etcd answers on [`Error::Unavailable`], and
 /// retries with the protective backoff on [`Error::Transient`] (etcd answered with an error).
+///
+/// The error etcd returned, when there is one, is the [`source`](std::error::Error::source);
+/// the variant is decided on its gRPC status code, never on its text. Build errors with the
+/// constructors ([`Error::transient`], [`Error::unavailable`], [`Error::expired`],
+/// [`Error::store_replaced`]) and attach a cause with [`Error::with_source`]:
+///
+/// ```
+/// use etcd_informer::listwatch::Error;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+/// let e = Error::unavailable("the watch of /pods/ broke").with_source(io);
+/// assert!(e.is_unavailable());
+/// assert_eq!(e.to_string(), "the watch of /pods/ broke");
+/// assert_eq!(std::error::Error::source(&e).unwrap().to_string(), "reset by peer");
+///
+/// let compacted = Error::expired(42, "etcd compacted up to revision 50");
+/// let replaced = Error::store_replaced(42, "etcd is at revision 3");
+/// assert!(compacted.is_expired() && replaced.is_expired() && replaced.is_store_replaced());
+/// assert_ne!(compacted.to_string(), replaced.to_string());
+/// ```
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
-    /// The requested revision is gone (etcd compacted it, or the store went back in time): the
-    /// equivalent of HTTP 410 Gone. Only a fresh list can recover.
-    #[error("revision {revision} is no longer available: {reason}")]
+    /// The requested revision is gone (etcd compacted it): the equivalent of HTTP 410 Gone.
+    /// Only a fresh list can recover.
+    #[error("revision {revision} was compacted away: {reason}")]
     Expired {
         /// The revision that was asked for.
         revision: i64,
         /// What the source said.
         reason: String,
+        /// etcd's error, when it reported the compaction as one.
+        #[source]
+        source: Option<Cause>,
     },
     /// The store went back in time (etcd wiped, or restored from a backup): revisions start
     /// over, so equal revisions no longer mean equal objects. Only a fresh list that retires
     /// everything cached can recover.
-    #[error("revision {revision} is no longer available: {reason}")]
+    #[error("the store was replaced (wiped or restored) before revision {revision}: {reason}")]
     StoreReplaced {
         /// The revision that was asked for.
         revision: i64,
@@ -96,18 +124,77 @@ pub enum Error {
     },
     /// etcd answered with an error that retrying may fix (no leader, too many requests, a
     /// permission it may yet be granted): retried with the protective backoff.
-    #[error("{0}")]
-    Transient(String),
+    #[error("{message}")]
+    Transient {
+        /// What failed, naming the prefix.
+        message: String,
+        /// etcd's error, if it returned one.
+        #[source]
+        source: Option<Cause>,
+    },
     /// etcd could not be reached or stopped answering (connection refused or lost, a silent
     /// watch): retried as soon as an endpoint answers, with a short capped backoff.
-    #[error("{0}")]
-    Unavailable(String),
+    #[error("{message}")]
+    Unavailable {
+        /// What failed, naming the prefix.
+        message: String,
+        /// etcd's (or the transport's) error, if there was one.
+        #[source]
+        source: Option<Cause>,
+    },
 }
 
 impl Error {
-    /// A transient error from anything displayable.
+    /// A transient error from anything displayable, without a source.
     pub fn transient(e: impl fmt::Display) -> Self {
-        Error::Transient(e.to_string())
+        Error::Transient {
+            message: e.to_string(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Unavailable`] from anything displayable, without a source.
+    pub fn unavailable(e: impl fmt::Display) -> Self {
+        Error::Unavailable {
+            message: e.to_string(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Expired`]: `revision` was compacted away.
+    pub fn expired(revision: i64, reason: impl fmt::Display) -> Self {
+        Error::Expired {
+            revision,
+            reason: reason.to_string(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::StoreReplaced`]: the store went back in time before `revision`.
+    pub fn store_replaced(revision: i64, reason: impl fmt::Display) -> Self {
+        Error::StoreReplaced {
+            revision,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// This error with `cause` as its [`source`](std::error::Error::source) (ignored by
+    /// [`Error::StoreReplaced`], which no single error shows).
+    #[must_use]
+    pub fn with_source(self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.with_cause(Arc::new(cause))
+    }
+
+    /// [`Error::with_source`] with an already shared cause.
+    #[must_use]
+    pub fn with_cause(mut self, cause: Cause) -> Self {
+        match &mut self {
+            Error::Expired { source, .. }
+            | Error::Transient { source, .. }
+            | Error::Unavailable { source, .. } => *source = Some(cause),
+            Error::StoreReplaced { .. } => {}
+        }
+        self
     }
 
     /// Whether only a relist can recover.
@@ -117,12 +204,23 @@ impl Error {
 
     /// Whether etcd could not be reached ([`Error::Unavailable`]).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Error::Unavailable(_))
+        matches!(self, Error::Unavailable { .. })
     }
 
     /// Whether the store itself was replaced ([`Error::StoreReplaced`]).
     pub fn is_store_replaced(&self) -> bool {
         matches!(self, Error::StoreReplaced { .. })
+    }
+
+    /// The etcd error behind this one, if etcd returned one.
+    pub fn etcd_error(&self) -> Option<&etcd_client::Error> {
+        let source: &(dyn std::error::Error + 'static) = match self {
+            Error::Expired { source, .. }
+            | Error::Transient { source, .. }
+            | Error::Unavailable { source, .. } => source.as_deref()?,
+            Error::StoreReplaced { .. } => return None,
+        };
+        source.downcast_ref()
     }
 }
 
@@ -162,8 +260,8 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Freshness>> {
         let _ = (since, cached, at);
         Box::pin(async {
-            Err(Error::Transient(
-                "this source cannot read its current revision".into(),
+            Err(Error::transient(
+                "this source cannot read its current revision",
             ))
         })
     }

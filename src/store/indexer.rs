@@ -34,6 +34,7 @@ pub fn namespace_indexers<T: 'static>() -> Indexers<T> {
 
 /// Errors of the indexer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// No index of that name is registered.
     #[error("index {0:?} does not exist")]

@@ -134,6 +134,7 @@ pub fn fault_schedule(seed: u64, rounds_per_fault: usize) -> Vec<Fault> {
 
 /// Settings of a [`Chaos`] run.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ChaosConfig {
     /// Seeds every random choice of the schedule: operations, keys, target members, counts.
     pub seed: u64,
@@ -182,6 +183,7 @@ impl ChaosConfig {
 /// Why a chaos run stopped. Every variant names the seed, the endpoint mode, the round and the
 /// fault (round 0 is the initial sync).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ChaosError {
     /// Starting or controlling etcd failed.
     #[error("seed {seed}, {endpoints}, round {round} ({phase}): etcd harness: {source}")]

@@ -162,7 +162,7 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
         self.lock().objects.values().cloned().collect()
     }
 
-    /// Ends every open watch with `error` (use [`Error::Transient`] for a lost connection,
+    /// Ends every open watch with `error` (use [`Error::unavailable`] for a lost connection,
     /// [`Error::Expired`] for a compaction the watch noticed).
     pub fn break_watches(&self, error: Error) {
         let mut inner = self.lock();
@@ -254,10 +254,10 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
                 ),
             })
         } else if after_revision < inner.compacted {
-            Err(Error::Expired {
-                revision: after_revision,
-                reason: format!("compacted at {}", inner.compacted),
-            })
+            Err(Error::expired(
+                after_revision,
+                format!("compacted at {}", inner.compacted),
+            ))
         } else {
             let (tx, rx) = mpsc::unbounded_channel();
             for change in inner
