@@ -64,6 +64,21 @@ impl Example {
             .collect()
     }
 
+    /// Waits for the example to exit by itself, failing after `within`.
+    fn exit_status(mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for example") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "example did not exit within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends Ctrl-C and checks the example exits cleanly.
     fn interrupt(mut self) {
         // SAFETY: plain kill(2) on our own child's pid.
@@ -509,4 +524,59 @@ async fn protobuf_example_writes_its_demo_and_prints_its_changes() {
         .unwrap();
     assert_eq!(ex.next_lines(1), ["deleted: tmp/protobuf-demo"]);
     ex.interrupt();
+}
+
+/// One short round of every fault kind against the informer of one endpoint (about 10 s): the
+/// soak's report lines, its table and its verdict.
+#[test]
+fn chaos_example_runs_a_quick_round_of_every_fault() {
+    // The soak starts its own cluster; ETCD_ENDPOINTS is not read.
+    let ex = Example::start(
+        "chaos",
+        &[],
+        &[
+            "--rounds",
+            "1",
+            "--endpoints",
+            "one",
+            "--quick",
+            "--seed",
+            "42",
+        ],
+    );
+    assert_eq!(
+        ex.next_lines(1),
+        ["chaos soak: seed 42, 1 round(s) of each fault kind per endpoint mode, quick timeouts"]
+    );
+    let faults = ["compaction", "kill-restart", "pause-resume", "wipe-cluster"];
+    let rounds = ex.next_lines(faults.len());
+    for (i, line) in rounds.iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("seed 42 one endpoint round {} ", i + 1))
+                && line.ends_with(", 0 violations"),
+            "{line}"
+        );
+    }
+    let mut seen: Vec<&str> = faults
+        .iter()
+        .copied()
+        .filter(|f| rounds.iter().any(|l| l.contains(&format!(" {f} ("))))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, faults, "each fault kind once: {rounds:?}");
+    let table = ex.next_lines(2 + faults.len() + 1);
+    assert_eq!(table[0], "");
+    assert!(
+        table[1].starts_with("endpoints") && table[1].ends_with("relisted"),
+        "{table:?}"
+    );
+    for row in &table[2..2 + faults.len()] {
+        assert!(row.starts_with("one endpoint"), "{table:?}");
+    }
+    assert_eq!(
+        table[2 + faults.len()],
+        "no violation, every round converged (seed 42)"
+    );
+    let status = ex.exit_status(Duration::from_secs(30));
+    assert!(status.success(), "chaos exited with {status}");
 }
