@@ -102,17 +102,6 @@ pub struct Counting<L> {
     pub watches: Arc<AtomicUsize>,
 }
 
-impl<L> Counting<L> {
-    /// `inner`, counting from zero.
-    pub fn new(inner: L) -> Counting<L> {
-        Counting {
-            inner,
-            lists: Arc::default(),
-            watches: Arc::default(),
-        }
-    }
-}
-
 impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
     fn list(&self) -> BoxFuture<'_, LwResult<ListResult<String>>> {
         self.lists.fetch_add(1, Ordering::SeqCst);
