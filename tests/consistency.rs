@@ -3,26 +3,21 @@
 //! a quiet prefix answers at once while etcd moves ahead, and a runner reads its own writes.
 #![cfg(feature = "testing")]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, GetOptions, Txn, TxnOp};
+use common::{cache_state, etcd_state, shared_client};
+use etcd_client::{Client, Txn, TxnOp};
 use etcd_informer::client::TypedClient;
 use etcd_informer::runner::{Action, Runner};
-use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer};
+use etcd_informer::testing::etcd::{unique_prefix, EtcdServer};
 use etcd_informer::{
     connect, ConsistencyError, EtcdListerWatcher, InformerOptions, Processing, SharedIndexInformer,
     TextCodec,
 };
-
-async fn shared_client() -> Client {
-    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
-    connect(&etcd.endpoints)
-        .await
-        .expect("connect to the test etcd")
-}
 
 async fn synced_informer(
     client: &Client,
@@ -41,32 +36,6 @@ async fn synced_informer(
         .await
         .expect("informer synced within 30 s");
     informer
-}
-
-/// Key -> (mod_revision, value) under `prefix`, as etcd has it now.
-async fn etcd_state(client: &Client, prefix: &str) -> BTreeMap<String, (i64, String)> {
-    let resp = client
-        .kv_client()
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("read etcd");
-    resp.kvs()
-        .iter()
-        .map(|kv| {
-            let key = kv.key_str().unwrap()[prefix.len()..].to_string();
-            let value = kv.value_str().unwrap().to_string();
-            (key, (kv.mod_revision(), value))
-        })
-        .collect()
-}
-
-fn cache_state(informer: &SharedIndexInformer<String>) -> BTreeMap<String, (i64, String)> {
-    informer
-        .lister()
-        .list()
-        .iter()
-        .map(|o| (o.key().to_string(), (o.mod_revision, o.value.clone())))
-        .collect()
 }
 
 /// Transaction `i`: k/0, k/1, k/2 = i and s/i/a, s/i/b = i (five puts), and the previous

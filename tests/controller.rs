@@ -1,35 +1,20 @@
 //! The controller toolkit against real etcd: safe writes, the runner, leader election.
 #![cfg(feature = "testing")]
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{eventually, shared_client};
 use etcd_client::Client;
 use etcd_informer::client::{TypedClient, WriteError};
 use etcd_informer::leader_election::LeaderElector;
 use etcd_informer::runner::{by_key, Action, Context, Runner};
-use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdCluster, EtcdServer};
+use etcd_informer::testing::etcd::{unique_prefix, EtcdCluster, EtcdServer};
 use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
-
-async fn shared_client() -> Client {
-    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
-    connect(&etcd.endpoints)
-        .await
-        .expect("connect to the test etcd")
-}
-
-async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + within;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {within:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn informer(client: &Client, prefix: &str) -> SharedIndexInformer<String> {
     let lw = EtcdListerWatcher::new(client.clone(), prefix, TextCodec).unwrap();

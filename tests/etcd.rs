@@ -2,29 +2,22 @@
 //! and private servers for the tests that stop, wipe or pause etcd.
 #![cfg(feature = "testing")]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
-use etcd_informer::listwatch::etcd::ConfigError;
-use etcd_informer::listwatch::{BoxFuture, ListResult, Result as LwResult};
-use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdCluster, EtcdServer};
-use etcd_informer::{
-    connect, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, ListerWatcher, RawCodec,
-    ResourceEventHandlerFuncs, SharedIndexInformer, TextCodec, WatchStream,
+use common::{
+    cache_state, converges, etcd_state, eventually, recorder, shared_client, Counting, Log,
 };
-
-type Log = Arc<Mutex<Vec<String>>>;
-type State = BTreeMap<String, (i64, String)>;
-
-async fn shared_client() -> Client {
-    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
-    connect(&etcd.endpoints)
-        .await
-        .expect("connect to the test etcd")
-}
+use etcd_client::Client;
+use etcd_informer::listwatch::etcd::ConfigError;
+use etcd_informer::testing::etcd::{unique_prefix, EtcdCluster, EtcdServer};
+use etcd_informer::{
+    connect, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, RawCodec,
+    SharedIndexInformer, TextCodec,
+};
 
 /// Options that notice a dead watch within seconds rather than the production 20 s.
 fn quick_etcd_options() -> EtcdOptions {
@@ -46,47 +39,6 @@ fn informer_options(backoff: Duration) -> InformerOptions<String> {
     }
 }
 
-/// A source that counts its lists, to tell a resumed watch from a relist.
-struct Counting<L> {
-    inner: L,
-    lists: Arc<AtomicUsize>,
-}
-
-impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
-    fn list(&self) -> BoxFuture<'_, LwResult<ListResult<String>>> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
-        self.inner.list()
-    }
-    fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
-        self.inner.watch(after)
-    }
-}
-
-fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
-    let (a, u, d) = (log.clone(), log.clone(), log.clone());
-    ResourceEventHandlerFuncs::new()
-        .on_add(move |o, _| {
-            a.lock()
-                .unwrap()
-                .push(format!("add {}={}", o.key(), o.value))
-        })
-        .on_update(move |old, new| {
-            u.lock()
-                .unwrap()
-                .push(format!("update {}={}->{}", new.key(), old.value, new.value))
-        })
-        .on_delete(move |o| {
-            let kind = if o.is_final_state_unknown() {
-                "tombstone"
-            } else {
-                "delete"
-            };
-            d.lock()
-                .unwrap()
-                .push(format!("{kind} {}={}", o.key(), o.object().value))
-        })
-}
-
 struct Running {
     informer: SharedIndexInformer<String>,
     log: Log,
@@ -100,6 +52,7 @@ fn start(client: &Client, prefix: &str, etcd: EtcdOptions, backoff: Duration) ->
         Counting {
             inner: lw,
             lists: lists.clone(),
+            watches: Arc::default(),
         },
         informer_options(backoff),
     );
@@ -117,67 +70,6 @@ async fn synced(r: &Running) {
     tokio::time::timeout(Duration::from_secs(30), r.informer.wait_for_cache_sync())
         .await
         .expect("informer synced within 30 s");
-}
-
-async fn etcd_state(client: &Client, prefix: &str) -> State {
-    let mut kv = client.kv_client();
-    let resp = kv
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("read etcd");
-    resp.kvs()
-        .iter()
-        .map(|kv| {
-            (
-                kv.key_str().unwrap()[prefix.len()..].to_string(),
-                (
-                    kv.mod_revision(),
-                    kv.value_str().unwrap_or("<bytes>").to_string(),
-                ),
-            )
-        })
-        .collect()
-}
-
-fn cache_state(informer: &SharedIndexInformer<String>) -> State {
-    informer
-        .lister()
-        .list()
-        .iter()
-        .map(|o| (o.key().to_string(), (o.mod_revision, o.value.clone())))
-        .collect()
-}
-
-/// Waits until the cache equals etcd under `prefix`, failing after `within`.
-async fn converges(
-    informer: &SharedIndexInformer<String>,
-    client: &Client,
-    prefix: &str,
-    within: Duration,
-) {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let want = etcd_state(client, prefix).await;
-        let got = cache_state(informer);
-        if got == want {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("cache did not converge to etcd within {within:?}\n cache: {got:?}\n etcd: {want:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + within;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {within:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn log_of(r: &Running) -> Vec<String> {

@@ -1,5 +1,5 @@
-//! Runs the `informer`, `list_watcher` and `indexer` examples against the test etcd and checks
-//! their output lines exactly.
+//! Runs every example against the test etcd and checks its output lines exactly (where two
+//! tasks print concurrently, as a sorted set).
 #![cfg(feature = "testing")]
 
 use std::io::{BufRead, BufReader};
@@ -62,6 +62,21 @@ impl Example {
                 })
             })
             .collect()
+    }
+
+    /// Waits for the example to exit by itself, failing after `within`.
+    fn exit_status(mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for example") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "example did not exit within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends Ctrl-C and checks the example exits cleanly.
@@ -369,4 +384,199 @@ fn lightweight_controller_with_its_metrics_address_taken_names_it_and_exits_2() 
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(&addr), "stderr names the address: {stderr}");
+}
+
+/// The next `n` lines, sorted: for output whose order between keys (or handlers) is not fixed.
+fn sorted(mut lines: Vec<String>) -> Vec<String> {
+    lines.sort();
+    lines
+}
+
+/// Puts `tmp/c`, updates `tmp/a` and deletes `tmp/b` one at a time, checking after each the
+/// line `<verb>: <key>` the example prints for it, with `verbs` = (added, updated, deleted).
+async fn add_update_delete(
+    ex: &Example,
+    client: &etcd_client::Client,
+    prefix: &str,
+    verbs: [&str; 3],
+) {
+    put(client, format!("{prefix}tmp/c"), cm("tmp", "c", "{}")).await;
+    assert_eq!(ex.next_lines(1), [format!("{}: tmp/c", verbs[0])]);
+    put(
+        client,
+        format!("{prefix}tmp/a"),
+        cm("tmp", "a", r#"{"x":"y"}"#),
+    )
+    .await;
+    assert_eq!(ex.next_lines(1), [format!("{}: tmp/a", verbs[1])]);
+    client
+        .kv_client()
+        .delete(format!("{prefix}tmp/b"), None)
+        .await
+        .unwrap();
+    assert_eq!(ex.next_lines(1), [format!("{}: tmp/b", verbs[2])]);
+}
+
+/// The reflector and the controller print `<DeltaType>: <key>`: Replaced for the initial list,
+/// then Added, Updated and Deleted from the watch.
+async fn prints_deltas(example: &str) {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix(&format!("example_{example}"));
+    put(&client, format!("{prefix}tmp/a"), cm("tmp", "a", "{}")).await;
+    put(&client, format!("{prefix}tmp/b"), cm("tmp", "b", "{}")).await;
+    let ex = Example::start(example, &etcd.endpoints, &["--prefix", &prefix]);
+    assert_eq!(
+        sorted(ex.next_lines(2)),
+        ["Replaced: tmp/a", "Replaced: tmp/b"]
+    );
+    add_update_delete(&ex, &client, &prefix, ["Added", "Updated", "Deleted"]).await;
+    ex.interrupt();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflector_example_prints_replaced_then_watch_deltas() {
+    prints_deltas("reflector").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_example_prints_replaced_then_watch_deltas() {
+    prints_deltas("controller").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_informer_example_runs_both_handlers() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix("example_shared_informer");
+    put(&client, format!("{prefix}tmp/a"), cm("tmp", "a", "{}")).await;
+    put(&client, format!("{prefix}prod/b"), cm("prod", "b", "{}")).await;
+    let ex = Example::start("shared_informer", &etcd.endpoints, &["--prefix", &prefix]);
+    assert_eq!(
+        sorted(ex.next_lines(4)),
+        [
+            "created, name: a",
+            "created, name: b",
+            "created, namespace: prod",
+            "created, namespace: tmp",
+        ]
+    );
+    put(&client, format!("{prefix}dev/c"), cm("dev", "c", "{}")).await;
+    assert_eq!(
+        sorted(ex.next_lines(2)),
+        ["created, name: c", "created, namespace: dev"]
+    );
+    ex.interrupt();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_example_prints_sync_then_changes() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix("example_quickstart");
+    put(&client, format!("{prefix}tmp/a"), cm("tmp", "a", "{}")).await;
+    put(&client, format!("{prefix}tmp/b"), cm("tmp", "b", "{}")).await;
+    let ex = Example::start("quickstart", &etcd.endpoints, &["--prefix", &prefix]);
+    // The handler's lines and the sync line come from different tasks: any order.
+    assert_eq!(
+        sorted(ex.next_lines(3)),
+        ["created: tmp/a", "created: tmp/b", "synced: 2 objects"]
+    );
+    add_update_delete(&ex, &client, &prefix, ["created", "updated", "deleted"]).await;
+    ex.interrupt();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_example_writes_its_demo_and_prints_its_changes() {
+    use etcd_informer::client::TypedClient;
+    use etcd_informer::proto::ConfigMap;
+    use etcd_informer::ProstCodec;
+
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix("example_protobuf");
+    let ex = Example::start("protobuf", &etcd.endpoints, &["--prefix", &prefix]);
+    assert_eq!(
+        ex.next_lines(1),
+        [r#"created: tmp/protobuf-demo {"greeting": "hello"}"#]
+    );
+    let writer = TypedClient::new(
+        client.clone(),
+        prefix.clone(),
+        ProstCodec::<ConfigMap>::new(),
+    )
+    .expect("typed client");
+    let demo = ConfigMap {
+        namespace: "tmp".into(),
+        name: "protobuf-demo".into(),
+        labels: Default::default(),
+        data: [("greeting".to_string(), "bye".to_string())].into(),
+    };
+    writer.put("tmp/protobuf-demo", &demo).await.expect("put");
+    assert_eq!(
+        ex.next_lines(1),
+        [r#"updated: tmp/protobuf-demo {"greeting": "bye"}"#]
+    );
+    client
+        .kv_client()
+        .delete(format!("{prefix}tmp/protobuf-demo"), None)
+        .await
+        .unwrap();
+    assert_eq!(ex.next_lines(1), ["deleted: tmp/protobuf-demo"]);
+    ex.interrupt();
+}
+
+/// One short round of every fault kind against the informer of one endpoint (about 10 s): the
+/// soak's report lines, its table and its verdict.
+#[test]
+fn chaos_example_runs_a_quick_round_of_every_fault() {
+    // The soak starts its own cluster; ETCD_ENDPOINTS is not read.
+    let ex = Example::start(
+        "chaos",
+        &[],
+        &[
+            "--rounds",
+            "1",
+            "--endpoints",
+            "one",
+            "--quick",
+            "--seed",
+            "42",
+        ],
+    );
+    assert_eq!(
+        ex.next_lines(1),
+        ["chaos soak: seed 42, 1 round(s) of each fault kind per endpoint mode, quick timeouts"]
+    );
+    let faults = ["compaction", "kill-restart", "pause-resume", "wipe-cluster"];
+    let rounds = ex.next_lines(faults.len());
+    for (i, line) in rounds.iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("seed 42 one endpoint round {} ", i + 1))
+                && line.ends_with(", 0 violations"),
+            "{line}"
+        );
+    }
+    let mut seen: Vec<&str> = faults
+        .iter()
+        .copied()
+        .filter(|f| rounds.iter().any(|l| l.contains(&format!(" {f} ("))))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, faults, "each fault kind once: {rounds:?}");
+    let table = ex.next_lines(2 + faults.len() + 1);
+    assert_eq!(table[0], "");
+    assert!(
+        table[1].starts_with("endpoints") && table[1].ends_with("relisted"),
+        "{table:?}"
+    );
+    for row in &table[2..2 + faults.len()] {
+        assert!(row.starts_with("one endpoint"), "{table:?}");
+    }
+    assert_eq!(
+        table[2 + faults.len()],
+        "no violation, every round converged (seed 42)"
+    );
+    let status = ex.exit_status(Duration::from_secs(30));
+    assert!(status.success(), "chaos exited with {status}");
 }

@@ -3,18 +3,19 @@
 //! token, a role without access, and etcd's gRPC proxy in between. Each test owns its etcd.
 #![cfg(feature = "testing")]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, GetOptions, Permission};
-use etcd_informer::listwatch::{BoxFuture, ListResult, Result as LwResult};
+use common::{converges, eventually, Counting};
+use etcd_client::{Client, Permission};
 use etcd_informer::testing::etcd::{EtcdServer, ServerOptions};
 use etcd_informer::{
-    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, ListerWatcher,
-    SharedIndexInformer, TextCodec, WatchStream,
+    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, SharedIndexInformer,
+    TextCodec,
 };
 use tokio::net::{TcpListener, TcpStream};
 
@@ -24,24 +25,6 @@ fn quick() -> EtcdOptions {
         progress_interval: Duration::from_millis(250),
         idle_timeout: Duration::from_secs(2),
         ..Default::default()
-    }
-}
-
-/// A source that counts lists and watches.
-struct Counting<L> {
-    inner: L,
-    lists: Arc<AtomicUsize>,
-    watches: Arc<AtomicUsize>,
-}
-
-impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
-    fn list(&self) -> BoxFuture<'_, LwResult<ListResult<String>>> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
-        self.inner.list()
-    }
-    fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
-        self.watches.fetch_add(1, Ordering::SeqCst);
-        self.inner.watch(after)
     }
 }
 
@@ -69,62 +52,6 @@ fn start(client: &Client, prefix: &str) -> Running {
         informer,
         lists,
         watches,
-    }
-}
-
-async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) -> Duration {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < within,
-            "timed out after {within:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    started.elapsed()
-}
-
-async fn etcd_state(client: &Client, prefix: &str) -> BTreeMap<String, (i64, String)> {
-    let resp = client
-        .kv_client()
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("read etcd");
-    resp.kvs()
-        .iter()
-        .map(|kv| {
-            let key = kv.key_str().unwrap()[prefix.len()..].to_string();
-            (
-                key,
-                (kv.mod_revision(), kv.value_str().unwrap().to_string()),
-            )
-        })
-        .collect()
-}
-
-fn cache_state(informer: &SharedIndexInformer<String>) -> BTreeMap<String, (i64, String)> {
-    informer
-        .lister()
-        .list()
-        .iter()
-        .map(|o| (o.key().to_string(), (o.mod_revision, o.value.clone())))
-        .collect()
-}
-
-/// Waits until the cache equals etcd under `prefix`; returns how long it took.
-async fn converged(r: &Running, client: &Client, prefix: &str, within: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let want = etcd_state(client, prefix).await;
-        if cache_state(&r.informer) == want {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < within,
-            "the cache did not match etcd within {within:?}:\ncache {:?}\netcd  {want:?}",
-            cache_state(&r.informer)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -176,7 +103,7 @@ async fn restarted_member_is_caught_up_within_seconds_and_health_says_so() {
             .delete(format!("{prefix}{}", 9 - round), None)
             .await
             .unwrap();
-        let took = converged(&r, &client, prefix, Duration::from_secs(10)).await;
+        let took = converges(&r.informer, &client, prefix, Duration::from_secs(10)).await;
         println!("round {round}: loss noticed in {noticed:?}, caught up {took:?} after the write");
         assert!(took < Duration::from_secs(3), "caught up in {took:?}");
         eventually("healthy again", Duration::from_secs(5), || {
@@ -290,7 +217,7 @@ async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
             .unwrap();
     }
     link.reopen();
-    let took = converged(&r, &direct, prefix, Duration::from_secs(15)).await;
+    let took = converges(&r.informer, &direct, prefix, Duration::from_secs(15)).await;
     println!("wiped store recognised and relisted {took:?} after the link reopened");
     assert_eq!(
         r.informer.health().reflector.relists.store_replaced,
@@ -357,7 +284,7 @@ async fn expired_auth_token_is_renewed_not_a_frozen_cache() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     link.reopen();
     root.kv_client().put("/auth/b", "2", None).await.unwrap();
-    let took = converged(&r, &root, "/auth/", Duration::from_secs(15)).await;
+    let took = converges(&r.informer, &root, "/auth/", Duration::from_secs(15)).await;
     println!("caught up {took:?} after reconnecting with an expired token");
     eventually("healthy", Duration::from_secs(5), || {
         r.informer.health().is_healthy()
@@ -452,7 +379,7 @@ async fn quiet_watch_through_the_grpc_proxy_stays_up_and_a_dead_proxy_is_noticed
         .put("/proxied/b", "2", None)
         .await
         .unwrap();
-    converged(&r, &client, "/proxied/", Duration::from_secs(5)).await;
+    converges(&r.informer, &client, "/proxied/", Duration::from_secs(5)).await;
 
     proxy.child.kill().await.unwrap();
     let noticed = eventually("a dead proxy is noticed", Duration::from_secs(5), || {
@@ -492,7 +419,13 @@ async fn unreachable_etcd_gets_a_few_connection_attempts_a_second_at_most() {
         .put("/unreachable/a", "1", None)
         .await
         .unwrap();
-    converged(&r, &client, "/unreachable/", Duration::from_secs(5)).await;
+    converges(
+        &r.informer,
+        &client,
+        "/unreachable/",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -524,7 +457,7 @@ async fn proxy_whose_backend_is_gone_is_noticed_and_recovers() {
         .put("/backend/b", "2", None)
         .await
         .unwrap();
-    let took = converged(&r, &client, "/backend/", Duration::from_secs(20)).await;
+    let took = converges(&r.informer, &client, "/backend/", Duration::from_secs(20)).await;
     println!("caught up {took:?} after the backend returned (through the proxy)");
 }
 

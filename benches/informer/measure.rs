@@ -1,0 +1,198 @@
+//! Measurement helpers: medians and percentiles, RSS and CPU time, and the sinks that count
+//! what a watch or a handler received.
+
+use super::*;
+
+pub(super) fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+pub(super) fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// Resident set size of this process, in bytes.
+pub(super) fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// CPU time (user + system) used so far by a process (this one if `pid` is `None`), in seconds;
+/// 0 if unknown.
+pub(super) fn cpu_seconds(pid: Option<u32>) -> f64 {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_owned(),
+    };
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // USER_HZ is 100 on Linux.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU used by this process and by etcd between two points.
+#[derive(Clone, Copy)]
+pub(super) struct CpuMark {
+    pub(super) own: f64,
+    pub(super) etcd: f64,
+}
+
+impl CpuMark {
+    pub(super) fn now(etcd_pid: Option<u32>) -> CpuMark {
+        CpuMark {
+            own: cpu_seconds(None),
+            etcd: etcd_pid.map_or(0.0, |p| cpu_seconds(Some(p))),
+        }
+    }
+
+    /// (own, etcd) CPU microseconds per event since `self`.
+    pub(super) fn per_event(&self, etcd_pid: Option<u32>, events: usize) -> (f64, f64) {
+        let now = CpuMark::now(etcd_pid);
+        (
+            (now.own - self.own) * 1e6 / events as f64,
+            (now.etcd - self.etcd) * 1e6 / events as f64,
+        )
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub(super) fn trim_malloc() {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> i32;
+    }
+    // SAFETY: glibc's malloc_trim only releases free memory back to the system.
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(super) fn trim_malloc() {}
+
+/// Counts the events a consumer receives and records when the last expected one arrived, and
+/// optionally the arrival time of each sequence number (for latency).
+pub(super) struct Sink {
+    pub(super) target: usize,
+    pub(super) count: AtomicUsize,
+    pub(super) bad: AtomicUsize,
+    pub(super) done_at: Mutex<Option<Instant>>,
+    pub(super) done: Notify,
+    pub(super) base: Instant,
+    pub(super) seq_base: u64,
+    /// Nanoseconds since `base` at which each sequence number arrived (0: not yet).
+    pub(super) arrivals: Vec<AtomicU64>,
+}
+
+impl Sink {
+    pub(super) fn new(target: usize, seq_base: u64, track: bool, base: Instant) -> Arc<Sink> {
+        Arc::new(Sink {
+            target,
+            count: AtomicUsize::new(0),
+            bad: AtomicUsize::new(0),
+            done_at: Mutex::new(None),
+            done: Notify::new(),
+            base,
+            seq_base,
+            arrivals: if track {
+                (0..target).map(|_| AtomicU64::new(0)).collect()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    pub(super) fn record(&self, cm: &ConfigMap) {
+        let now = Instant::now();
+        if !self.arrivals.is_empty() {
+            match seq_of(cm).and_then(|s| s.checked_sub(self.seq_base)) {
+                Some(i) if (i as usize) < self.arrivals.len() => {
+                    let nanos = now.duration_since(self.base).as_nanos() as u64;
+                    self.arrivals[i as usize].store(nanos.max(1), Ordering::Relaxed);
+                }
+                _ => {
+                    self.bad.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.target {
+            *self.done_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+            self.done.notify_one();
+        }
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    pub(super) fn done_at(&self) -> Option<Instant> {
+        *self.done_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until every expected event arrived, or fails loudly after `deadline`.
+    pub(super) async fn wait(&self, what: &str, deadline: Duration) -> Instant {
+        let waited = tokio::time::timeout(deadline, async {
+            loop {
+                if let Some(t) = self.done_at() {
+                    return t;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(50), self.done.notified()).await;
+            }
+        })
+        .await;
+        match waited {
+            Ok(t) => t,
+            Err(_) => fail(format!(
+                "{what}: only {} of {} events arrived within {:?} ({} unmatched)",
+                self.count(),
+                self.target,
+                deadline,
+                self.bad.load(Ordering::Relaxed)
+            )),
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+pub(super) struct AbortOnDrop<T>(pub(super) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,601 @@
+//! The scenarios (see the crate docs): sync, watch and fanout, latency, memory, prevkv.
+
+use super::*;
+
+/// One scenario's result, for the final table.
+pub(super) struct Row {
+    pub(super) scenario: String,
+    pub(super) baseline: f64,
+    pub(super) informer: f64,
+    pub(super) ratio: f64,
+    pub(super) unit: String,
+    pub(super) target: String,
+    pub(super) met: Option<bool>,
+}
+
+pub(super) fn emit(
+    mut line: serde_json::Map<String, Value>,
+    row: &Row,
+    lower_is_better: bool,
+) -> Row {
+    line.insert("baseline".into(), json!(round(row.baseline, 4)));
+    line.insert("informer".into(), json!(round(row.informer, 4)));
+    line.insert("ratio".into(), json!(round(row.ratio, 3)));
+    line.insert("unit".into(), json!(row.unit));
+    line.insert("lower_is_better".into(), json!(lower_is_better));
+    line.insert("target".into(), json!(row.target));
+    line.insert("target_met".into(), json!(row.met));
+    println!("{}", Value::Object(line));
+    Row {
+        scenario: row.scenario.clone(),
+        baseline: row.baseline,
+        informer: row.informer,
+        ratio: row.ratio,
+        unit: row.unit.clone(),
+        target: row.target.clone(),
+        met: row.met,
+    }
+}
+
+pub(super) async fn scenario_sync(b: &Bench) -> Row {
+    let n = b.args.keys;
+    let baseline_pages: Vec<i64> = vec![10_000, 50_000, 0];
+    let mut informer_pages: Vec<i64> = Vec::new();
+    for p in [b.args.page_size, 5_000, 10_000, 50_000, 100_000, HUGE_PAGE] {
+        if !informer_pages.contains(&p) {
+            informer_pages.push(p);
+        }
+    }
+    let mut base_times: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    let mut inf_times: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    let mut list_only = Vec::new();
+    for run in 0..b.args.runs {
+        {
+            // The informer's list alone (fetch + decode, no cache), to split its sync time.
+            let client = b.informer_client().await;
+            let lw = EtcdListerWatcher::with_options(
+                client,
+                b.prefix.clone(),
+                JsonCodec::<ConfigMap>::new(),
+                EtcdOptions {
+                    page_size: b.args.page_size,
+                    ..EtcdOptions::default()
+                },
+            )
+            .unwrap_or_else(|e| fail(e));
+            let started = Instant::now();
+            let list = lw
+                .list()
+                .await
+                .unwrap_or_else(|e| fail(format!("list: {e}")));
+            let secs = started.elapsed().as_secs_f64();
+            if list.items.len() != n {
+                fail(format!(
+                    "list found {} keys, expected {n}",
+                    list.items.len()
+                ));
+            }
+            drop(list);
+            eprintln!(
+                "sync run {run}: EtcdListerWatcher::list alone, page {}: {secs:.3} s",
+                page_label(b.args.page_size)
+            );
+            list_only.push(secs);
+        }
+        for &page in &baseline_pages {
+            let client = b.raw_client().await;
+            let started = Instant::now();
+            let (map, _) = raw_list(&client, &b.prefix, page)
+                .await
+                .unwrap_or_else(|e| fail(format!("raw list: {e}")));
+            let secs = started.elapsed().as_secs_f64();
+            if map.len() != n {
+                fail(format!("raw list found {} keys, expected {n}", map.len()));
+            }
+            drop(map);
+            eprintln!(
+                "sync run {run}: raw page {:>8}: {secs:.3} s",
+                page_label(page)
+            );
+            base_times.entry(page).or_default().push(secs);
+        }
+        for &page in &informer_pages {
+            let client = b.informer_client().await;
+            let informer = b.informer(client, page);
+            let started = Instant::now();
+            let task = tokio::spawn(informer.clone().run());
+            while !informer.has_synced() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            let cached = informer.indexer().len();
+            stop_informer(informer, task).await;
+            if cached != n {
+                fail(format!("the informer cached {cached} keys, expected {n}"));
+            }
+            eprintln!(
+                "sync run {run}: informer page {:>8}: {secs:.3} s",
+                page_label(page)
+            );
+            inf_times.entry(page).or_default().push(secs);
+        }
+    }
+    let base_med: BTreeMap<i64, f64> = base_times.iter().map(|(p, v)| (*p, median(v))).collect();
+    let inf_med: BTreeMap<i64, f64> = inf_times.iter().map(|(p, v)| (*p, median(v))).collect();
+    let (best_page, baseline) = base_med
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(p, t)| (*p, *t))
+        .unwrap_or((0, f64::NAN));
+    let informer = inf_med[&b.args.page_size];
+    let (inf_best_page, inf_best) = inf_med
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(p, t)| (*p, *t))
+        .unwrap_or((0, f64::NAN));
+    let ratio = informer / baseline;
+    let by = |m: &BTreeMap<i64, f64>| -> Value {
+        Value::Object(
+            m.iter()
+                .map(|(p, t)| (page_label(*p), json!(round(*t, 4))))
+                .collect(),
+        )
+    };
+    let runs = |m: &BTreeMap<i64, Vec<f64>>| -> Value {
+        Value::Object(
+            m.iter()
+                .map(|(p, t)| {
+                    (
+                        page_label(*p),
+                        json!(t.iter().map(|x| round(*x, 4)).collect::<Vec<_>>()),
+                    )
+                })
+                .collect(),
+        )
+    };
+    let mut line = b.base_json("sync");
+    line.insert("informer_page_size".into(), json!(b.args.page_size));
+    line.insert("baseline_best_page".into(), json!(page_label(best_page)));
+    line.insert("baseline_s_by_page".into(), by(&base_med));
+    line.insert("informer_s_by_page".into(), by(&inf_med));
+    line.insert(
+        "informer_ratio_by_page".into(),
+        Value::Object(
+            inf_med
+                .iter()
+                .map(|(p, t)| (page_label(*p), json!(round(t / baseline, 3))))
+                .collect(),
+        ),
+    );
+    line.insert(
+        "informer_best_page".into(),
+        json!(page_label(inf_best_page)),
+    );
+    line.insert(
+        "informer_best_ratio".into(),
+        json!(round(inf_best / baseline, 3)),
+    );
+    line.insert(
+        "informer_list_only_s".into(),
+        json!(round(median(&list_only), 4)),
+    );
+    line.insert(
+        "informer_cache_pipeline_s".into(),
+        json!(round(informer - median(&list_only), 4)),
+    );
+    line.insert("baseline_runs".into(), runs(&base_times));
+    line.insert("informer_runs".into(), runs(&inf_times));
+    let row = Row {
+        scenario: "sync".into(),
+        baseline,
+        informer,
+        ratio,
+        unit: "s".into(),
+        target: "<= 1.25x raw best".into(),
+        met: Some(ratio <= 1.25),
+    };
+    emit(line, &row, true)
+}
+
+/// One side of one watch run.
+pub(super) struct WatchRun {
+    /// Events/s reaching the consumer (the last handler).
+    pub(super) rate: f64,
+    /// Writes/s etcd took meanwhile.
+    pub(super) writes: f64,
+    /// CPU µs per event of this process (consumer + writers) and of etcd.
+    pub(super) own_cpu_us: f64,
+    pub(super) etcd_cpu_us: f64,
+}
+
+/// A raw watch under the write load.
+pub(super) async fn watch_baseline_once(b: &Bench, deadline: Duration) -> WatchRun {
+    let m = b.args.events;
+    let revision = b.current_revision().await;
+    let sink = Sink::new(m, 0, false, Instant::now());
+    let _watch = b.raw_watch(revision, false, sink.clone()).await;
+    let cpu = CpuMark::now(b.etcd_pid);
+    let (started, took) = b.write_updates(m).await;
+    let done = sink.wait("raw watch", deadline).await;
+    let (own_cpu_us, etcd_cpu_us) = cpu.per_event(b.etcd_pid, m);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if sink.count() != m {
+        fail(format!("raw watch: {} events, expected {m}", sink.count()));
+    }
+    WatchRun {
+        rate: m as f64 / done.duration_since(started).as_secs_f64(),
+        writes: m as f64 / took.as_secs_f64(),
+        own_cpu_us,
+        etcd_cpu_us,
+    }
+}
+
+/// An informer with `handlers` handlers under the write load; the rate is the one at which the
+/// last handler saw every event.
+pub(super) async fn watch_informer_once(
+    b: &Bench,
+    handlers: usize,
+    deadline: Duration,
+) -> WatchRun {
+    let m = b.args.events;
+    let sinks: Vec<Arc<Sink>> = (0..handlers)
+        .map(|_| Sink::new(m, 0, false, Instant::now()))
+        .collect();
+    let running = b.synced_informer(&sinks).await;
+    let cpu = CpuMark::now(b.etcd_pid);
+    let (started, took) = b.write_updates(m).await;
+    let mut last = started;
+    for (h, sink) in sinks.iter().enumerate() {
+        last = last.max(sink.wait(&format!("informer handler {h}"), deadline).await);
+    }
+    let (own_cpu_us, etcd_cpu_us) = cpu.per_event(b.etcd_pid, m);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for (h, sink) in sinks.iter().enumerate() {
+        if sink.count() != m {
+            fail(format!(
+                "informer handler {h}: {} events, expected {m}",
+                sink.count()
+            ));
+        }
+    }
+    running.shutdown().await;
+    WatchRun {
+        rate: m as f64 / last.duration_since(started).as_secs_f64(),
+        writes: m as f64 / took.as_secs_f64(),
+        own_cpu_us,
+        etcd_cpu_us,
+    }
+}
+
+pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Row {
+    let m = b.args.events;
+    let deadline = Duration::from_secs(60 + (m / 1000) as u64);
+    let (mut base, mut inf, mut base_w, mut inf_w) = (vec![], vec![], vec![], vec![]);
+    let (mut base_cpu, mut inf_cpu, mut base_etcd, mut inf_etcd) = (vec![], vec![], vec![], vec![]);
+    for run in 0..b.args.runs {
+        let r = watch_baseline_once(b, deadline).await;
+        eprintln!(
+            "{name} run {run}: raw watch {:.0} events/s (writes {:.0}/s; CPU/event: bench {:.1} us, etcd {:.1} us)",
+            r.rate, r.writes, r.own_cpu_us, r.etcd_cpu_us
+        );
+        base.push(r.rate);
+        base_w.push(r.writes);
+        base_cpu.push(r.own_cpu_us);
+        base_etcd.push(r.etcd_cpu_us);
+        let r = watch_informer_once(b, handlers, deadline).await;
+        eprintln!(
+            "{name} run {run}: informer ({handlers} handler(s)) {:.0} events/s (writes {:.0}/s; CPU/event: bench {:.1} us, etcd {:.1} us)",
+            r.rate, r.writes, r.own_cpu_us, r.etcd_cpu_us
+        );
+        inf.push(r.rate);
+        inf_w.push(r.writes);
+        inf_cpu.push(r.own_cpu_us);
+        inf_etcd.push(r.etcd_cpu_us);
+    }
+    let (baseline, informer) = (median(&base), median(&inf));
+    let ratio = informer / baseline;
+    let r0 = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
+    let mut line = b.base_json(name);
+    line.insert("events".into(), json!(m));
+    line.insert("handlers".into(), json!(handlers));
+    line.insert("writers".into(), json!(b.args.writers));
+    line.insert("baseline_runs".into(), json!(r0(&base)));
+    line.insert("informer_runs".into(), json!(r0(&inf)));
+    line.insert(
+        "per_run_ratios".into(),
+        json!(base
+            .iter()
+            .zip(&inf)
+            .map(|(b, i)| round(i / b, 3))
+            .collect::<Vec<_>>()),
+    );
+    line.insert(
+        "baseline_writes_per_s".into(),
+        json!(median(&base_w).round()),
+    );
+    line.insert(
+        "informer_writes_per_s".into(),
+        json!(median(&inf_w).round()),
+    );
+    for (field, v) in [
+        ("baseline_bench_cpu_us_per_event", &base_cpu),
+        ("informer_bench_cpu_us_per_event", &inf_cpu),
+        ("baseline_etcd_cpu_us_per_event", &base_etcd),
+        ("informer_etcd_cpu_us_per_event", &inf_etcd),
+    ] {
+        line.insert(field.into(), json!(round(median(v), 1)));
+    }
+    let need = if handlers > 1 { 0.9 } else { 0.95 };
+    let row = Row {
+        scenario: name.into(),
+        baseline,
+        informer,
+        ratio,
+        unit: "events/s".into(),
+        target: format!(">= {need}x raw"),
+        met: Some(ratio >= need),
+    };
+    emit(line, &row, false)
+}
+
+/// Latencies (µs) of K paced puts reaching `sink`.
+pub(super) async fn paced_puts(b: &Bench, sink: &Sink, seq0: u64, key0: usize) -> Vec<f64> {
+    let k = b.args.latency_puts;
+    let mut sent = vec![0u64; k];
+    let mut client = b.writer.clone();
+    let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / b.args.latency_rate));
+    for (j, slot) in sent.iter_mut().enumerate() {
+        tick.tick().await;
+        let i = (key0 + j) % b.args.keys;
+        let value = make_value(i, seq0 + j as u64, b.args.value_bytes);
+        let key = full_key(&b.prefix, i);
+        *slot = Instant::now().duration_since(sink.base).as_nanos() as u64;
+        client
+            .put(key, value, None)
+            .await
+            .unwrap_or_else(|e| fail(format!("put: {e}")));
+    }
+    sink.wait("latency", Duration::from_secs(60)).await;
+    let mut lat: Vec<f64> = sent
+        .iter()
+        .zip(&sink.arrivals)
+        .map(|(s, a)| (a.load(Ordering::Relaxed) as f64 - *s as f64) / 1000.0)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    lat
+}
+
+pub(super) async fn scenario_latency(b: &Bench) -> Row {
+    let k = b.args.latency_puts;
+    let (mut b50, mut b99, mut i50, mut i99, mut bmax, mut imax) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for run in 0..b.args.runs {
+        {
+            let (seq0, key0) = b.reserve(k);
+            let revision = b.current_revision().await;
+            let sink = Sink::new(k, seq0, true, Instant::now());
+            let _watch = b.raw_watch(revision, false, sink.clone()).await;
+            let lat = paced_puts(b, &sink, seq0, key0).await;
+            let (p50, p99) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
+            eprintln!(
+                "latency run {run}: raw watch p50 {:.3} ms p99 {:.3} ms",
+                p50 / 1e3,
+                p99 / 1e3
+            );
+            b50.push(p50);
+            b99.push(p99);
+            bmax.push(lat[lat.len() - 1]);
+        }
+        {
+            let (seq0, key0) = b.reserve(k);
+            let sink = Sink::new(k, seq0, true, Instant::now());
+            let running = b.synced_informer(std::slice::from_ref(&sink)).await;
+            let lat = paced_puts(b, &sink, seq0, key0).await;
+            running.shutdown().await;
+            let (p50, p99) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
+            eprintln!(
+                "latency run {run}: informer p50 {:.3} ms p99 {:.3} ms",
+                p50 / 1e3,
+                p99 / 1e3
+            );
+            i50.push(p50);
+            i99.push(p99);
+            imax.push(lat[lat.len() - 1]);
+        }
+    }
+    let ms = |v: &[f64]| round(median(v) / 1e3, 4);
+    let (baseline, informer) = (median(&b99) / 1e3, median(&i99) / 1e3);
+    let diff = informer - baseline;
+    let mut line = b.base_json("latency");
+    line.insert("puts".into(), json!(k));
+    line.insert("puts_per_s".into(), json!(b.args.latency_rate));
+    line.insert("baseline_p50_ms".into(), json!(ms(&b50)));
+    line.insert("informer_p50_ms".into(), json!(ms(&i50)));
+    line.insert("baseline_p99_ms".into(), json!(ms(&b99)));
+    line.insert("informer_p99_ms".into(), json!(ms(&i99)));
+    line.insert("baseline_max_ms".into(), json!(ms(&bmax)));
+    line.insert("informer_max_ms".into(), json!(ms(&imax)));
+    line.insert("p99_diff_ms".into(), json!(round(diff, 4)));
+    let r3 = |v: &[f64]| v.iter().map(|x| round(x / 1e3, 3)).collect::<Vec<_>>();
+    line.insert("baseline_p99_runs_ms".into(), json!(r3(&b99)));
+    line.insert("informer_p99_runs_ms".into(), json!(r3(&i99)));
+    let row = Row {
+        scenario: "latency".into(),
+        baseline,
+        informer,
+        ratio: informer / baseline,
+        unit: "ms p99".into(),
+        target: "p99 <= raw p99 + 0.5 ms".into(),
+        met: Some(diff <= 0.5),
+    };
+    emit(line, &row, true)
+}
+
+/// Runs a memory child; returns its JSON report.
+pub(super) async fn memory_child(b: &Bench, kind: &str, handlers: usize) -> Value {
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
+    let output = tokio::process::Command::new(exe)
+        .arg("--child")
+        .arg(kind)
+        .arg("--endpoints")
+        .arg(b.endpoints.join(","))
+        .arg("--prefix")
+        .arg(&b.prefix)
+        .arg("--keys")
+        .arg(b.args.keys.to_string())
+        .arg("--page-size")
+        .arg(b.args.page_size.to_string())
+        .arg("--handlers")
+        .arg(handlers.to_string())
+        .arg("--processing")
+        .arg(match b.args.processing {
+            Processing::DeltaFifo => "delta-fifo",
+            _ => "atomic",
+        })
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await
+        .unwrap_or_else(|e| fail(format!("running the {kind} child: {e}")));
+    if !output.status.success() {
+        fail(format!("the {kind} child failed: {}", output.status));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| fail(format!("the {kind} child printed no report")));
+    serde_json::from_str(line).unwrap_or_else(|e| fail(format!("{kind} child report: {e}")))
+}
+
+pub(super) async fn scenario_memory(b: &Bench) -> Row {
+    let n = b.args.keys as f64;
+    let per = |v: &Value, field: &str| -> f64 {
+        let before = v["rss_before"].as_f64().unwrap_or(f64::NAN);
+        (v[field].as_f64().unwrap_or(f64::NAN) - before) / n
+    };
+    let h = b.args.handlers;
+    let mut cols: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for run in 0..b.args.runs {
+        let raw = memory_child(b, "memory-raw", 0).await;
+        let inf = memory_child(b, "memory-informer", 0).await;
+        let infh = memory_child(b, "memory-informer", h).await;
+        for (name, v) in [("raw", &raw), ("informer", &inf), ("informer_h", &infh)] {
+            cols.entry(name).or_default().push(per(v, "rss_trimmed"));
+            let untrimmed: &'static str = match name {
+                "raw" => "raw_untrimmed",
+                "informer" => "informer_untrimmed",
+                _ => "informer_h_untrimmed",
+            };
+            cols.entry(untrimmed).or_default().push(per(v, "rss_after"));
+        }
+        eprintln!(
+            "memory run {run}: raw {:.0} B/object ({:.0} untrimmed), informer {:.0} ({:.0}), with {h} handlers {:.0} ({:.0})",
+            per(&raw, "rss_trimmed"),
+            per(&raw, "rss_after"),
+            per(&inf, "rss_trimmed"),
+            per(&inf, "rss_after"),
+            per(&infh, "rss_trimmed"),
+            per(&infh, "rss_after"),
+        );
+    }
+    let med = |k: &str| median(cols.get(k).map_or(&[][..], |v| &v[..]));
+    let (baseline, informer) = (med("raw"), med("informer"));
+    let mut line = b.base_json("memory");
+    line.insert("page_size".into(), json!(b.args.page_size));
+    line.insert("handlers".into(), json!(h));
+    line.insert(
+        "informer_with_handlers_b_per_object".into(),
+        json!(med("informer_h").round()),
+    );
+    line.insert(
+        "ratio_with_handlers".into(),
+        json!(round(med("informer_h") / baseline, 3)),
+    );
+    line.insert(
+        "baseline_untrimmed_b_per_object".into(),
+        json!(med("raw_untrimmed").round()),
+    );
+    line.insert(
+        "informer_untrimmed_b_per_object".into(),
+        json!(med("informer_untrimmed").round()),
+    );
+    line.insert(
+        "informer_with_handlers_untrimmed_b_per_object".into(),
+        json!(med("informer_h_untrimmed").round()),
+    );
+    line.insert(
+        "ratio_untrimmed".into(),
+        json!(round(med("informer_untrimmed") / med("raw_untrimmed"), 3)),
+    );
+    let ratio = informer / baseline;
+    let row = Row {
+        scenario: "memory".into(),
+        baseline,
+        informer,
+        ratio,
+        unit: "B/object".into(),
+        target: "<= 1.2x raw".into(),
+        met: Some(ratio <= 1.2),
+    };
+    emit(line, &row, true)
+}
+
+/// Puts per prevkv measurement: a quarter of `--events` (prev_kv writes are slow).
+pub(super) fn prevkv_events(b: &Bench) -> usize {
+    (b.args.events / 4).max(1)
+}
+
+/// etcd's write rate with a raw watch open on the prefix, with or without prev_kv.
+pub(super) async fn writes_with_watch(b: &Bench, prev_kv: bool) -> f64 {
+    let m = prevkv_events(b);
+    let revision = b.current_revision().await;
+    let sink = Sink::new(m, 0, false, Instant::now());
+    let _watch = b.raw_watch(revision, prev_kv, sink.clone()).await;
+    let (_, took) = b.write_updates(m).await;
+    sink.wait(
+        if prev_kv { "prev_kv watch" } else { "watch" },
+        Duration::from_secs(120),
+    )
+    .await;
+    m as f64 / took.as_secs_f64()
+}
+
+pub(super) async fn scenario_prevkv(b: &Bench) -> Row {
+    let (mut without, mut with) = (vec![], vec![]);
+    for run in 0..b.args.runs {
+        let w = writes_with_watch(b, false).await;
+        let p = writes_with_watch(b, true).await;
+        eprintln!(
+            "prevkv run {run}: writes/s with a plain watch {w:.0}, with a prev_kv watch {p:.0}"
+        );
+        without.push(w);
+        with.push(p);
+    }
+    let (baseline, informer) = (median(&without), median(&with));
+    let mut line = b.base_json("prevkv");
+    line.insert("events".into(), json!(prevkv_events(b)));
+    line.insert("writers".into(), json!(b.args.writers));
+    line.insert(
+        "note".into(),
+        json!("baseline: etcd writes/s with a plain watch; informer column: with a prev_kv watch"),
+    );
+    line.insert(
+        "without_prev_kv_runs".into(),
+        json!(without.iter().map(|x| x.round()).collect::<Vec<_>>()),
+    );
+    line.insert(
+        "with_prev_kv_runs".into(),
+        json!(with.iter().map(|x| x.round()).collect::<Vec<_>>()),
+    );
+    let row = Row {
+        scenario: "prevkv".into(),
+        baseline,
+        informer,
+        ratio: informer / baseline,
+        unit: "writes/s".into(),
+        target: "(informational)".into(),
+        met: None,
+    };
+    emit(line, &row, false)
+}

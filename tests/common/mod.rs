@@ -1,0 +1,141 @@
+//! Helpers the etcd-backed test binaries share: the shared test etcd's client, waiting with a
+//! deadline, the cache compared with etcd, a source that counts its lists and watches, and a
+//! handler that records what it is told. Each test binary uses a subset.
+//!
+//! (`pipeline_cases.rs` next to this file is not part of this module: tests/pipeline.rs and
+//! tests/pipeline_delta_fifo.rs `include!` it.)
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+use etcd_informer::listwatch::{BoxFuture, ListResult, Result as LwResult};
+use etcd_informer::testing::etcd::test_etcd;
+use etcd_informer::{
+    connect, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchStream,
+};
+
+/// Key (below the prefix) -> (mod_revision, value).
+pub type State = BTreeMap<String, (i64, String)>;
+
+/// What a [`recorder`] was told, one line per call.
+pub type Log = Arc<Mutex<Vec<String>>>;
+
+/// A client of this test binary's shared etcd (or `ETCD_ENDPOINTS`).
+pub async fn shared_client() -> Client {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    connect(&etcd.endpoints)
+        .await
+        .expect("connect to the test etcd")
+}
+
+/// Waits until `cond` holds, failing after `within`; returns how long it took.
+pub async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) -> Duration {
+    let started = tokio::time::Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < within,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+/// Every key under `prefix` as etcd has it now (values that are not UTF-8 read `<bytes>`).
+pub async fn etcd_state(client: &Client, prefix: &str) -> State {
+    let resp = client
+        .kv_client()
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read etcd");
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            let key = kv.key_str().unwrap()[prefix.len()..].to_string();
+            let value = kv.value_str().unwrap_or("<bytes>").to_string();
+            (key, (kv.mod_revision(), value))
+        })
+        .collect()
+}
+
+/// Every object in the informer's cache.
+pub fn cache_state(informer: &SharedIndexInformer<String>) -> State {
+    informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_string(), (o.mod_revision, o.value.clone())))
+        .collect()
+}
+
+/// Waits until the cache equals etcd under `prefix`, failing after `within`; returns how long
+/// it took.
+pub async fn converges(
+    informer: &SharedIndexInformer<String>,
+    client: &Client,
+    prefix: &str,
+    within: Duration,
+) -> Duration {
+    let started = tokio::time::Instant::now();
+    loop {
+        let want = etcd_state(client, prefix).await;
+        let got = cache_state(informer);
+        if got == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "the cache did not match etcd within {within:?}:\ncache {got:?}\netcd  {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A source that counts its lists and watches, to tell a resumed watch from a relist.
+pub struct Counting<L> {
+    pub inner: L,
+    pub lists: Arc<AtomicUsize>,
+    pub watches: Arc<AtomicUsize>,
+}
+
+impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
+    fn list(&self) -> BoxFuture<'_, LwResult<ListResult<String>>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list()
+    }
+    fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
+        self.watches.fetch_add(1, Ordering::SeqCst);
+        self.inner.watch(after)
+    }
+}
+
+/// A handler writing `add k=v`, `update k=old->new`, `delete k=v` (or `tombstone k=v` for a
+/// delete found by a relist) to `log`.
+pub fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
+    let (a, u, d) = (log.clone(), log.clone(), log.clone());
+    ResourceEventHandlerFuncs::new()
+        .on_add(move |o, _| {
+            a.lock()
+                .unwrap()
+                .push(format!("add {}={}", o.key(), o.value))
+        })
+        .on_update(move |old, new| {
+            u.lock()
+                .unwrap()
+                .push(format!("update {}={}->{}", new.key(), old.value, new.value))
+        })
+        .on_delete(move |o| {
+            let kind = if o.is_final_state_unknown() {
+                "tombstone"
+            } else {
+                "delete"
+            };
+            d.lock()
+                .unwrap()
+                .push(format!("{kind} {}={}", o.key(), o.object().value))
+        })
+}
