@@ -72,6 +72,19 @@ async fn synced(r: &Running) {
         .expect("informer synced within 30 s");
 }
 
+/// The handler's log once `cond` holds for it, or after 10 s: handlers hear of a change only
+/// after the cache holds it, so a test that saw the cache converge waits for them too.
+async fn log_until(r: &Running, cond: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = log_of(r);
+        if cond(&log) || std::time::Instant::now() >= deadline {
+            return log;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn log_of(r: &Running) -> Vec<String> {
     r.log.lock().unwrap().clone()
 }
@@ -219,10 +232,13 @@ async fn undecodable_value_is_reported_with_its_key_and_others_flow() {
         r.informer.lister().get("bad/later").is_none(),
         "a key turned undecodable leaves the cache"
     );
+    let log = log_until(&r, |log| {
+        log.iter().any(|l| l == "delete bad/later=fine for now")
+    })
+    .await;
     assert!(
-        log_of(&r).contains(&"delete bad/later=fine for now".to_string()),
-        "{:?}",
-        log_of(&r)
+        log.contains(&"delete bad/later=fine for now".to_string()),
+        "{log:?}"
     );
     assert_eq!(r.informer.lister().len(), 2);
 }
@@ -316,7 +332,12 @@ async fn compaction_while_disconnected_relists_with_tombstones() {
     other_kv.compact(rev, None).await.unwrap();
     converges(&r.informer, &other, prefix, Duration::from_secs(30)).await;
     assert!(r.lists.load(Ordering::SeqCst) >= 2, "relisted");
-    let log = log_of(&r);
+    let wanted = [
+        "tombstone ns/gone=v1",
+        "update ns/changed=v1->v2",
+        "add ns/new=v1",
+    ];
+    let log = log_until(&r, |log| wanted.iter().all(|w| log.iter().any(|l| l == w))).await;
     assert!(log.contains(&"tombstone ns/gone=v1".to_string()), "{log:?}");
     assert!(
         log.contains(&"update ns/changed=v1->v2".to_string()),
@@ -389,11 +410,9 @@ async fn wiped_etcd_is_noticed_and_relisted() {
         r.informer.last_synced_revision() < before,
         "revision went backwards with the store"
     );
-    let tombstones = log_of(&r)
-        .iter()
-        .filter(|l| l.starts_with("tombstone"))
-        .count();
-    assert_eq!(tombstones, 20);
+    let tombstones = |log: &[String]| log.iter().filter(|l| l.starts_with("tombstone")).count();
+    let log = log_until(&r, |log| tombstones(log) >= 20).await;
+    assert_eq!(tombstones(&log), 20, "{log:?}");
 }
 
 #[tokio::test]
