@@ -54,6 +54,17 @@ fn transaction(prefix: &str, i: u64) -> Txn {
     Txn::new().and_then(ops)
 }
 
+/// Runs transactions 1 to `n` one after the other; returns the revision of the last.
+async fn run_transactions(client: &Client, prefix: &str, n: u64) -> i64 {
+    let mut kv = client.kv_client();
+    let mut last = 0;
+    for i in 1..=n {
+        let resp = kv.txn(transaction(prefix, i)).await.expect("transaction");
+        last = resp.header().expect("a header").revision();
+    }
+    last
+}
+
 /// Whether a snapshot of the cache is the state after one whole transaction: k/0..k/2 agree
 /// on `v`, and the s keys are exactly s/v/a and s/v/b.
 fn whole_transaction(objects: &[Arc<etcd_informer::Object<String>>]) -> bool {
@@ -98,17 +109,7 @@ async fn transactions_are_never_seen_half_applied_in_atomic_mode() {
             }
         })
     };
-    let mut kv = client.kv_client();
-    let mut last = 0;
-    for i in 1..=1000 {
-        last = kv
-            .txn(transaction(&prefix, i))
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
-    }
+    let last = run_transactions(&client, &prefix, 1000).await;
     informer
         .wait_for_revision(last, Duration::from_secs(30))
         .await
@@ -142,17 +143,7 @@ async fn delta_fifo_mode_converges_on_transactions() {
         .await
         .unwrap();
     let informer = synced_informer(&client, &prefix, Processing::DeltaFifo).await;
-    let mut kv = client.kv_client();
-    let mut last = 0;
-    for i in 1..=200 {
-        last = kv
-            .txn(transaction(&prefix, i))
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
-    }
+    let last = run_transactions(&client, &prefix, 200).await;
     informer
         .wait_for_revision(last, Duration::from_secs(30))
         .await
