@@ -978,11 +978,10 @@ fn apply_delta<T>(
     match d.kind {
         DeltaType::Deleted => {
             txn.delete(d.object.key());
-            let deleted = if d.final_state_unknown {
-                DeletedObject::FinalStateUnknown(d.object.clone())
-            } else {
-                DeletedObject::Deleted(d.object.clone())
-            };
+            let deleted = d
+                .deleted
+                .clone()
+                .unwrap_or_else(|| DeletedObject::Deleted(d.object.clone()));
             (Event::Deleted(deleted), false)
         }
         DeltaType::Added | DeltaType::Updated | DeltaType::Replaced | DeltaType::Sync => {
