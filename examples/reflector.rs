@@ -31,7 +31,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let popped = fifo
                 .pop(|deltas, _| {
                     for d in deltas {
-                        say!("{}: {}", d.kind, d.object.key());
+                        if d.is_final_state_unknown() {
+                            say!("{} (final state unknown): {}", d.kind, d.object.key());
+                        } else {
+                            say!("{}: {}", d.kind, d.object.key());
+                        }
                         match d.kind {
                             DeltaType::Deleted => {
                                 store.delete(d.object.key());

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::informer::DeletedObject;
 use crate::reflector::Queue;
 use crate::store::Store;
 use crate::Object;
@@ -23,7 +24,7 @@ pub enum DeltaType {
     Added,
     /// Written again (a watch event).
     Updated,
-    /// Deleted; see [`Delta::final_state_unknown`].
+    /// Deleted; see [`Delta::deleted`].
     Deleted,
     /// Present in a relist.
     Replaced,
@@ -44,10 +45,12 @@ pub struct Delta<T> {
     pub kind: DeltaType,
     /// The object after the change; for [`DeltaType::Deleted`], the last state known.
     pub object: Arc<Object<T>>,
-    /// For a delete found by a relist rather than seen in the watch (client-go's
-    /// `DeletedFinalStateUnknown`): the key is gone, and `object` is the last state the cache
-    /// knew, which may be older than the key's real final state.
-    pub final_state_unknown: bool,
+    /// For a [`DeltaType::Deleted`] delta (`None` for the others), the delete as handlers see
+    /// it, holding `object`: [`DeletedObject::Deleted`] for a delete seen in the watch,
+    /// [`DeletedObject::FinalStateUnknown`] for one found by a relist (client-go's
+    /// `DeletedFinalStateUnknown`: the key is gone, and `object` is the last state the cache
+    /// knew, which may be older than the key's real final state).
+    pub deleted: Option<DeletedObject<T>>,
 }
 
 impl<T> Clone for Delta<T> {
@@ -55,26 +58,35 @@ impl<T> Clone for Delta<T> {
         Delta {
             kind: self.kind,
             object: self.object.clone(),
-            final_state_unknown: self.final_state_unknown,
+            deleted: self.deleted.clone(),
         }
     }
 }
 
 impl<T> Delta<T> {
     pub(crate) fn new(kind: DeltaType, object: Arc<Object<T>>) -> Self {
+        let deleted = (kind == DeltaType::Deleted).then(|| DeletedObject::Deleted(object.clone()));
         Delta {
             kind,
             object,
-            final_state_unknown: false,
+            deleted,
         }
     }
 
     fn tombstone(object: Arc<Object<T>>) -> Self {
         Delta {
             kind: DeltaType::Deleted,
+            deleted: Some(DeletedObject::FinalStateUnknown(object.clone())),
             object,
-            final_state_unknown: true,
         }
+    }
+
+    /// Whether this is a tombstone: a delete found by a relist rather than seen in the watch
+    /// ([`DeletedObject::FinalStateUnknown`] in [`deleted`](Self::deleted)).
+    pub fn is_final_state_unknown(&self) -> bool {
+        self.deleted
+            .as_ref()
+            .is_some_and(DeletedObject::is_final_state_unknown)
     }
 }
 
@@ -300,7 +312,7 @@ impl<T> DeltaFifo<T> {
 
     /// Replaces the whole content with a fresh list: every object is queued as `Replaced`, and
     /// every key the cache or the queue holds that the list lacks gets a `Deleted` tombstone
-    /// ([`Delta::final_state_unknown`]) with its last known state.
+    /// ([`Delta::is_final_state_unknown`]) with its last known state.
     pub fn replace(&self, list: Vec<Arc<Object<T>>>) {
         let mut inner = self.lock();
         self.replace_locked(&mut inner, list);
@@ -588,7 +600,7 @@ fn dedup_deletes<T>(deltas: &mut Vec<Delta<T>>) {
     }
     let last = deltas.pop();
     if let (Some(last), Some(prev)) = (last, deltas.last_mut()) {
-        if prev.final_state_unknown && !last.final_state_unknown {
+        if prev.is_final_state_unknown() && !last.is_final_state_unknown() {
             *prev = last;
         }
     }
@@ -619,7 +631,7 @@ mod tests {
                 .pop(|d, _| {
                     got = d
                         .iter()
-                        .map(|d| (d.kind, d.object.mod_revision, d.final_state_unknown))
+                        .map(|d| (d.kind, d.object.mod_revision, d.is_final_state_unknown()))
                         .collect();
                     Ok(())
                 })
@@ -656,7 +668,7 @@ mod tests {
         );
         let deltas = f.get("a").unwrap();
         assert_eq!(deltas.len(), 1);
-        assert!(deltas[0].final_state_unknown);
+        assert!(deltas[0].is_final_state_unknown());
 
         // A real delete followed by a tombstone keeps the real one.
         let mut v = vec![
@@ -665,7 +677,7 @@ mod tests {
         ];
         dedup_deletes(&mut v);
         assert_eq!(v.len(), 1);
-        assert!(!v[0].final_state_unknown);
+        assert!(!v[0].is_final_state_unknown());
         // A tombstone followed by a real delete keeps the real one too.
         let mut v = vec![
             Delta::tombstone(obj("b", 1)),
@@ -673,7 +685,11 @@ mod tests {
         ];
         dedup_deletes(&mut v);
         assert_eq!(
-            (v.len(), v[0].final_state_unknown, v[0].object.mod_revision),
+            (
+                v.len(),
+                v[0].is_final_state_unknown(),
+                v[0].object.mod_revision
+            ),
             (1, false, 2)
         );
     }

@@ -82,6 +82,7 @@ pub mod store;
 pub mod testing;
 pub mod workqueue;
 
+mod backoff;
 mod object;
 
 /// The example objects' protobuf messages (schemas in `proto/`), for the protobuf codec.

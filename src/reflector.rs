@@ -17,6 +17,8 @@ use crate::listwatch::{Error, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
 use crate::Object;
 
+pub use crate::backoff::Backoff;
+
 /// What a [`Reflector`] fills: client-go's `Queue` as the reflector sees it. Implemented by
 /// [`DeltaFifo`](crate::DeltaFifo) (one slot per key) and [`RealFifo`](crate::RealFifo) (every
 /// change in order, one batch per revision).
@@ -52,83 +54,6 @@ pub type WatchErrorHandler = Arc<dyn Fn(&Error) + Send + Sync>;
 
 /// Decides on each resync tick whether to resync now.
 pub type ShouldResync = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// Exponential backoff with jitter, reset after a quiet period (client-go's
-/// `NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0)`).
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    reset_after: Duration,
-    jitter: f64,
-    next: Duration,
-    last: Option<Instant>,
-}
-
-impl Default for Backoff {
-    /// 800 ms doubling to 30 s, reset after 2 minutes without a failure, up to 100% jitter:
-    /// the reflector's figures in client-go.
-    fn default() -> Self {
-        Backoff::new(
-            Duration::from_millis(800),
-            Duration::from_secs(30),
-            Duration::from_secs(120),
-            1.0,
-        )
-    }
-}
-
-impl Backoff {
-    /// A backoff starting at `initial`, doubling up to `max`, starting over when the previous
-    /// failure is older than `reset_after`, each delay stretched by up to `jitter` × itself.
-    pub fn new(initial: Duration, max: Duration, reset_after: Duration, jitter: f64) -> Self {
-        Backoff {
-            initial,
-            max,
-            reset_after,
-            jitter,
-            next: initial,
-            last: None,
-        }
-    }
-
-    /// A short, capped backoff for reconnecting to an etcd that does not answer: 50 ms
-    /// doubling to 1 s, up to 50% jitter, reset after 5 s without a failure. Reconnecting costs
-    /// etcd nothing until it answers (a refused connection, or one cheap watch request), so the
-    /// informer is back within about a second of its member; client-go's 30 s cap protects an
-    /// apiserver, which we do not have in between.
-    pub fn reconnect() -> Self {
-        Backoff::new(
-            Duration::from_millis(50),
-            Duration::from_secs(1),
-            Duration::from_secs(5),
-            0.5,
-        )
-    }
-
-    /// Starts over: the next delay is the initial one.
-    pub fn reset(&mut self) {
-        self.next = self.initial;
-        self.last = None;
-    }
-
-    /// The delay before the next attempt.
-    pub fn next_delay(&mut self) -> Duration {
-        let now = Instant::now();
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t) >= self.reset_after)
-        {
-            self.next = self.initial;
-        }
-        let base = self.next;
-        self.next = (self.next * 2).min(self.max);
-        let delay = base.mul_f64(1.0 + self.jitter * fastrand::f64());
-        // The next failure is measured from the end of this delay, not its start.
-        self.last = Some(now + delay);
-        delay
-    }
-}
 
 /// Options of a [`Reflector`].
 #[derive(Clone)]

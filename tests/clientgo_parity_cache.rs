@@ -282,7 +282,7 @@ fn fifo_alone() -> DeltaFifo<i64> {
 fn summary(deltas: &[Delta<i64>]) -> Summary {
     deltas
         .iter()
-        .map(|d| (d.kind, d.object.value, d.final_state_unknown))
+        .map(|d| (d.kind, d.object.value, d.is_final_state_unknown()))
         .collect()
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::backoff::Backoff;
 use crate::delta_fifo::{Delta, DeltaFifo, PopError, Popped};
 use crate::listwatch::ListerWatcher;
 use crate::reflector::{Reflector, ReflectorOptions, RevisionHandle};
@@ -100,7 +101,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
         let reflector = Reflector::new(lister_watcher, queue.clone(), reflector);
         on_start(reflector.revision());
         let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
-        let mut failures: HashMap<Arc<str>, u32> = HashMap::new();
+        let mut failures: HashMap<Arc<str>, Backoff> = HashMap::new();
         async move {
             loop {
                 let popped = queue
@@ -109,11 +110,12 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
                             let key = deltas.first().map(|d| d.object.key()).unwrap_or_default();
                             let reason = chain(&*error);
                             if retry_on_error {
-                                let n = failures.entry(key.into()).or_insert(0);
-                                let after = RETRY_BASE
-                                    .saturating_mul(1u32 << (*n).min(20))
-                                    .min(RETRY_MAX);
-                                *n += 1;
+                                let after = failures
+                                    .entry(key.into())
+                                    .or_insert_with(|| {
+                                        Backoff::without_reset(RETRY_BASE, RETRY_MAX, 0.0)
+                                    })
+                                    .next_delay();
                                 tracing::warn!(
                                     key,
                                     error = &*error as &dyn std::error::Error,

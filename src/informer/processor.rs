@@ -17,6 +17,25 @@ use crate::metrics::HandlerMetrics;
 /// Capacity (in events) above which a drained backlog releases its memory.
 const SHRINK_ABOVE: usize = 1024;
 
+/// The registered handlers.
+///
+/// Invariant: `syncing` holds the ids of the listeners whose resync was due at the last resync
+/// tick; only they receive `Sync` notifications.
+pub(crate) struct Processor<T> {
+    pub(crate) listeners: Vec<Arc<Listener<T>>>,
+    pub(crate) syncing: Vec<u64>,
+}
+
+impl<T: Send + Sync + 'static> Processor<T> {
+    pub(crate) fn distribute(&self, event: Event<T>, is_sync: bool) {
+        for l in &self.listeners {
+            if !is_sync || self.syncing.contains(&l.id) {
+                l.push(event.clone());
+            }
+        }
+    }
+}
+
 /// One registered handler: a buffer of events drained by a dedicated thread, or polled by an
 /// event stream.
 ///

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::handler::{DeletedObject, Event, ResourceEventHandler};
-use super::processor::Listener;
+use super::processor::{Listener, Processor};
 use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
 use crate::listwatch::{
     BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent, WatchStream,
@@ -261,25 +261,6 @@ struct Shared<T> {
     /// Batches whose application panicked.
     apply_panics: AtomicU64,
     metrics: InformerMetrics,
-}
-
-/// The registered handlers.
-///
-/// Invariant: `syncing` holds the ids of the listeners whose resync was due at the last resync
-/// tick; only they receive `Sync` notifications.
-struct Processor<T> {
-    listeners: Vec<Arc<Listener<T>>>,
-    syncing: Vec<u64>,
-}
-
-impl<T: Send + Sync + 'static> Processor<T> {
-    fn distribute(&self, event: Event<T>, is_sync: bool) {
-        for l in &self.listeners {
-            if !is_sync || self.syncing.contains(&l.id) {
-                l.push(event.clone());
-            }
-        }
-    }
 }
 
 impl<T> Drop for Shared<T> {
@@ -997,11 +978,10 @@ fn apply_delta<T>(
     match d.kind {
         DeltaType::Deleted => {
             txn.delete(d.object.key());
-            let deleted = if d.final_state_unknown {
-                DeletedObject::FinalStateUnknown(d.object.clone())
-            } else {
-                DeletedObject::Deleted(d.object.clone())
-            };
+            let deleted = d
+                .deleted
+                .clone()
+                .unwrap_or_else(|| DeletedObject::Deleted(d.object.clone()));
             (Event::Deleted(deleted), false)
         }
         DeltaType::Added | DeltaType::Updated | DeltaType::Replaced | DeltaType::Sync => {

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
+
 /// Locks `m`. If the mutex is poisoned, the data is still used: every critical section in this
 /// module leaves the data consistent.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -62,11 +64,12 @@ impl<K, R: RateLimiter<K> + ?Sized> RateLimiter<K> for Arc<R> {
 /// `base * 2^n`, capped at `max`.
 ///
 /// The first call to [`when`](RateLimiter::when) for an item returns `base`. The computation
-/// never overflows: any delay that would go past `max` is `max`.
+/// never overflows: any delay that would go past `max` is `max`. Each item has its own
+/// [`Backoff`] (no jitter, never reset by itself), dropped by [`forget`](RateLimiter::forget).
 pub struct ItemExponentialRateLimiter<K> {
     base: Duration,
     max: Duration,
-    failures: Mutex<HashMap<K, u32>>,
+    failures: Mutex<HashMap<K, Backoff>>,
 }
 
 impl<K> ItemExponentialRateLimiter<K> {
@@ -102,30 +105,12 @@ impl<K> fmt::Debug for ItemExponentialRateLimiter<K> {
     }
 }
 
-/// `base * 2^exp`, or `max` if that is larger than `max` or does not fit.
-fn exponential_backoff(base: Duration, max: Duration, exp: u32) -> Duration {
-    let nanos = 1u128
-        .checked_shl(exp)
-        .and_then(|factor| base.as_nanos().checked_mul(factor));
-    match nanos {
-        Some(n) if n < max.as_nanos() => {
-            // n < max.as_nanos(), so the seconds fit in a u64.
-            Duration::new((n / 1_000_000_000) as u64, (n % 1_000_000_000) as u32)
-        }
-        _ => max,
-    }
-}
-
 impl<K: Clone + Eq + Hash + Send + Sync> RateLimiter<K> for ItemExponentialRateLimiter<K> {
     fn when(&self, item: &K) -> Duration {
-        let exp = {
-            let mut failures = lock(&self.failures);
-            let count = failures.entry(item.clone()).or_insert(0);
-            let exp = *count;
-            *count = count.saturating_add(1);
-            exp
-        };
-        exponential_backoff(self.base, self.max, exp)
+        lock(&self.failures)
+            .entry(item.clone())
+            .or_insert_with(|| Backoff::without_reset(self.base, self.max, 0.0))
+            .next_delay()
     }
 
     fn forget(&self, item: &K) {
@@ -133,7 +118,7 @@ impl<K: Clone + Eq + Hash + Send + Sync> RateLimiter<K> for ItemExponentialRateL
     }
 
     fn num_requeues(&self, item: &K) -> u32 {
-        lock(&self.failures).get(item).copied().unwrap_or(0)
+        lock(&self.failures).get(item).map_or(0, Backoff::failures)
     }
 }
 
