@@ -43,10 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }),
         retry_on_error: true,
-        reflector: ReflectorOptions {
-            name: prefix,
-            ..Default::default()
-        },
+        reflector: ReflectorOptions::default().with_name(prefix),
     });
     let run = tokio::spawn(controller.run());
     shutdown.await;

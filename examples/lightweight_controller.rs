@@ -125,16 +125,11 @@ fn informer<T>(
 where
     T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    let options = EtcdOptions {
-        on_decode_error: Some(Arc::new(|e| eprintln!("undecodable: {e}"))),
-        ..Default::default()
-    };
+    let options = EtcdOptions::default()
+        .with_on_decode_error(Some(Arc::new(|e| eprintln!("undecodable: {e}"))));
     let lw =
         EtcdListerWatcher::with_options(client.clone(), prefix, JsonCodec::<T>::new(), options)?;
-    let options = InformerOptions {
-        name: prefix.to_owned(),
-        ..Default::default()
-    };
+    let options = InformerOptions::default().with_name(prefix.to_owned());
     Ok(SharedIndexInformer::new(lw, options))
 }
 

@@ -21,10 +21,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The store the popped deltas are applied to; the FIFO consults it as its "known objects".
     let store = Indexer::with_namespace_index();
     let fifo = Arc::new(DeltaFifo::new(Some(Arc::new(store.clone()))));
-    let options = ReflectorOptions {
-        name: prefix,
-        ..Default::default()
-    };
+    let options = ReflectorOptions::default().with_name(prefix);
     tokio::spawn(Reflector::new(lw, fifo.clone(), options).run());
     let popping = async {
         loop {

@@ -57,6 +57,7 @@ pub type ShouldResync = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Options of a [`Reflector`].
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ReflectorOptions {
     /// A name for logs and spans (the prefix, for the etcd source).
     pub name: String,
@@ -74,6 +75,53 @@ pub struct ReflectorOptions {
     /// Delays between attempts to watch again while etcd cannot be reached
     /// ([`Error::Unavailable`]); default [`Backoff::reconnect`].
     pub reconnect: Backoff,
+}
+
+impl ReflectorOptions {
+    /// Sets the name for logs and spans (`name`).
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the resync period (zero disables resync) (`resync_period`).
+    #[must_use]
+    pub fn with_resync_period(mut self, resync_period: Duration) -> Self {
+        self.resync_period = resync_period;
+        self
+    }
+
+    /// Sets the predicate asked on each resync tick (`should_resync`).
+    #[must_use]
+    pub fn with_should_resync(mut self, should_resync: Option<ShouldResync>) -> Self {
+        self.should_resync = should_resync;
+        self
+    }
+
+    /// Sets the handler called with every list or watch failure (`watch_error_handler`).
+    #[must_use]
+    pub fn with_watch_error_handler(
+        mut self,
+        watch_error_handler: Option<WatchErrorHandler>,
+    ) -> Self {
+        self.watch_error_handler = watch_error_handler;
+        self
+    }
+
+    /// Sets the protective backoff between relists in a storm and after errors (`backoff`).
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets the delays between attempts to watch again while etcd is unreachable (`reconnect`).
+    #[must_use]
+    pub fn with_reconnect(mut self, reconnect: Backoff) -> Self {
+        self.reconnect = reconnect;
+        self
+    }
 }
 
 impl Default for ReflectorOptions {

@@ -146,17 +146,15 @@ async fn step(d: Duration) {
 }
 
 fn options(mode: Processing) -> InformerOptions<String> {
-    InformerOptions {
-        name: format!("parity-{mode:?}"),
-        backoff: Backoff::new(
+    InformerOptions::default()
+        .with_name(format!("parity-{mode:?}"))
+        .with_backoff(Backoff::new(
             Duration::from_millis(1),
             Duration::from_millis(10),
             Duration::from_secs(120),
             0.0,
-        ),
-        processing: mode,
-        ..Default::default()
-    }
+        ))
+        .with_processing(mode)
 }
 
 fn started(source: &FakeSource<String>, mode: Processing) -> SharedIndexInformer<String> {
@@ -524,13 +522,10 @@ async fn delta_fifo_test_transformer() {
         source.put("bar", "11".into());
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
-        let options = InformerOptions {
-            transform: Some(Arc::new(move |o: Object<String>| {
-                c.fetch_add(1, Ordering::SeqCst);
-                o.map(|v| format!("{v}'"))
-            })),
-            ..options(mode)
-        };
+        let options = options(mode).with_transform(Some(Arc::new(move |o: Object<String>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            o.map(|v| format!("{v}'"))
+        })));
         let informer = SharedIndexInformer::new(source.clone(), options);
         let log = Log::default();
         informer.add_event_handler(log.handler()).unwrap();
@@ -1173,10 +1168,7 @@ async fn shared_informer_test_listener_resync_periods() {
         source.put("pod2", "1".into());
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                resync_period: Duration::from_secs(1),
-                ..options(mode)
-            },
+            options(mode).with_resync_period(Duration::from_secs(1)),
         );
         let logs: Vec<Log> = (0..3).map(|_| Log::default()).collect();
         let regs: Vec<_> = [0, 2, 3]
@@ -1233,10 +1225,7 @@ async fn shared_informer_test_resync_check_period() {
         source.put("pod1", "1".into());
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                resync_period: Duration::from_secs(12 * 3600),
-                ..options(mode)
-            },
+            options(mode).with_resync_period(Duration::from_secs(12 * 3600)),
         );
         let secs = Duration::from_secs;
         let periods = [secs(0), secs(60), secs(55), secs(5)];
@@ -1286,10 +1275,7 @@ async fn shared_informer_test_watch_disruption() {
         source.put("pod2", "1".into());
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                resync_period: Duration::from_secs(1),
-                ..options(mode)
-            },
+            options(mode).with_resync_period(Duration::from_secs(1)),
         );
         let no_resync = Log::default();
         let resync = Log::default();
@@ -1342,10 +1328,9 @@ async fn shared_informer_test_error_handling() {
         let e = errors.clone();
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                watch_error_handler: Some(Arc::new(move |err: &Error| e.push(err.to_string()))),
-                ..options(mode)
-            },
+            options(mode).with_watch_error_handler(Some(Arc::new(move |err: &Error| {
+                e.push(err.to_string())
+            }))),
         );
         tokio::spawn(informer.clone().run());
         until_ticking("error handler called", || errors.len() == 1).await;
@@ -1364,10 +1349,9 @@ async fn shared_informer_test_transformer() {
         source.put("pod2", "pod2".into());
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                transform: Some(Arc::new(|o: Object<String>| o.map(|v| v.to_uppercase()))),
-                ..options(mode)
-            },
+            options(mode).with_transform(Some(Arc::new(|o: Object<String>| {
+                o.map(|v| v.to_uppercase())
+            }))),
         );
         let log = Log::default();
         informer.add_event_handler(log.handler()).unwrap();
@@ -1515,10 +1499,7 @@ async fn shared_informer_test_handler_abuse() {
         let source = FakeSource::new();
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                resync_period: Duration::from_secs(1),
-                ..options(mode)
-            },
+            options(mode).with_resync_period(Duration::from_secs(1)),
         );
         let run = tokio::spawn(informer.clone().run());
         let workers: Vec<_> = (0..4u64)
@@ -1864,10 +1845,7 @@ async fn controller_test_example() {
             Ok(())
         }),
         retry_on_error: false,
-        reflector: ReflectorOptions {
-            resync_period: Duration::from_millis(100),
-            ..Default::default()
-        },
+        reflector: ReflectorOptions::default().with_resync_period(Duration::from_millis(100)),
     };
     let run = tokio::spawn(Controller::new(config).run());
     for name in ["a-hello", "b-controller", "c-framework"] {
@@ -1943,10 +1921,7 @@ async fn controller_test_hammer() {
         let log = Log::default();
         let informer = SharedIndexInformer::new(
             source.clone(),
-            InformerOptions {
-                resync_period: Duration::from_secs(1),
-                ..options(mode)
-            },
+            options(mode).with_resync_period(Duration::from_secs(1)),
         );
         let reg = informer.add_event_handler(log.handler()).unwrap();
         assert!(!reg.has_synced(), "{mode:?}: synced before run");
@@ -2088,10 +2063,9 @@ async fn controller_test_transforming_informer() {
         let informer = Informer::new(
             source.clone(),
             log.handler(),
-            InformerOptions {
-                transform: Some(Arc::new(|o: Object<String>| o.map(|v| format!("{v}+t")))),
-                ..options(mode)
-            },
+            options(mode).with_transform(Some(Arc::new(|o: Object<String>| {
+                o.map(|v| format!("{v}+t"))
+            }))),
         )
         .unwrap();
         tokio::spawn(informer.clone().run());
@@ -2160,11 +2134,9 @@ async fn controller_test_transforming_informer_race() {
             ResourceEventHandlerFuncs::new().on_update(move |_, _| {
                 u.fetch_add(1, Ordering::SeqCst);
             }),
-            InformerOptions {
-                resync_period: Duration::from_secs(1),
-                transform: Some(Arc::new(transform)),
-                ..options(mode)
-            },
+            options(mode)
+                .with_resync_period(Duration::from_secs(1))
+                .with_transform(Some(Arc::new(transform))),
         )
         .unwrap();
         tokio::spawn(informer.clone().run());

@@ -25,11 +25,9 @@ async fn synced_informer(
     processing: Processing,
 ) -> SharedIndexInformer<String> {
     let lw = EtcdListerWatcher::new(client.clone(), prefix, TextCodec).unwrap();
-    let options = InformerOptions {
-        name: prefix.to_owned(),
-        processing,
-        ..Default::default()
-    };
+    let options = InformerOptions::default()
+        .with_name(prefix.to_owned())
+        .with_processing(processing);
     let informer = SharedIndexInformer::new(lw, options);
     tokio::spawn(informer.clone().run());
     tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())

@@ -21,22 +21,28 @@ use etcd_informer::{
 
 /// Options that notice a dead watch within seconds rather than the production 20 s.
 fn quick_etcd_options() -> EtcdOptions {
-    EtcdOptions {
-        progress_interval: Duration::from_millis(500),
-        idle_timeout: Duration::from_secs(3),
-        ..Default::default()
-    }
+    EtcdOptions::default()
+        .with_progress_interval(Duration::from_millis(500))
+        .with_idle_timeout(Duration::from_secs(3))
 }
 
 fn informer_options(backoff: Duration) -> InformerOptions<String> {
-    InformerOptions {
-        name: "etcd-test".into(),
-        backoff: Backoff::new(backoff, backoff * 2, Duration::from_secs(120), 0.0),
+    InformerOptions::default()
+        .with_name("etcd-test")
+        .with_backoff(Backoff::new(
+            backoff,
+            backoff * 2,
+            Duration::from_secs(120),
+            0.0,
+        ))
         // The tests here choose every retry delay (some open a window behind the informer's
         // back with a long one); tests/faults.rs measures the default reconnect backoff.
-        reconnect: Backoff::new(backoff, backoff * 2, Duration::from_secs(120), 0.0),
-        ..Default::default()
-    }
+        .with_reconnect(Backoff::new(
+            backoff,
+            backoff * 2,
+            Duration::from_secs(120),
+            0.0,
+        ))
 }
 
 struct Running {
@@ -103,10 +109,7 @@ async fn initial_sync_over_several_pages_has_every_key_and_revision() {
     let client = shared_client().await;
     let prefix = unique_prefix("initial_sync");
     put_many(&client, &prefix, 95, "v").await;
-    let etcd = EtcdOptions {
-        page_size: 10,
-        ..quick_etcd_options()
-    };
+    let etcd = quick_etcd_options().with_page_size(10);
     let r = start(&client, &prefix, etcd, Duration::from_millis(100));
     synced(&r).await;
     let want = etcd_state(&client, &prefix).await;
@@ -145,10 +148,7 @@ async fn list_under_concurrent_writes_is_consistent() {
             }
         })
     };
-    let etcd = EtcdOptions {
-        page_size: 7,
-        ..quick_etcd_options()
-    };
+    let etcd = quick_etcd_options().with_page_size(7);
     let r = start(&client, &prefix, etcd, Duration::from_millis(100));
     synced(&r).await;
     writer.await.unwrap();
@@ -204,12 +204,9 @@ async fn undecodable_value_is_reported_with_its_key_and_others_flow() {
         .unwrap();
     let reported: Arc<Mutex<Vec<String>>> = Default::default();
     let rep = reported.clone();
-    let etcd = EtcdOptions {
-        on_decode_error: Some(Arc::new(move |e| {
-            rep.lock().unwrap().push(e.key_str().unwrap().to_owned())
-        })),
-        ..quick_etcd_options()
-    };
+    let etcd = quick_etcd_options().with_on_decode_error(Some(Arc::new(move |e| {
+        rep.lock().unwrap().push(e.key_str().unwrap().to_owned())
+    })));
     let r = start(&client, &prefix, etcd, Duration::from_millis(100));
     synced(&r).await;
     assert_eq!(*reported.lock().unwrap(), [format!("{prefix}bad/listed")]);
@@ -292,10 +289,7 @@ async fn prefix_boundary_and_large_values() {
         client.clone(),
         format!("{base}a"),
         RawCodec,
-        EtcdOptions {
-            raw_prefix: true,
-            ..Default::default()
-        },
+        EtcdOptions::default().with_raw_prefix(true),
     );
     assert!(raw.is_ok(), "a raw prefix is allowed when asked for");
 }
@@ -531,12 +525,9 @@ async fn leaderless_or_frozen_member_is_noticed_not_waited_on() {
             .unwrap();
     let informer = SharedIndexInformer::new(
         lw,
-        InformerOptions {
-            watch_error_handler: Some(Arc::new(move |err: &etcd_informer::listwatch::Error| {
-                e.lock().unwrap().push(err.to_string())
-            })),
-            ..informer_options(Duration::from_millis(200))
-        },
+        informer_options(Duration::from_millis(200)).with_watch_error_handler(Some(Arc::new(
+            move |err: &etcd_informer::listwatch::Error| e.lock().unwrap().push(err.to_string()),
+        ))),
     );
     tokio::spawn(informer.clone().run());
     tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
@@ -592,11 +583,9 @@ async fn pages_too_large_for_a_message_are_split() {
             .unwrap();
     }
     // 6 MiB in one page against a 3 MiB message limit: the list must shrink its pages.
-    let etcd = EtcdOptions {
-        page_size: 100,
-        max_message_bytes: 3 << 20,
-        ..quick_etcd_options()
-    };
+    let etcd = quick_etcd_options()
+        .with_page_size(100)
+        .with_max_message_bytes(3 << 20);
     let r = start(&client, &prefix, etcd, Duration::from_millis(100));
     synced(&r).await;
     assert_eq!(r.informer.lister().len(), 6);
@@ -612,26 +601,14 @@ async fn options_out_of_range_are_refused_naming_the_option() {
     let client = shared_client().await;
     for (options, name) in [
         (
-            EtcdOptions {
-                max_message_bytes: 0,
-                ..Default::default()
-            },
+            EtcdOptions::default().with_max_message_bytes(0),
             "max_message_bytes",
         ),
         (
-            EtcdOptions {
-                page_timeout: Duration::ZERO,
-                ..Default::default()
-            },
+            EtcdOptions::default().with_page_timeout(Duration::ZERO),
             "page_timeout",
         ),
-        (
-            EtcdOptions {
-                page_size: 0,
-                ..Default::default()
-            },
-            "page_size",
-        ),
+        (EtcdOptions::default().with_page_size(0), "page_size"),
     ] {
         let error = EtcdListerWatcher::with_options(client.clone(), "/x/", TextCodec, options)
             .err()
@@ -650,10 +627,7 @@ async fn the_whole_keyspace_can_be_watched_with_an_empty_raw_prefix() {
     let client = server.client().await;
     client.kv_client().put("a", "1", None).await.unwrap();
     client.kv_client().put("/deep/b", "2", None).await.unwrap();
-    let etcd = EtcdOptions {
-        raw_prefix: true,
-        ..quick_etcd_options()
-    };
+    let etcd = quick_etcd_options().with_raw_prefix(true);
     let r = start(&client, "", etcd, Duration::from_millis(50));
     synced(&r).await;
     client.kv_client().put("zz", "3", None).await.unwrap();

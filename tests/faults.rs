@@ -21,11 +21,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Options that notice a dead or silent watch within seconds.
 fn quick() -> EtcdOptions {
-    EtcdOptions {
-        progress_interval: Duration::from_millis(250),
-        idle_timeout: Duration::from_secs(2),
-        ..Default::default()
-    }
+    EtcdOptions::default()
+        .with_progress_interval(Duration::from_millis(250))
+        .with_idle_timeout(Duration::from_secs(2))
 }
 
 struct Running {
@@ -42,10 +40,7 @@ fn start(client: &Client, prefix: &str) -> Running {
         lists: Arc::clone(&lists),
         watches: Arc::clone(&watches),
     };
-    let options = InformerOptions {
-        name: prefix.to_owned(),
-        ..Default::default()
-    };
+    let options = InformerOptions::default().with_name(prefix.to_owned());
     let informer = SharedIndexInformer::new(source, options);
     tokio::spawn(informer.clone().run());
     Running {
@@ -230,10 +225,8 @@ async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
 /// Starts etcd with auth on and `/auth/` readable by user `reader`; returns (server, root
 /// client).
 async fn etcd_with_auth(token_ttl_s: u32) -> (EtcdServer, Client) {
-    let options = ServerOptions {
-        extra_args: vec![format!("--auth-token-ttl={token_ttl_s}")],
-        ..Default::default()
-    };
+    let options =
+        ServerOptions::default().with_extra_args(vec![format!("--auth-token-ttl={token_ttl_s}")]);
     let server = EtcdServer::start_with(options)
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -307,12 +307,9 @@ fn orphan_helper() {
         rt.block_on(async {
             let shared = test_etcd().await.unwrap();
             let root = std::env::var_os(ORPHAN_ROOT_ENV).map(Into::into);
-            let leaked = EtcdServer::start_with(ServerOptions {
-                data_root: root,
-                extra_args: vec![],
-            })
-            .await
-            .unwrap();
+            let leaked = EtcdServer::start_with(ServerOptions::default().with_data_root(root))
+                .await
+                .unwrap();
             let endpoint = leaked.endpoint();
             std::mem::forget(leaked); // like a static that is never dropped
             (shared.endpoints[0].clone(), endpoint)

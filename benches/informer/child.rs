@@ -45,15 +45,9 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
                 client.clone(),
                 prefix.clone(),
                 JsonCodec::<ConfigMap>::new(),
-                EtcdOptions {
-                    page_size: args.page_size,
-                    ..EtcdOptions::default()
-                },
+                EtcdOptions::default().with_page_size(args.page_size),
             )?;
-            let options = InformerOptions {
-                processing: args.processing,
-                ..InformerOptions::default()
-            };
+            let options = InformerOptions::default().with_processing(args.processing);
             let informer = SharedIndexInformer::new(lw, options);
             let seen = Arc::new(AtomicUsize::new(0));
             let mut registrations = Vec::new();

@@ -39,19 +39,14 @@ impl Bench {
             client,
             self.prefix.clone(),
             JsonCodec::<ConfigMap>::new(),
-            EtcdOptions {
-                page_size,
-                ..EtcdOptions::default()
-            },
+            EtcdOptions::default().with_page_size(page_size),
         )
         .unwrap_or_else(|e| fail(e));
         SharedIndexInformer::new(
             lw,
-            InformerOptions {
-                name: "bench".into(),
-                processing: self.args.processing,
-                ..InformerOptions::default()
-            },
+            InformerOptions::default()
+                .with_name("bench")
+                .with_processing(self.args.processing),
         )
     }
 

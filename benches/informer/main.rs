@@ -207,10 +207,11 @@ async fn main() {
             } else {
                 None
             };
-            let s = EtcdServer::start_with(ServerOptions {
-                data_root,
-                extra_args: vec!["--quota-backend-bytes=8589934592".into()],
-            })
+            let s = EtcdServer::start_with(
+                ServerOptions::default()
+                    .with_data_root(data_root)
+                    .with_extra_args(vec!["--quota-backend-bytes=8589934592".into()]),
+            )
             .await
             .unwrap_or_else(|e| fail(format!("starting etcd: {e}")));
             let endpoints = s.endpoints();

@@ -57,10 +57,7 @@ pub(super) async fn scenario_sync(b: &Bench) -> Row {
                 client,
                 b.prefix.clone(),
                 JsonCodec::<ConfigMap>::new(),
-                EtcdOptions {
-                    page_size: b.args.page_size,
-                    ..EtcdOptions::default()
-                },
+                EtcdOptions::default().with_page_size(b.args.page_size),
             )
             .unwrap_or_else(|e| fail(e));
             let started = Instant::now();

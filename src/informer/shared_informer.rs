@@ -125,6 +125,7 @@ pub enum ConsistencyError {
 }
 
 /// Options of a [`SharedIndexInformer`].
+#[non_exhaustive]
 pub struct InformerOptions<T> {
     /// A name for logs, spans and handler threads (the etcd prefix, usually).
     pub name: String,
@@ -150,6 +151,74 @@ pub struct InformerOptions<T> {
     pub reconnect: Backoff,
     /// How changes reach the cache; see [`Processing`].
     pub processing: Processing,
+}
+
+impl<T> InformerOptions<T> {
+    /// Sets the name for logs, spans and handler threads (`name`).
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the default resync period of handlers (zero for none) (`resync_period`).
+    #[must_use]
+    pub fn with_resync_period(mut self, resync_period: Duration) -> Self {
+        self.resync_period = resync_period;
+        self
+    }
+
+    /// Sets the indexes of the cache (`indexers`).
+    #[must_use]
+    pub fn with_indexers(mut self, indexers: Indexers<T>) -> Self {
+        self.indexers = indexers;
+        self
+    }
+
+    /// Sets the function applied to every object before it is cached (`transform`).
+    #[must_use]
+    pub fn with_transform(mut self, transform: Option<TransformFn<T>>) -> Self {
+        self.transform = transform;
+        self
+    }
+
+    /// Sets the backlog past which a handler's notifications are merged per key (`max_handler_backlog`).
+    #[must_use]
+    pub fn with_max_handler_backlog(mut self, max_handler_backlog: Option<usize>) -> Self {
+        self.max_handler_backlog = max_handler_backlog;
+        self
+    }
+
+    /// Sets the handler called with every list or watch failure (`watch_error_handler`).
+    #[must_use]
+    pub fn with_watch_error_handler(
+        mut self,
+        watch_error_handler: Option<WatchErrorHandler>,
+    ) -> Self {
+        self.watch_error_handler = watch_error_handler;
+        self
+    }
+
+    /// Sets the reflector's protective backoff (`backoff`).
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets the reflector's delays between attempts to reach etcd (`reconnect`).
+    #[must_use]
+    pub fn with_reconnect(mut self, reconnect: Backoff) -> Self {
+        self.reconnect = reconnect;
+        self
+    }
+
+    /// Sets the how changes reach the cache (`processing`).
+    #[must_use]
+    pub fn with_processing(mut self, processing: Processing) -> Self {
+        self.processing = processing;
+        self
+    }
 }
 
 impl<T: Send + Sync + 'static> Default for InformerOptions<T> {

@@ -88,6 +88,7 @@ const MIN_MESSAGE_BYTES: usize = 2 << 20;
 
 /// Options of an [`EtcdListerWatcher`].
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct EtcdOptions {
     /// Keys per list page; default 100,000. etcd 3.4 walks every remaining key of the range for
     /// each page, so small pages cost quadratically: listing 1M keys took 37 s in 10,000-key
@@ -117,6 +118,71 @@ pub struct EtcdOptions {
     pub watch_buffer: usize,
     /// Called with every value that does not decode (after it is logged and counted).
     pub on_decode_error: Option<DecodeErrorHandler>,
+}
+
+impl EtcdOptions {
+    /// Sets the keys per list page (`page_size`).
+    #[must_use]
+    pub fn with_page_size(mut self, page_size: i64) -> Self {
+        self.page_size = page_size;
+        self
+    }
+
+    /// Sets the largest gRPC message accepted from etcd (`max_message_bytes`).
+    #[must_use]
+    pub fn with_max_message_bytes(mut self, max_message_bytes: usize) -> Self {
+        self.max_message_bytes = max_message_bytes;
+        self
+    }
+
+    /// Sets the time limit of one list page (`page_timeout`).
+    #[must_use]
+    pub fn with_page_timeout(mut self, page_timeout: Duration) -> Self {
+        self.page_timeout = page_timeout;
+        self
+    }
+
+    /// Sets the whether to ask etcd for the previous value of each changed key (`prev_kv`).
+    #[must_use]
+    pub fn with_prev_kv(mut self, prev_kv: bool) -> Self {
+        self.prev_kv = prev_kv;
+        self
+    }
+
+    /// Sets the whether a prefix not ending with `/` is accepted (`raw_prefix`).
+    #[must_use]
+    pub fn with_raw_prefix(mut self, raw_prefix: bool) -> Self {
+        self.raw_prefix = raw_prefix;
+        self
+    }
+
+    /// Sets the how often an idle watch asks for a progress notification (`progress_interval`).
+    #[must_use]
+    pub fn with_progress_interval(mut self, progress_interval: Duration) -> Self {
+        self.progress_interval = progress_interval;
+        self
+    }
+
+    /// Sets the how long a silent watch lasts before it is probed and then dropped (`idle_timeout`).
+    #[must_use]
+    pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
+    /// Sets the events buffered between the etcd stream and the reflector (`watch_buffer`).
+    #[must_use]
+    pub fn with_watch_buffer(mut self, watch_buffer: usize) -> Self {
+        self.watch_buffer = watch_buffer;
+        self
+    }
+
+    /// Sets the handler called with every value that does not decode (`on_decode_error`).
+    #[must_use]
+    pub fn with_on_decode_error(mut self, on_decode_error: Option<DecodeErrorHandler>) -> Self {
+        self.on_decode_error = on_decode_error;
+        self
+    }
 }
 
 impl Default for EtcdOptions {
@@ -193,10 +259,8 @@ pub enum ConfigError {
 /// use tokio_stream::StreamExt;
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
-/// let options = EtcdOptions {
-///     on_decode_error: Some(std::sync::Arc::new(|e| eprintln!("skipped: {e}"))),
-///     ..Default::default()
-/// };
+/// let options = EtcdOptions::default()
+///     .with_on_decode_error(Some(std::sync::Arc::new(|e| eprintln!("skipped: {e}"))));
 /// let lw = EtcdListerWatcher::with_options(client, "/config/", TextCodec, options)?;
 /// let list = lw.list().await?;
 /// println!("{} keys at revision {}", list.items.len(), list.revision);

@@ -73,17 +73,12 @@ fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
 }
 
 fn fast_options() -> InformerOptions<String> {
-    InformerOptions {
-        name: "test".into(),
-        backoff: etcd_informer::Backoff::new(
+    InformerOptions::default().with_name("test").with_backoff(etcd_informer::Backoff::new(
             Duration::from_millis(1),
             Duration::from_millis(10),
             Duration::from_secs(120),
             0.0,
-        ),
-        processing: PROCESSING,
-        ..Default::default()
-    }
+        )).with_processing(PROCESSING)
 }
 
 fn started(
@@ -361,10 +356,7 @@ async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
 #[tokio::test]
 async fn bounded_backlog_keeps_final_state_of_every_key() {
     let source: FakeSource<String> = FakeSource::new();
-    let options = InformerOptions {
-        max_handler_backlog: Some(16),
-        ..fast_options()
-    };
+    let options = fast_options().with_max_handler_backlog(Some(16));
     let informer = started(&source, options);
     let gate = Arc::new(Gate::default());
     let state: Arc<Mutex<HashMap<String, String>>> = Default::default();
@@ -620,13 +612,9 @@ async fn list_failures_back_off_exponentially() {
     }
     let errors = Arc::new(AtomicUsize::new(0));
     let e = errors.clone();
-    let options = InformerOptions {
-        watch_error_handler: Some(Arc::new(move |_: &Error| {
+    let options = InformerOptions::default().with_watch_error_handler(Some(Arc::new(move |_: &Error| {
             e.fetch_add(1, Ordering::SeqCst);
-        })),
-        processing: PROCESSING,
-        ..InformerOptions::default()
-    };
+        }))).with_processing(PROCESSING);
     let informer = started(&source, options);
     let start = tokio::time::Instant::now();
     informer.wait_for_cache_sync().await;
@@ -661,10 +649,7 @@ async fn bookmarks_advance_the_synced_revision() {
 async fn event_stream_and_transform() {
     let source: FakeSource<String> = FakeSource::new();
     source.put("a", "hello".into());
-    let options = InformerOptions {
-        transform: Some(Arc::new(|o: Object<String>| o.map(|v| v.to_uppercase()))),
-        ..fast_options()
-    };
+    let options = fast_options().with_transform(Some(Arc::new(|o: Object<String>| o.map(|v| v.to_uppercase()))));
     let informer = started(&source, options);
     let mut stream = informer.event_stream().unwrap();
     let first = stream.next().await.unwrap();
@@ -678,10 +663,7 @@ async fn event_stream_and_transform() {
 async fn sleeping_stream_consumer_stays_bounded_and_ends_with_every_final_state() {
     let source: FakeSource<String> = FakeSource::new();
     const BOUND: usize = 32;
-    let options = InformerOptions {
-        max_handler_backlog: Some(BOUND),
-        ..fast_options()
-    };
+    let options = fast_options().with_max_handler_backlog(Some(BOUND));
     let informer = started(&source, options);
     informer.wait_for_cache_sync().await;
     let mut stream = informer.event_stream().unwrap();
@@ -1008,10 +990,7 @@ async fn resync_due_during_a_long_backoff_still_reaches_the_handler() {
     let source: FakeSource<String> = FakeSource::new();
     source.put("a", "1".into());
     let slow = Duration::from_millis(3200);
-    let options = InformerOptions {
-        backoff: etcd_informer::Backoff::new(slow, slow, Duration::from_secs(120), 0.0),
-        ..fast_options()
-    };
+    let options = fast_options().with_backoff(etcd_informer::Backoff::new(slow, slow, Duration::from_secs(120), 0.0));
     let informer = SharedIndexInformer::new(source.clone(), options);
     let syncs = Arc::new(AtomicUsize::new(0));
     let s = syncs.clone();
@@ -1042,10 +1021,7 @@ async fn wipe_proven_by_the_watch_reannounces_even_if_revisions_caught_up() {
     source.put("b", "1".into()); // 3
     source.put("c", "1".into()); // 4
     let half = Duration::from_millis(500);
-    let options = InformerOptions {
-        backoff: etcd_informer::Backoff::new(half, half, Duration::from_secs(120), 0.0),
-        ..fast_options()
-    };
+    let options = fast_options().with_backoff(etcd_informer::Backoff::new(half, half, Duration::from_secs(120), 0.0));
     let informer = SharedIndexInformer::new(source.clone(), options);
     let log = Log::default();
     informer.add_event_handler(recorder(&log)).unwrap();
@@ -1082,15 +1058,12 @@ async fn panicking_transform_restarts_the_reflector_and_health_shows_it() {
     source.put("tmp/a", "1".to_string());
     let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let p = panicked.clone();
-    let options = InformerOptions {
-        transform: Some(Arc::new(move |o: Object<String>| {
+    let options = fast_options().with_transform(Some(Arc::new(move |o: Object<String>| {
             if o.value == "boom" && !p.swap(true, Ordering::SeqCst) {
                 panic!("transform bug");
             }
             o
-        })),
-        ..fast_options()
-    };
+        })));
     let informer = started(&source, options);
     eventually("synced", || informer.has_synced()).await;
     assert!(informer.health().is_healthy(), "{:?}", informer.health());
@@ -1117,10 +1090,7 @@ async fn panicking_index_function_is_recorded_and_later_changes_flow() {
             vec![o.value.clone()]
         }),
     );
-    let options = InformerOptions {
-        indexers,
-        ..fast_options()
-    };
+    let options = fast_options().with_indexers(indexers);
     let informer = started(&source, options);
     eventually("synced", || informer.has_synced()).await;
     source.put("tmp/a", "boom".to_string());
@@ -1136,10 +1106,7 @@ async fn panicking_index_function_is_recorded_and_later_changes_flow() {
 async fn resync_periods_of_any_length_are_accepted() {
     let source = FakeSource::new();
     source.put("tmp/a", "1".to_string());
-    let options = InformerOptions {
-        resync_period: Duration::MAX,
-        ..fast_options()
-    };
+    let options = fast_options().with_resync_period(Duration::MAX);
     let informer = started(&source, options);
     let log = Log::default();
     let registration = informer
@@ -1156,10 +1123,7 @@ async fn relist_after_a_watch_that_stayed_up_is_immediate_a_storm_backs_off() {
     let source = FakeSource::new();
     source.put("tmp/a", "1".to_string());
     let second = Duration::from_secs(1);
-    let options = InformerOptions {
-        backoff: etcd_informer::Backoff::new(second, 30 * second, 120 * second, 0.0),
-        ..fast_options()
-    };
+    let options = fast_options().with_backoff(etcd_informer::Backoff::new(second, 30 * second, 120 * second, 0.0));
     let informer = started(&source, options);
     while !informer.has_synced() {
         tokio::time::sleep(Duration::from_millis(1)).await;

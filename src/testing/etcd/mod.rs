@@ -161,12 +161,29 @@ impl HarnessError {
 
 /// Options for [`EtcdServer::start_with`] and [`EtcdCluster::start_with`].
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ServerOptions {
     /// Parent directory of the temporary data directories (default: the system temp dir).
     /// `/dev/shm` keeps benchmarks off the disk.
     pub data_root: Option<PathBuf>,
     /// Extra command-line arguments appended after the harness's own (later flags win).
     pub extra_args: Vec<String>,
+}
+
+impl ServerOptions {
+    /// Sets the parent directory of the temporary data directories (`data_root`).
+    #[must_use]
+    pub fn with_data_root(mut self, data_root: Option<PathBuf>) -> Self {
+        self.data_root = data_root;
+        self
+    }
+
+    /// Sets the extra command-line arguments appended after the harness's own (`extra_args`).
+    #[must_use]
+    pub fn with_extra_args(mut self, extra_args: Vec<String>) -> Self {
+        self.extra_args = extra_args;
+        self
+    }
 }
 
 /// Locks a mutex, ignoring poisoning: the guarded state stays consistent across panics.
