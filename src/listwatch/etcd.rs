@@ -902,16 +902,18 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             return Ok(());
         }
         // One message per response: a revision's events stay together.
-        let mut out = Vec::with_capacity(events.len());
-        for event in events {
-            let Some(kv) = event.kv else { continue };
-            let revision = kv.mod_revision;
-            if revision <= self.after {
-                // Already delivered before a reconnect: etcd has shipped bugs that repeat events.
-                continue;
-            }
-            {
-                let mut tally = lock(&self.tally);
+        // The bookkeeping locks are taken once per response, not once per event.
+        let out = {
+            let mut out = Vec::with_capacity(events.len());
+            let mut tally = lock(&self.tally);
+            let mut undecodable = lock(&self.undecodable);
+            for event in events {
+                let Some(kv) = event.kv else { continue };
+                let revision = kv.mod_revision;
+                if revision <= self.after {
+                    // Already delivered before a reconnect: etcd has shipped bugs that repeat events.
+                    continue;
+                }
                 if tally.revision <= revision {
                     tally.revision = revision;
                     match event.r#type {
@@ -920,54 +922,52 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                         _ => {}
                     }
                 }
-            }
-            let decoded = match event.r#type {
-                PUT => Some(self.decoder.object(&kv)),
-                _ => None,
-            };
-            {
-                let mut undecodable = lock(&self.undecodable);
+                let decoded = match event.r#type {
+                    PUT => Some(self.decoder.object(&kv)),
+                    _ => None,
+                };
                 if matches!(decoded, Some(None)) {
                     undecodable.insert(kv.key.clone());
                 } else if !undecodable.is_empty() {
                     undecodable.remove(&kv.key);
                 }
-            }
-            let forwarded = match (event.r#type, decoded) {
-                (PUT, Some(decoded)) => match decoded {
-                    Some(obj) if obj.version == 1 => WatchEvent::Added(obj),
-                    Some(obj) => WatchEvent::Modified(obj),
-                    // Undecodable (already reported): from now on the key is absent.
-                    None => match relative_key(&self.decoder.prefix, &kv.key) {
-                        Some(key) => WatchEvent::Deleted {
+                let forwarded = match (event.r#type, decoded) {
+                    (PUT, Some(decoded)) => match decoded {
+                        Some(obj) if obj.version == 1 => WatchEvent::Added(obj),
+                        Some(obj) => WatchEvent::Modified(obj),
+                        // Undecodable (already reported): from now on the key is absent.
+                        None => match relative_key(&self.decoder.prefix, &kv.key) {
+                            Some(key) => WatchEvent::Deleted {
+                                key,
+                                revision,
+                                last: None,
+                            },
+                            None => continue,
+                        },
+                    },
+                    (DELETE, _) => {
+                        let Some(key) = self.decoder.key(&kv.key, revision) else {
+                            continue;
+                        };
+                        WatchEvent::Deleted {
                             key,
                             revision,
-                            last: None,
-                        },
-                        None => continue,
-                    },
-                },
-                (DELETE, _) => {
-                    let Some(key) = self.decoder.key(&kv.key, revision) else {
-                        continue;
-                    };
-                    WatchEvent::Deleted {
-                        key,
-                        revision,
-                        last: event.prev_kv.and_then(|p| self.decoder.object(&p)),
+                            last: event.prev_kv.and_then(|p| self.decoder.object(&p)),
+                        }
                     }
-                }
-                (other, _) => {
-                    tracing::warn!(
-                        event_type = other,
-                        revision,
-                        "unknown etcd event type; skipped"
-                    );
-                    continue;
-                }
-            };
-            out.push(forwarded);
-        }
+                    (other, _) => {
+                        tracing::warn!(
+                            event_type = other,
+                            revision,
+                            "unknown etcd event type; skipped"
+                        );
+                        continue;
+                    }
+                };
+                out.push(forwarded);
+            }
+            out
+        };
         if !out.is_empty() {
             self.send(out).await?;
         }
