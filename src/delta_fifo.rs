@@ -320,18 +320,6 @@ impl<T> DeltaFifo<T> {
         self.notify.notify_waiters();
     }
 
-    /// Like [`replace`](Self::replace), for a list from a store that was wiped or restored:
-    /// every key the cache or the queue holds first gets a tombstone, so that handlers hear of
-    /// every listed object anew even where its revision equals the cached one (revisions
-    /// started over). Done under one lock, so no reader sees the cache half retired.
-    pub fn replace_store(&self, list: Vec<Arc<Object<T>>>) {
-        let mut inner = self.lock();
-        self.replace_locked(&mut inner, Vec::new());
-        self.replace_locked(&mut inner, list);
-        drop(inner);
-        self.notify.notify_waiters();
-    }
-
     fn replace_locked(&self, inner: &mut Inner<T>, list: Vec<Arc<Object<T>>>) {
         let list_len = list.len();
         let known_keys = self
@@ -566,6 +554,9 @@ impl<T: Send + Sync + 'static> Queue<T> for DeltaFifo<T> {
     fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool) {
         let mut inner = self.lock();
         if store_replaced {
+            // Every key the cache or the queue holds first gets a tombstone, so that handlers
+            // hear of every listed object anew even where its revision equals the cached one
+            // (revisions started over); under one lock, so no reader sees it half retired.
             self.replace_locked(&mut inner, Vec::new());
             // Revisions started over: the applied revision does too, once this is drained.
             self.applied.store(0, Ordering::Release);
