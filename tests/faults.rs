@@ -255,6 +255,10 @@ async fn etcd_with_auth(token_ttl_s: u32) -> (EtcdServer, Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_auth_token_is_renewed_not_a_frozen_cache() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let (server, root) = etcd_with_auth(1).await;
     root.kv_client().put("/auth/a", "1", None).await.unwrap();
     let link = Cuttable::new(server.endpoint()).await;

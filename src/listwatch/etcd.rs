@@ -3,7 +3,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -291,6 +291,7 @@ pub struct EtcdListerWatcher<T> {
     /// re-watch checks etcd still agrees (see [`Tally`]).
     tally: Arc<Mutex<Tally>>,
     trust_progress: Arc<OnceCell<bool>>,
+    token: TokenRenewal,
 }
 
 /// The number of keys under the prefix at a revision, as the list and the watched events
@@ -317,6 +318,7 @@ impl<T> Clone for EtcdListerWatcher<T> {
             identity: self.identity.clone(),
             tally: self.tally.clone(),
             trust_progress: self.trust_progress.clone(),
+            token: self.token.clone(),
         }
     }
 }
@@ -386,6 +388,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             identity: Arc::new(Mutex::new(Identity::default())),
             tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
+            token: TokenRenewal::default(),
         })
     }
 
@@ -409,6 +412,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     }
 
     async fn list_inner(&self) -> Result<ListResult<T>> {
+        self.token.renew_if_refused(&self.client).await;
         let mut kv = self
             .client
             .kv_client()
@@ -448,7 +452,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                     tracing::warn!(prefix = %self.prefix(), page_size, error = %e, "list page too large; retrying with smaller pages");
                     continue;
                 }
-                Err(e) => return Err(self.failed(e, revision).await),
+                Err(e) => return Err(self.failed(e, revision)),
             };
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
@@ -521,10 +525,10 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     }
 
     /// Classifies an etcd error for the prefix; an auth token etcd has forgotten is renewed
-    /// first, so that the retry can succeed.
-    async fn failed(&self, e: etcd_client::Error, revision: i64) -> Error {
+    /// before the retry.
+    fn failed(&self, e: etcd_client::Error, revision: i64) -> Error {
         let error = classify(e, revision);
-        renew_token_if_refused(&self.client, &error).await;
+        self.token.note(&error);
         named(error, &self.prefix())
     }
 
@@ -586,6 +590,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
 
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         Box::pin(async move {
+            self.token.renew_if_refused(&self.client).await;
             let trust_progress = self.trust_progress().await;
             let mut options = WatchOptions::new()
                 .with_range(self.range_end.clone())
@@ -612,7 +617,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             })?;
             let stream = match stream {
                 Ok(stream) => stream,
-                Err(e) => return Err(self.failed(e, after_revision).await),
+                Err(e) => return Err(self.failed(e, after_revision)),
             };
             let (tx, rx) = mpsc::channel(self.options.watch_buffer);
             let task = WatchTask {
@@ -628,6 +633,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 progress_interval: self.options.progress_interval,
                 idle_timeout: self.options.idle_timeout,
                 tx,
+                token: self.token.clone(),
             };
             let span =
                 tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);
@@ -651,6 +657,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         Box::pin(async move {
+            self.token.renew_if_refused(&self.client).await;
             // etcd filters by mod_revision before applying the limit, and counts the whole
             // range: one key at most comes back, and `count` is the prefix's size.
             let mut options = GetOptions::new()
@@ -675,7 +682,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             })?;
             let resp = match resp {
                 Ok(resp) => resp,
-                Err(e) => return Err(self.failed(e, at.unwrap_or(0)).await),
+                Err(e) => return Err(self.failed(e, at.unwrap_or(0))),
             };
             let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
             let undecodable = lock(&self.undecodable).len();
@@ -781,6 +788,7 @@ struct WatchTask<T> {
     progress_interval: Duration,
     idle_timeout: Duration,
     tx: mpsc::Sender<Vec<WatchEvent<T>>>,
+    token: TokenRenewal,
 }
 
 const PUT: i32 = 0;
@@ -831,7 +839,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 }
                 Err(e) => {
                     let error = classify(e, self.after);
-                    renew_token_if_refused(&self.client, &error).await;
+                    self.token.note(&error);
                     self.fail(named(error, &self.name)).await;
                     return;
                 }
@@ -868,7 +876,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 "etcd canceled the watch of {}: {reason}",
                 self.name
             ));
-            renew_token_if_refused(&self.client, &error).await;
+            self.token.note(&error);
             return Err(error);
         }
         if let Some(header) = response.header() {
@@ -1017,7 +1025,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => {
                 let error = classify(e, self.after);
-                renew_token_if_refused(&self.client, &error).await;
+                self.token.note(&error);
                 Err(named(error, &self.name))
             }
             Err(_) => Err(Error::unavailable(format!(
@@ -1140,27 +1148,39 @@ fn named(mut error: Error, prefix: &str) -> Error {
     error
 }
 
-/// When etcd refused the auth token (it forgets simple tokens after `--auth-token-ttl`; a watch
-/// stream keeps the token it was opened with), authenticates again so that the retry carries a
-/// valid one. etcd 3.4 reports a refused token on a watch as "permission denied", so that too
-/// renews the token (one Authenticate call per retry, which the backoff spaces out). A client
-/// without credentials does nothing.
-async fn renew_token_if_refused(client: &Client, error: &Error) {
-    let message = error.to_string();
-    let refused = [
-        "invalid auth token",
-        "permission denied",
-        "Unauthenticated",
-        "user name is empty",
-    ]
-    .iter()
-    .any(|m| message.contains(m));
-    if refused {
-        match client.refresh_token().await {
-            Ok(()) => {
-                tracing::info!(error = %message, "etcd refused the auth token; authenticated again")
+/// Renews the auth token before the next attempt when etcd refused it (it forgets simple tokens
+/// after `--auth-token-ttl`; a watch stream keeps the token it was opened with). Renewing right
+/// before the retry, not when the error arrives, keeps the new token from expiring unused during
+/// the backoff when the TTL is shorter than the delay. etcd 3.4 reports a refused token on a
+/// watch as "permission denied", so that too renews (one Authenticate call per retry, which the
+/// backoff spaces out). A client without credentials does nothing.
+#[derive(Clone, Default)]
+struct TokenRenewal(Arc<AtomicBool>);
+
+impl TokenRenewal {
+    /// Remembers to renew the token if `error` says etcd refused it.
+    fn note(&self, error: &Error) {
+        let message = error.to_string();
+        let refused = [
+            "invalid auth token",
+            "permission denied",
+            "Unauthenticated",
+            "user name is empty",
+        ]
+        .iter()
+        .any(|m| message.contains(m));
+        if refused {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Authenticates again if a refused token was noted since the last attempt.
+    async fn renew_if_refused(&self, client: &Client) {
+        if self.0.swap(false, Ordering::Relaxed) {
+            match client.refresh_token().await {
+                Ok(()) => tracing::info!("etcd refused the auth token; authenticated again"),
+                Err(e) => tracing::warn!(error = %e, "authenticating again failed"),
             }
-            Err(e) => tracing::warn!(error = %e, "authenticating again failed"),
         }
     }
 }
