@@ -1,10 +1,14 @@
-//! Per-handler delivery: each handler has its own buffer, drained by its own thread (a
-//! [`ResourceEventHandler`]) or by its consumer (an [`EventStream`](super::EventStream)).
+//! Per-handler delivery. Each handler has its own buffer. Handlers that keep up share one
+//! delivery thread per informer (a [`Worker`]): one wake-up per event for all of them rather than
+//! one per handler, which on a small machine is most of what fanout costs. A handler that takes
+//! longer than [`STUCK_AFTER`] over one notification keeps that thread to itself and the others
+//! move to a new one, so a slow or stuck handler delays the others by at most that, once. An
+//! [`EventStream`](super::EventStream) drains its buffer itself, with no thread.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::ThreadId;
 use std::time::Duration;
@@ -17,6 +21,10 @@ use crate::metrics::HandlerMetrics;
 /// Capacity (in events) above which a drained backlog releases its memory.
 const SHRINK_ABOVE: usize = 1024;
 
+/// How long one notification may take before the other handlers sharing its thread move to
+/// another thread.
+pub(crate) const STUCK_AFTER: Duration = Duration::from_millis(20);
+
 /// The registered handlers.
 ///
 /// Invariant: `syncing` holds the ids of the listeners whose resync was due at the last resync
@@ -24,38 +32,379 @@ const SHRINK_ABOVE: usize = 1024;
 pub(crate) struct Processor<T> {
     pub(crate) listeners: Vec<Arc<Listener<T>>>,
     pub(crate) syncing: Vec<u64>,
+    /// The thread shared by the handlers that keep up, once a handler is registered.
+    pool: Arc<PoolSlot<T>>,
 }
 
 impl<T: Send + Sync + 'static> Processor<T> {
+    /// No handlers yet; the shared thread is named after `informer`.
+    pub(crate) fn new(informer: &str) -> Self {
+        Processor {
+            listeners: Vec::new(),
+            syncing: Vec::new(),
+            pool: Arc::new(PoolSlot {
+                name: format!("handlers-{informer}"),
+                worker: Mutex::new(None),
+            }),
+        }
+    }
+
     pub(crate) fn distribute(&self, event: Event<T>, is_sync: bool) {
+        // Queue for everyone first, then wake each thread once.
+        let mut wake: Option<Arc<Worker<T>>> = None;
+        let mut more: Vec<Arc<Worker<T>>> = Vec::new();
         for l in &self.listeners {
-            if !is_sync || self.syncing.contains(&l.id) {
-                l.push(event.clone());
+            if is_sync && !self.syncing.contains(&l.id) {
+                continue;
             }
+            if let Some(worker) = l.push_quietly(event.clone()) {
+                match &wake {
+                    Some(w) if Arc::ptr_eq(w, &worker) => {}
+                    None => wake = Some(worker),
+                    Some(_) => {
+                        if !more.iter().any(|w| Arc::ptr_eq(w, &worker)) {
+                            more.push(worker);
+                        }
+                    }
+                }
+            }
+        }
+        for w in wake.iter().chain(&more) {
+            w.kick();
+        }
+    }
+
+    /// Registers a handler on the shared thread (started with the first handler).
+    pub(crate) fn attach(
+        &self,
+        listener: &Arc<Listener<T>>,
+        handler: Arc<dyn ResourceEventHandler<T>>,
+    ) -> std::io::Result<()> {
+        listener.lock().handler = Some(handler);
+        self.pool.join(listener)
+    }
+}
+
+impl<T> Processor<T> {
+    /// Lets the shared thread end once its handlers are gone.
+    pub(crate) fn shutdown(&self) {
+        let worker = self
+            .pool
+            .worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(worker) = worker {
+            worker.lock().shutdown = true;
+            worker.kick();
         }
     }
 }
 
-/// One registered handler: a buffer of events drained by a dedicated thread, or polled by an
+/// Which worker is the shared one (it changes when a handler gets stuck on it).
+struct PoolSlot<T> {
+    name: String,
+    worker: Mutex<Option<Arc<Worker<T>>>>,
+}
+
+impl<T: Send + Sync + 'static> PoolSlot<T> {
+    fn current(self: &Arc<Self>) -> std::io::Result<Arc<Worker<T>>> {
+        let mut slot = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(worker) = &*slot {
+            return Ok(worker.clone());
+        }
+        let worker = Worker::start(self.name.clone(), Vec::new(), Arc::downgrade(self))?;
+        *slot = Some(worker.clone());
+        Ok(worker)
+    }
+
+    fn join(self: &Arc<Self>, listener: &Arc<Listener<T>>) -> std::io::Result<()> {
+        loop {
+            let worker = self.current()?;
+            let mut state = worker.lock();
+            if state.dedicated || state.shutdown {
+                // Raced with the watchdog moving the pool; the slot points elsewhere now.
+                drop(state);
+                std::thread::yield_now();
+                continue;
+            }
+            *listener.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(worker.clone());
+            state.members.push(listener.clone());
+            drop(state);
+            worker.kick();
+            return Ok(());
+        }
+    }
+}
+
+/// A delivery thread and the handlers it serves, one notification at a time, in turn.
+///
+/// Invariants: a listener is a member of at most one worker, and only its worker dispatches
+/// its events, so each handler sees its events in order. `busy` names the member being
+/// dispatched; that member never moves to another worker.
+pub(crate) struct Worker<T> {
+    state: Mutex<WorkerState<T>>,
+    ready: Condvar,
+    /// The slot this worker may be the shared worker of, to hand that role over.
+    pool: Weak<PoolSlot<T>>,
+    name: String,
+}
+
+struct WorkerState<T> {
+    members: Vec<Arc<Listener<T>>>,
+    /// Where the next scan for work starts (round robin).
+    next: usize,
+    sleeping: bool,
+    busy: Option<(u64, std::time::Instant)>,
+    /// Serves the one handler that got stuck on it; ends with it.
+    dedicated: bool,
+    /// No handler joins any more: end once the members are gone.
+    shutdown: bool,
+}
+
+impl<T: Send + Sync + 'static> Worker<T> {
+    fn start(
+        name: String,
+        members: Vec<Arc<Listener<T>>>,
+        pool: Weak<PoolSlot<T>>,
+    ) -> std::io::Result<Arc<Self>> {
+        let worker = Arc::new(Worker {
+            state: Mutex::new(WorkerState {
+                members,
+                next: 0,
+                sleeping: false,
+                busy: None,
+                dedicated: false,
+                shutdown: false,
+            }),
+            ready: Condvar::new(),
+            pool,
+            name: name.clone(),
+        });
+        let this = worker.clone();
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || this.run())?;
+        watchdog().watch(Arc::downgrade(&worker) as Weak<dyn Watched>);
+        Ok(worker)
+    }
+
+    fn run(self: Arc<Self>) {
+        let span = tracing::info_span!("handlers", thread = %self.name);
+        let _enter = span.enter();
+        let me = std::thread::current().id();
+        let mut finished = Vec::new();
+        let mut state = self.lock();
+        loop {
+            let picked = Self::pick(&mut state, me, &mut finished);
+            if !finished.is_empty() {
+                // Dropping a handler may run any code (even drop its informer): not under the lock.
+                drop(state);
+                finished.clear();
+                state = self.lock();
+                continue;
+            }
+            let Some((listener, event, handler)) = picked else {
+                if state.members.is_empty() && (state.dedicated || state.shutdown) {
+                    return;
+                }
+                state.sleeping = true;
+                state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+                state.sleeping = false;
+                continue;
+            };
+            state.busy = Some((listener.id, std::time::Instant::now()));
+            drop(state);
+            listener.deliver(event, &*handler);
+            drop(handler);
+            state = self.lock();
+            state.busy = None;
+        }
+    }
+
+    /// The next notification, taking the members in turn. A member that has ended is removed
+    /// and its handler put in `finished`, and the scan stops there (to drop it unlocked).
+    #[allow(clippy::type_complexity)]
+    fn pick(
+        state: &mut WorkerState<T>,
+        me: ThreadId,
+        finished: &mut Vec<Arc<dyn ResourceEventHandler<T>>>,
+    ) -> Option<(Arc<Listener<T>>, Event<T>, Arc<dyn ResourceEventHandler<T>>)> {
+        let mut scanned = 0;
+        while scanned < state.members.len() {
+            let i = state.next % state.members.len();
+            let listener = state.members[i].clone();
+            match listener.take_next(me) {
+                Take::Event(event, handler) => {
+                    state.next = i + 1;
+                    return Some((listener, event, handler));
+                }
+                Take::Empty => {
+                    state.next = i + 1;
+                    scanned += 1;
+                }
+                Take::Gone(handler) => {
+                    state.members.remove(i);
+                    *listener.worker.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    finished.extend(handler);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+}
+
+impl<T> Worker<T> {
+    fn lock(&self) -> MutexGuard<'_, WorkerState<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes the thread if it sleeps (each wake is a futex call: skip it when busy).
+    fn kick(&self) {
+        let mut state = self.lock();
+        if std::mem::take(&mut state.sleeping) {
+            self.ready.notify_one();
+        }
+    }
+}
+
+/// What a worker can do for one member.
+enum Take<T> {
+    Event(Event<T>, Arc<dyn ResourceEventHandler<T>>),
+    Empty,
+    /// Stopped, or closed and drained: its handler, to drop.
+    Gone(Option<Arc<dyn ResourceEventHandler<T>>>),
+}
+
+/// A worker as the watchdog sees it.
+trait Watched: Send + Sync {
+    /// Moves the other handlers off this worker if one has been stuck since before `deadline`.
+    fn check(&self, stuck_since: std::time::Instant);
+}
+
+impl<T: Send + Sync + 'static> Watched for Worker<T> {
+    fn check(&self, stuck_since: std::time::Instant) {
+        let mut state = self.lock();
+        let Some((busy, since)) = state.busy else {
+            return;
+        };
+        if state.dedicated || since > stuck_since || state.members.len() < 2 {
+            return;
+        }
+        let (stuck, others): (Vec<_>, Vec<_>) = state.members.drain(..).partition(|l| l.id == busy);
+        let name = stuck
+            .first()
+            .map_or_else(|| self.name.clone(), |l| format!("handler-{}", l.name));
+        let moved = match Worker::start(self.name.clone(), others.clone(), self.pool.clone()) {
+            Ok(worker) => worker,
+            Err(e) => {
+                // Keep everyone here; the next check tries again.
+                tracing::warn!(error = %e, "cannot start a thread for the handlers of a stuck one");
+                state.members = stuck.into_iter().chain(others).collect();
+                return;
+            }
+        };
+        state.members = stuck;
+        state.dedicated = true;
+        drop(state);
+        tracing::warn!(
+            handler = %name,
+            stuck_for = ?since.elapsed(),
+            moved = others.len(),
+            "handler slow to return; the others moved to another thread"
+        );
+        for l in &others {
+            *l.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(moved.clone());
+        }
+        if let Some(pool) = self.pool.upgrade() {
+            let mut slot = pool.worker.lock().unwrap_or_else(|e| e.into_inner());
+            if slot
+                .as_ref()
+                .is_some_and(|w| std::ptr::eq(Arc::as_ptr(w), self))
+            {
+                *slot = Some(moved.clone());
+            }
+        }
+        // Events may have been queued for the moved handlers while they were still here.
+        moved.kick();
+    }
+}
+
+/// One process-wide thread that looks at every worker each [`STUCK_AFTER`] / 2.
+struct Watchdog {
+    workers: Mutex<Vec<Weak<dyn Watched>>>,
+    added: Condvar,
+}
+
+fn watchdog() -> &'static Watchdog {
+    static WATCHDOG: OnceLock<&'static Watchdog> = OnceLock::new();
+    WATCHDOG.get_or_init(|| {
+        let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
+            workers: Mutex::new(Vec::new()),
+            added: Condvar::new(),
+        }));
+        let started = std::thread::Builder::new()
+            .name("handler-watchdog".into())
+            .spawn(move || dog.run());
+        if let Err(e) = started {
+            tracing::error!(error = %e, "cannot start the handler watchdog; a stuck handler will delay the others");
+        }
+        dog
+    })
+}
+
+impl Watchdog {
+    fn watch(&self, worker: Weak<dyn Watched>) {
+        self.workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(worker);
+        self.added.notify_one();
+    }
+
+    fn run(&self) {
+        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            workers.retain(|w| w.strong_count() > 0);
+            if workers.is_empty() {
+                workers = self.added.wait(workers).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let live: Vec<Arc<dyn Watched>> = workers.iter().filter_map(Weak::upgrade).collect();
+            drop(workers);
+            std::thread::sleep(STUCK_AFTER / 2);
+            if let Some(stuck_since) = std::time::Instant::now().checked_sub(STUCK_AFTER) {
+                for w in &live {
+                    w.check(stuck_since);
+                }
+            }
+            drop(live);
+            workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// One registered handler: a buffer of events drained by a worker thread, or polled by an
 /// event stream.
 ///
 /// Invariants: `initial_pending` counts the initial adds queued for this handler and not yet
 /// returned from (or taken from the stream); the handler is synced once its informer is and
 /// this is zero. With `max_backlog`, the buffer holds at most `max(max_backlog, 4 × keys)`
-/// events: past its threshold it is merged per key ([`compact`]). `Buffer::dispatching` is
-/// true exactly while the thread has taken a notification and not yet come back for the next
-/// one: once it is false with `stopped` set, the handler is never called again.
+/// events: past its threshold it is merged per key ([`compact`]). `Buffer::dispatching` names
+/// the thread handling a notification of this handler, from when it takes the notification
+/// until it comes back for the next one: once it is `None` with `stopped` set, the handler is
+/// never called again.
 pub(crate) struct Listener<T> {
     pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) resync_period: Duration,
     next_resync: Mutex<Instant>,
     buf: Mutex<Buffer<T>>,
-    ready: Condvar,
-    /// Signalled when the thread finishes a notification while someone waits for that.
+    /// Signalled when a notification finishes while someone waits for that.
     idle: Condvar,
-    /// The handler's thread, so that a wait for it is never made from that thread itself.
-    thread: OnceLock<ThreadId>,
+    /// The worker that delivers to this handler (none for a stream, or once it has ended).
+    worker: Mutex<Option<Arc<Worker<T>>>>,
     initial_pending: AtomicUsize,
     delivered: AtomicU64,
     panics: AtomicU64,
@@ -65,17 +414,17 @@ pub(crate) struct Listener<T> {
 
 struct Buffer<T> {
     queue: VecDeque<Event<T>>,
-    /// The thread waits on the condvar and nobody has woken it yet.
-    waiting: bool,
+    /// The handler a worker calls; dropped when the listener ends.
+    handler: Option<Arc<dyn ResourceEventHandler<T>>>,
     /// The stream's consumer waits for an event.
     waker: Option<Waker>,
     /// Compact when the queue grows past this (only with `max_backlog`).
     compact_at: usize,
     stopped: bool,
-    /// Deliver what is queued, then end the thread (or the stream).
+    /// Deliver what is queued, then end.
     closing: bool,
-    /// The thread is handling a notification.
-    dispatching: bool,
+    /// The thread handling a notification of this handler.
+    dispatching: Option<ThreadId>,
     /// Callers of `stop_thread_and_wait` waiting for the notification in progress.
     waiters: usize,
 }
@@ -93,7 +442,8 @@ impl<T> Buffer<T> {
 }
 
 impl<T: Send + Sync + 'static> Listener<T> {
-    /// A listener drained by [`poll_next`](Self::poll_next) rather than by a thread.
+    /// A listener with no handler yet: drained by [`poll_next`](Self::poll_next), or by a
+    /// worker once [`Processor::attach`]ed.
     pub(crate) fn new(
         id: u64,
         name: String,
@@ -109,17 +459,16 @@ impl<T: Send + Sync + 'static> Listener<T> {
             next_resync: Mutex::new(Instant::now() + resync_period),
             buf: Mutex::new(Buffer {
                 queue: VecDeque::new(),
-                waiting: false,
+                handler: None,
                 waker: None,
                 compact_at: max_backlog.unwrap_or(usize::MAX),
                 stopped: false,
                 closing: false,
-                dispatching: false,
+                dispatching: None,
                 waiters: 0,
             }),
-            ready: Condvar::new(),
             idle: Condvar::new(),
-            thread: OnceLock::new(),
+            worker: Mutex::new(None),
             initial_pending: AtomicUsize::new(0),
             delivered: AtomicU64::new(0),
             panics: AtomicU64::new(0),
@@ -128,63 +477,39 @@ impl<T: Send + Sync + 'static> Listener<T> {
         })
     }
 
-    /// A listener whose thread calls `handler`; the thread ends when [`stop_thread`] or
-    /// [`close`] is called.
-    ///
-    /// [`stop_thread`]: Self::stop_thread
-    /// [`close`]: Self::close
-    pub(crate) fn spawn(
-        id: u64,
-        name: String,
-        informer: &str,
-        handler: Arc<dyn ResourceEventHandler<T>>,
-        resync_period: Duration,
-        max_backlog: Option<usize>,
-    ) -> std::io::Result<Arc<Self>> {
-        let listener = Self::new(id, name, informer, resync_period, max_backlog);
-        let this = listener.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("handler-{}", listener.name))
-            .spawn(move || this.run(handler))?;
-        let _ = listener.thread.set(thread.thread().id());
-        Ok(listener)
+    /// The next notification for the worker on thread `me`.
+    fn take_next(&self, me: ThreadId) -> Take<T> {
+        let mut buf = self.lock();
+        if buf.stopped || (buf.closing && buf.queue.is_empty()) {
+            return Take::Gone(buf.handler.take());
+        }
+        let Some(handler) = buf.handler.clone() else {
+            return Take::Empty;
+        };
+        let Some(event) = buf.pop() else {
+            return Take::Empty;
+        };
+        self.metrics.backlog(buf.queue.len());
+        buf.dispatching = Some(me);
+        Take::Event(event, handler)
     }
 
-    fn run(&self, handler: Arc<dyn ResourceEventHandler<T>>) {
-        let _ = self.thread.set(std::thread::current().id());
-        let span = tracing::info_span!("handler", name = %self.name);
-        let _enter = span.enter();
+    /// Calls the handler with `event` (taken by [`take_next`](Self::take_next)).
+    fn deliver(&self, event: Event<T>, handler: &dyn ResourceEventHandler<T>) {
+        if catch_unwind(AssertUnwindSafe(|| event.dispatch(handler))).is_err() {
+            self.panics.fetch_add(1, Ordering::Relaxed);
+            self.metrics.panics.increment(1);
+            tracing::error!(
+                handler = %self.name,
+                key = event.key(),
+                "event handler panicked; notification skipped"
+            );
+        }
+        self.count_delivered(&event);
         let mut buf = self.lock();
-        loop {
-            // Back for the next notification: the previous one, if any, is done.
-            if std::mem::take(&mut buf.dispatching) && buf.waiters > 0 {
-                self.idle.notify_all();
-            }
-            if buf.stopped {
-                return;
-            }
-            let Some(event) = buf.pop() else {
-                if buf.closing {
-                    return;
-                }
-                buf.waiting = true;
-                buf = self.ready.wait(buf).unwrap_or_else(|e| e.into_inner());
-                buf.waiting = false;
-                continue;
-            };
-            self.metrics.backlog(buf.queue.len());
-            buf.dispatching = true;
-            drop(buf);
-            if catch_unwind(AssertUnwindSafe(|| event.dispatch(&*handler))).is_err() {
-                self.panics.fetch_add(1, Ordering::Relaxed);
-                self.metrics.panics.increment(1);
-                tracing::error!(
-                    key = event.key(),
-                    "event handler panicked; notification skipped"
-                );
-            }
-            self.count_delivered(&event);
-            buf = self.lock();
+        buf.dispatching = None;
+        if buf.waiters > 0 {
+            self.idle.notify_all();
         }
     }
 
@@ -209,30 +534,23 @@ impl<T: Send + Sync + 'static> Listener<T> {
         }
         Poll::Pending
     }
-}
 
-impl<T> Listener<T> {
-    fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
-        self.buf.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counts `event` as delivered.
-    fn count_delivered(&self, event: &Event<T>) {
-        self.delivered.fetch_add(1, Ordering::Relaxed);
-        self.metrics.delivered.increment(1);
-        if is_initial(event) {
-            self.initial_pending.fetch_sub(1, Ordering::AcqRel);
+    /// Queues an event for the handler and wakes whoever delivers it; never blocks on the
+    /// handler.
+    pub(crate) fn push(&self, event: Event<T>) {
+        if let Some(worker) = self.push_quietly(event) {
+            worker.kick();
         }
     }
 
-    /// Queues an event for the handler; never blocks on the handler.
-    pub(crate) fn push(&self, event: Event<T>) {
+    /// Queues an event; returns the worker to wake, if any (a stream's consumer is woken here).
+    fn push_quietly(&self, event: Event<T>) -> Option<Arc<Worker<T>>> {
         if is_initial(&event) {
             self.initial_pending.fetch_add(1, Ordering::AcqRel);
         }
         let mut buf = self.lock();
         if buf.stopped {
-            return;
+            return None;
         }
         buf.queue.push_back(event);
         if buf.queue.len() > buf.compact_at {
@@ -245,60 +563,29 @@ impl<T> Listener<T> {
             tracing::debug!(handler = %self.name, backlog = buf.queue.len(), "handler backlog compacted");
         }
         self.metrics.backlog(buf.queue.len());
-        // Wake the thread only if it sleeps and nobody woke it yet: each wake is a futex
-        // syscall, most of the cost of delivering to a busy handler.
-        let wake = std::mem::replace(&mut buf.waiting, false);
         let waker = buf.waker.take();
         drop(buf);
-        if wake {
-            self.ready.notify_one();
-        }
         if let Some(waker) = waker {
             waker.wake();
         }
-    }
-
-    /// Ends the thread (or the stream) once every queued notification is delivered.
-    pub(crate) fn close(&self) {
-        let mut buf = self.lock();
-        buf.closing = true;
-        let waker = buf.waker.take();
-        drop(buf);
-        self.ready.notify_all();
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-    }
-
-    /// Ends the thread after the notification it is handling (or the stream at once); queued
-    /// ones are dropped.
-    pub(crate) fn stop_thread(&self) {
-        let mut buf = self.lock();
-        buf.stopped = true;
-        buf.queue.clear();
-        let waker = buf.waker.take();
-        drop(buf);
-        self.metrics.backlog(0);
-        self.ready.notify_all();
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        self.worker_handle()
     }
 
     /// [`stop_thread`](Self::stop_thread), then waits until the handler can no longer be
     /// called: until it returns from the notification in progress, if any, for at most
-    /// `patience`. Called from the handler's own thread it does not wait (the notification in
-    /// progress is the caller's own, and the thread stops once it returns). Returns whether
-    /// the handler is known to be idle.
+    /// `patience`. Called from within the handler itself it does not wait (the notification in
+    /// progress is the caller's own, and it is the last). Returns whether the handler is known
+    /// to be idle.
     pub(crate) fn stop_thread_and_wait(&self, patience: Duration) -> bool {
         self.stop_thread();
-        if self.thread.get() == Some(&std::thread::current().id()) {
-            return false;
-        }
+        let me = std::thread::current().id();
         let deadline = std::time::Instant::now() + patience;
         let mut buf = self.lock();
+        if buf.dispatching == Some(me) {
+            return false;
+        }
         buf.waiters += 1;
-        while buf.dispatching {
+        while buf.dispatching.is_some() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
@@ -310,7 +597,7 @@ impl<T> Listener<T> {
                 .0;
         }
         buf.waiters -= 1;
-        let idle = !buf.dispatching;
+        let idle = buf.dispatching.is_none();
         drop(buf);
         if !idle {
             tracing::warn!(
@@ -324,6 +611,59 @@ impl<T> Listener<T> {
 
     pub(crate) fn initial_delivered(&self) -> bool {
         self.initial_pending.load(Ordering::Acquire) == 0
+    }
+}
+
+impl<T> Listener<T> {
+    fn worker_handle(&self) -> Option<Arc<Worker<T>>> {
+        self.worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Ends delivery (the thread's or the stream's) once every queued notification is delivered.
+    pub(crate) fn close(&self) {
+        let mut buf = self.lock();
+        buf.closing = true;
+        let waker = buf.waker.take();
+        drop(buf);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        if let Some(worker) = self.worker_handle() {
+            worker.kick();
+        }
+    }
+
+    /// Ends delivery after the notification in progress (or the stream at once); queued ones
+    /// are dropped.
+    pub(crate) fn stop_thread(&self) {
+        let mut buf = self.lock();
+        buf.stopped = true;
+        buf.queue.clear();
+        let waker = buf.waker.take();
+        drop(buf);
+        self.metrics.backlog(0);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        if let Some(worker) = self.worker_handle() {
+            worker.kick();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
+        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts `event` as delivered.
+    fn count_delivered(&self, event: &Event<T>) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        self.metrics.delivered.increment(1);
+        if is_initial(event) {
+            self.initial_pending.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     pub(crate) fn backlog(&self) -> usize {
@@ -441,7 +781,10 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
-        let listener = Listener::spawn(0, "t".into(), "i", Arc::new(handler), Duration::ZERO, None)
+        let processor = Processor::new("i");
+        let listener = Listener::new(0, "t".into(), "i", Duration::ZERO, None);
+        processor
+            .attach(&listener, Arc::new(handler))
             .expect("thread");
         listener.push(Event::Added {
             object: o("a", 1),

@@ -338,6 +338,7 @@ impl<T> Drop for Shared<T> {
         for l in processor.listeners.drain(..) {
             l.stop_thread();
         }
+        processor.shutdown();
     }
 }
 
@@ -429,10 +430,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             shared: Arc::new(Shared {
                 indexer,
                 queue,
-                processor: Mutex::new(Processor {
-                    listeners: Vec::new(),
-                    syncing: Vec::new(),
-                }),
+                processor: Mutex::new(Processor::new(&options.name)),
                 source,
                 started: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
@@ -506,15 +504,16 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         handler: impl ResourceEventHandler<T>,
         period: Duration,
     ) -> Result<HandlerRegistration<T>, InformerError> {
-        let listener = Listener::spawn(
+        let listener = Listener::new(
             id,
             name.clone(),
             &self.shared.name,
-            Arc::new(handler),
             period,
             self.shared.max_handler_backlog,
-        )
-        .map_err(|source| InformerError::Thread { name, source })?;
+        );
+        self.processor()
+            .attach(&listener, Arc::new(handler))
+            .map_err(|source| InformerError::Thread { name, source })?;
         self.register(listener)
     }
 
