@@ -7,8 +7,8 @@
 //!
 //! ```text
 //! ListerWatcher ─▶ Reflector ─▶ RealFifo  ─▶ Indexer (cache + indexes) ─▶ handlers
-//!  (etcd range +    (list, then   (a batch per  (SharedIndexInformer,      (one thread and
-//!   watch)           watch)        revision)      Lister)                    backlog each)
+//!  (etcd range +    (list, then   (a batch per  (SharedIndexInformer,      (a backlog each,
+//!   watch)           watch)        revision)      Lister)                    shared thread)
 //!                                 or DeltaFifo
 //!                                 (per-key deltas)
 //! ```

@@ -33,6 +33,9 @@
 //!   `informer_s_by_page`, `informer_ratio_by_page`), to choose `EtcdOptions::page_size`. Also
 //!   `informer_list_only_s`: `EtcdListerWatcher::list` alone (fetch + decode, no cache), so
 //!   `informer_cache_pipeline_s` = sync - list is what the DeltaFIFO, indexer and controller cost.
+//!   Before each side's sync the free heap is given back (`malloc_trim(0)`), so that no side
+//!   reuses memory the previous one freed and skips its page faults; each line on stderr shows
+//!   the side's minor page faults.
 //! - `watch`: W writers put M updates of existing keys (one update per key) as fast as etcd takes
 //!   them; the time from the first put until every update has reached (a) a raw etcd watch of the
 //!   prefix that decodes each event (baseline) or (b) the single handler of a synced informer.

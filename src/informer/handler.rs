@@ -96,10 +96,11 @@ impl<T> Event<T> {
 
 /// Receives the changes of an informer's cache (client-go's `ResourceEventHandler`).
 ///
-/// Calls come from the handler's own thread, one at a time, in the order of the informer's
-/// queue: for one key always in revision order. The cache already holds the new state when a
-/// call is made. A handler that blocks delays only itself; one that panics has that one
-/// notification skipped and logged.
+/// Calls come one at a time, in the order of the informer's queue: for one key always in
+/// revision order. The cache already holds the new state when a call is made. Handlers share a
+/// delivery thread while they keep up; one that blocks for over 20 ms gets that thread to itself
+/// and delays only itself from then on. One that panics has that one notification skipped and
+/// logged.
 pub trait ResourceEventHandler<T>: Send + Sync + 'static {
     /// A key appeared in the cache.
     fn on_add(&self, obj: &Arc<Object<T>>, is_in_initial_list: bool) {

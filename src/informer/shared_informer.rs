@@ -256,8 +256,10 @@ impl<T> fmt::Debug for InformerOptions<T> {
 /// - the cache is updated before any handler hears of the change;
 /// - each handler receives one key's changes in revision order; across keys, in the order the
 ///   DeltaFIFO hands keys out (first changed, first delivered);
-/// - each handler runs on its own thread with its own backlog ([`HandlerRegistration::backlog`]):
-///   a slow or stuck handler delays nobody else, nor the cache;
+/// - each handler has its own backlog ([`HandlerRegistration::backlog`]); handlers share a
+///   delivery thread while they keep up, and one stuck for over 20 ms on a notification is left
+///   that thread while the others move on: a slow or stuck handler delays the others by 20 ms at
+///   most, once, and never the cache;
 /// - a handler added late receives an add for every cached object, then the live changes, with
 ///   no gap and no duplicate;
 /// - a panicking handler has that notification logged and skipped.
@@ -346,8 +348,8 @@ impl<T> Drop for Shared<T> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InformerError {
-    /// The handler's thread could not be started.
-    #[error("cannot start a thread for handler {name}: {source}")]
+    /// The thread that delivers to handlers could not be started.
+    #[error("cannot start a delivery thread for handler {name}: {source}")]
     Thread {
         /// The handler's name.
         name: String,
@@ -670,8 +672,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             backoff: self.shared.backoff.clone(),
             reconnect: self.shared.reconnect.clone(),
         };
-        // However `run` ends (stopped, or its future dropped), let each handler thread finish
-        // its backlog and end, instead of waiting forever for events that cannot come.
+        // However `run` ends (stopped, or its future dropped), let each handler finish its
+        // backlog and end, instead of waiting forever for events that cannot come.
         let _close_handlers = CloseHandlersOnDrop(self.shared.clone());
         let _sampler = crate::metrics::ENABLED
             .then(|| AbortOnDrop(tokio::spawn(sample_metrics(Arc::downgrade(&self.shared)))));
