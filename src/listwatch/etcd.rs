@@ -800,11 +800,25 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         let mut progress = tokio::time::interval(self.progress_interval);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_heard = tokio::time::Instant::now();
+        // Only what this stream said: a read may be answered by another member of the
+        // client's endpoints, and proves nothing about the member this stream is on.
+        let mut heard_on_stream = last_heard;
         let mut progress_answered = false;
         loop {
             let message = tokio::select! {
                 m = responses.message() => m,
                 _ = progress.tick() => {
+                    let silent = heard_on_stream.elapsed();
+                    if progress_answered && silent >= self.idle_timeout {
+                        // It answered progress requests before: its member stopped answering
+                        // (paused, partitioned) while the others still serve reads.
+                        self.fail(Error::unavailable(format!(
+                            "the watch of {} answered progress requests before and has been silent for {silent:?}",
+                            self.name
+                        )))
+                        .await;
+                        return;
+                    }
                     if last_heard.elapsed() >= self.idle_timeout / 2 {
                         // Silent (a quiet prefix behind a gRPC proxy, which never answers
                         // progress requests, or a dead connection): ask with a read on the
@@ -844,6 +858,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     return;
                 }
             };
+            heard_on_stream = tokio::time::Instant::now();
             progress_answered |= !response.created() && response.events().is_empty();
             let handled = self.handle(response).await;
             // Waiting for the reflector to take events is not silence from etcd.
