@@ -110,10 +110,12 @@ pub use lister::Lister;
 pub use listwatch::etcd::{connect, connect_options, EtcdListerWatcher, EtcdOptions};
 pub use real_fifo::{Batch, RealFifo};
 
-pub use listwatch::{Freshness, ListResult, ListWatch, ListerWatcher, WatchEvent, WatchStream};
+pub use listwatch::{
+    Freshness, ListResult, ListSink, ListWatch, ListerWatcher, WatchEvent, WatchStream,
+};
 pub use object::{split_key, Object};
 pub use reflector::{Backoff, Health, Queue, Reflector, ReflectorOptions, RELIST_STORM_WINDOW};
-pub use store::{Indexer, Indexers, Store, NAMESPACE_INDEX};
+pub use store::{Indexer, Indexers, Store, StoreContent, NAMESPACE_INDEX};
 
 /// The README's Rust example, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

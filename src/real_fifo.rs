@@ -12,12 +12,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use crate::delta_fifo::{Closed, Delta, DeltaType};
+use crate::listwatch::ListSink;
 use crate::reflector::Queue;
-use crate::store::Store;
+use crate::store::{Store, StoreContent};
 use crate::Object;
 
-/// A relist's content, keyed as the cache keys it.
-pub type ObjectMap<T> = HashMap<Arc<str>, Arc<Object<T>>>;
+/// A relist read page by page into the next store content.
+struct Building<T> {
+    content: Mutex<StoreContent<T>>,
+}
+
+impl<T: Send + Sync> ListSink<T> for Building<T> {
+    fn page(&self, objects: Vec<Arc<Object<T>>>) {
+        let mut content = self.content.lock().unwrap_or_else(|e| e.into_inner());
+        for object in objects {
+            content.add(object);
+        }
+    }
+}
+
 
 /// What [`RealFifo::pop`] hands out.
 pub enum Batch<T> {
@@ -33,8 +46,8 @@ pub enum Batch<T> {
     Replace {
         /// The list's revision.
         revision: i64,
-        /// The listed objects by key.
-        items: Arc<ObjectMap<T>>,
+        /// The listed objects by key, with their indexes when they were built as the list came.
+        items: Arc<StoreContent<T>>,
         /// The store was wiped or restored: revisions started over, so every cached object is
         /// retired, even one listed at the revision the cache holds.
         store_replaced: bool,
@@ -99,7 +112,9 @@ struct Inner<T> {
     /// Newest queued, unpopped state by key.
     pending: HashMap<Arc<str>, Pending<T>>,
     /// The newest queued relist until it is popped.
-    replace: Option<Arc<ObjectMap<T>>>,
+    replace: Option<Arc<StoreContent<T>>>,
+    /// The relist being read, page by page.
+    building: Option<Arc<Building<T>>>,
     resync_queued: bool,
     listed: bool,
     synced: bool,
@@ -126,6 +141,7 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
                 open: None,
                 pending: HashMap::new(),
                 replace: None,
+                building: None,
                 resync_queued: false,
                 listed: false,
                 synced: false,
@@ -175,6 +191,26 @@ impl<T> RealFifo<T> {
             }
             None => false,
         }
+    }
+
+    /// Queues a relist's content as one batch.
+    fn queue_replace(&self, items: StoreContent<T>, revision: i64, store_replaced: bool) {
+        let items = Arc::new(items);
+        let mut inner = self.lock();
+        Self::commit_locked(&mut inner);
+        // Everything queued before is superseded by the list for the purpose of "newest".
+        inner.pending.clear();
+        inner.replace = Some(items.clone());
+        let initial = !inner.listed;
+        inner.listed = true;
+        inner.batches.push_back(Batch::Replace {
+            revision,
+            items,
+            store_replaced,
+            initial,
+        });
+        drop(inner);
+        self.notify.notify_waiters();
     }
 
     /// Waits for the next batch, removes it and calls `process` with it while holding the
@@ -301,26 +337,38 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
     }
 
     fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool) {
-        let items: Arc<ObjectMap<T>> = Arc::new(
+        let items = StoreContent::unindexed(
             list.into_iter()
                 .map(|o| (o.shared_key().clone(), o))
                 .collect(),
         );
-        let mut inner = self.lock();
-        Self::commit_locked(&mut inner);
-        // Everything queued before is superseded by the list for the purpose of "newest".
-        inner.pending.clear();
-        inner.replace = Some(items.clone());
-        let initial = !inner.listed;
-        inner.listed = true;
-        inner.batches.push_back(Batch::Replace {
-            revision,
-            items,
-            store_replaced,
-            initial,
+        self.queue_replace(items, revision, store_replaced);
+    }
+
+    fn begin_replace(&self) -> Option<Arc<dyn ListSink<T>>> {
+        let building = Arc::new(Building {
+            content: Mutex::new(self.known.new_content()),
         });
-        drop(inner);
-        self.notify.notify_waiters();
+        self.lock().building = Some(building.clone());
+        Some(building)
+    }
+
+    fn finish_replace(&self, revision: i64, store_replaced: bool) {
+        let Some(building) = self.lock().building.take() else {
+            return;
+        };
+        // The source is done with the sink once its list returned; if it still holds it, take
+        // what it put in.
+        let content = match Arc::try_unwrap(building) {
+            Ok(building) => building
+                .content
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner()),
+            Err(shared) => std::mem::take(
+                &mut *shared.content.lock().unwrap_or_else(|e| e.into_inner()),
+            ),
+        };
+        self.queue_replace(content, revision, store_replaced);
     }
 
     fn resync(&self) {

@@ -13,7 +13,7 @@ use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
 
 use crate::delta_fifo::DeltaType;
-use crate::listwatch::{Error, ListerWatcher, WatchEvent, WatchStream};
+use crate::listwatch::{Error, ListResult, ListSink, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
 use crate::Object;
 
@@ -33,6 +33,16 @@ pub trait Queue<T>: Send + Sync {
     /// Replaces the content with a list read at `revision`; keys it lacks become tombstones.
     /// With `store_replaced` (revisions started over) every cached key is retired first.
     fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool);
+    /// Starts a relist read page by page: the source puts the pages into the returned sink as
+    /// they are decoded, and [`finish_replace`](Self::finish_replace) then queues them as
+    /// [`replace`](Self::replace) would. `None` (the default): the queue takes lists whole.
+    fn begin_replace(&self) -> Option<Arc<dyn ListSink<T>>> {
+        None
+    }
+    /// Queues the relist begun with [`begin_replace`](Self::begin_replace), read at `revision`.
+    fn finish_replace(&self, revision: i64, store_replaced: bool) {
+        let _ = (revision, store_replaced);
+    }
     /// Re-delivers the cache to handlers without contacting the source.
     fn resync(&self);
     /// Every change up to `revision` is queued: the revision is complete.
@@ -362,7 +372,18 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         let mut reason = first;
         let mut highest_seen = 0i64;
         loop {
-            let list = match self.lw.list().await {
+            // Pages go into the queue's next content as they arrive when it can take them so.
+            let sink = self.fifo.begin_replace();
+            let listed = match &sink {
+                Some(sink) => self.lw.list_into(sink.clone()).await.map(|revision| ListResult {
+                    items: Vec::new(),
+                    revision,
+                }),
+                None => self.lw.list().await,
+            };
+            let paged = sink.is_some();
+            drop(sink);
+            let list = match listed {
                 Ok(list) => list,
                 Err(e) => {
                     self.report(&e);
@@ -380,7 +401,6 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     continue;
                 }
             };
-            let items = list.items.into_iter().map(Arc::new).collect();
             let replaced = list.revision < highest_seen || reason == ListReason::StoreReplaced;
             if replaced {
                 tracing::warn!(
@@ -414,7 +434,12 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // After a wipe, revisions start over in the new store, so an object listed at the
             // revision the cache holds may still differ: the queue retires every cached key
             // (tombstones) and adds the list afresh.
-            self.fifo.replace(items, list.revision, replaced);
+            if paged {
+                self.fifo.finish_replace(list.revision, replaced);
+            } else {
+                let items = list.items.into_iter().map(Arc::new).collect();
+                self.fifo.replace(items, list.revision, replaced);
+            }
             // Whether a watch after this list stayed up (see `RELIST_STORM_WINDOW`).
             let mut watch_stayed_up = false;
             let mut revision = list.revision;

@@ -23,7 +23,7 @@ use crate::real_fifo::{Batch, RealFifo};
 use crate::reflector::{
     Backoff, Health, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler,
 };
-use crate::store::{Indexer, Indexers, StoreError, Txn};
+use crate::store::{Indexer, Indexers, StoreContent, StoreError, Txn};
 use crate::{Lister, Object};
 
 /// Rewrites each object before it is cached (client-go's `TransformFunc`), e.g. to drop fields
@@ -1083,11 +1083,11 @@ fn apply_delta<T>(
 /// wipe every cached key is retired and every listed one added.
 fn apply_replace<T>(
     txn: &mut Txn<'_, T>,
-    items: crate::real_fifo::ObjectMap<T>,
+    items: StoreContent<T>,
     store_replaced: bool,
     initial: bool,
 ) -> Vec<(Event<T>, bool)> {
-    let mut old = txn.replace(items);
+    let mut old = txn.install(items);
     let mut events = Vec::with_capacity(old.len().max(txn.objects().size_hint().0));
     let tombstone =
         |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);

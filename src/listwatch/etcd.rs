@@ -15,13 +15,20 @@ use tokio_stream::Stream;
 use tracing::Instrument;
 
 use super::{
-    BoxFuture, Error, Freshness, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
+    BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result, WatchEvent,
+    WatchStream,
 };
 use crate::codec::{Codec, DecodeError, DecodeErrorKind};
 use crate::Object;
 
 /// Called with every value that does not decode.
 pub type DecodeErrorHandler = Arc<dyn Fn(&DecodeError) + Send + Sync>;
+
+/// The most keys in the first page of a list (see [`EtcdOptions::page_size`]).
+pub const FIRST_PAGE: i64 = 10_000;
+
+/// How many pages a list aims at (see [`EtcdOptions::page_size`]).
+pub const LIST_PAGES: i64 = 10;
 
 /// The gRPC message size our clients accept. tonic's default of 4 MiB fails a page of large
 /// values on every retry, forever; pages are bounded by [`EtcdOptions::page_size`] instead.
@@ -90,11 +97,13 @@ const MIN_MESSAGE_BYTES: usize = 2 << 20;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct EtcdOptions {
-    /// Keys per list page; default 100,000. etcd 3.4 walks every remaining key of the range for
-    /// each page, so small pages cost quadratically: listing 1M keys took 37 s in 10,000-key
-    /// pages, 15 s in 50,000-key pages and 10 s unpaged (BENCHMARKS.md). 100,000 keeps 100k-key
-    /// prefixes to one request and 1M-key prefixes to ten, while one page of small values stays
-    /// far below the raised message limit. Lower it for values of many kilobytes.
+    /// The most keys per list page; default 100,000. A list reads a first page of at most
+    /// [`FIRST_PAGE`] keys, learns the prefix's size from it, and reads the rest in about
+    /// [`LIST_PAGES`] pages of at least `FIRST_PAGE` and at most `page_size` keys: enough pages
+    /// to build the cache from one while etcd serves the next, few enough that etcd 3.4, which
+    /// walks every remaining key of the range for each page, does not go quadratic (1M keys took
+    /// 13 s in 10,000-key pages against 4.9 s in 100,000-key ones; BENCHMARKS.md). Lower it for
+    /// values of many kilobytes, to keep each message small.
     pub page_size: i64,
     /// The largest gRPC message accepted from etcd (default [`MAX_DECODING_MESSAGE_SIZE`], at
     /// least 2 MiB); a list page larger than this is retried in smaller pages.
@@ -411,7 +420,10 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         }
     }
 
-    async fn list_inner(&self) -> Result<ListResult<T>> {
+    /// Lists the prefix at one revision. Each page is decoded on a blocking thread while the
+    /// next is fetched; with a `sink`, that thread also hands the page to it (and the result
+    /// holds no items).
+    async fn list_inner(&self, sink: Option<Arc<dyn ListSink<T>>>) -> Result<ListResult<T>> {
         self.token.renew_if_refused(&self.client).await;
         let mut kv = self
             .client
@@ -421,7 +433,9 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         let mut start = self.first_key();
         let mut decoding = Vec::new();
         let mut pages = 0;
-        let mut page_size = self.options.page_size;
+        // Shrinks for good if a page is too large for one message.
+        let mut max_page = self.options.page_size;
+        let mut page_size = max_page.min(FIRST_PAGE);
         loop {
             let mut options = GetOptions::new()
                 .with_range(self.range_end.clone())
@@ -449,6 +463,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 // rather than failing the same way on every relist forever.
                 Err(e) if page_size > 1 && is_message_too_large(&e) => {
                     page_size = (page_size / 4).max(1);
+                    max_page = page_size;
                     tracing::warn!(prefix = %self.prefix(), page_size, error = %e, "list page too large; retrying with smaller pages");
                     continue;
                 }
@@ -459,6 +474,10 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 if let Some(reason) = self.store_changed(resp.header()).await {
                     return Err(Error::StoreReplaced { revision, reason });
                 }
+            }
+            if pages == 0 {
+                // The first page counts the whole range: size the rest from it.
+                page_size = (resp.count() / LIST_PAGES).max(FIRST_PAGE).min(max_page);
             }
             pages += 1;
             let more = resp.more();
@@ -487,6 +506,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             }
             // Decode this page on a blocking thread while the next one is fetched.
             let decoder = self.decoder();
+            let sink = sink.clone();
             decoding.push(tokio::task::spawn_blocking(move || {
                 let mut objects = Vec::with_capacity(kvs.len());
                 let mut undecodable = Vec::new();
@@ -496,16 +516,22 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                         None => undecodable.push(kv.key),
                     }
                 }
-                (objects, undecodable)
+                let decoded = objects.len();
+                if let Some(sink) = sink {
+                    sink.page(objects.into_iter().map(Arc::new).collect());
+                    objects = Vec::new();
+                }
+                (objects, decoded, undecodable)
             }));
             if !more {
                 break;
             }
         }
         let mut items = Vec::new();
+        let mut decoded = 0;
         let mut undecodable = HashSet::new();
         for page in decoding {
-            let (page, bad) = page.await.map_err(|e| {
+            let (page, count, bad) = page.await.map_err(|e| {
                 Error::transient(format!("decoding a page of {} failed: {e}", self.prefix()))
             })?;
             if items.is_empty() {
@@ -513,14 +539,15 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             } else {
                 items.extend(page);
             }
+            decoded += count;
             undecodable.extend(bad);
         }
         *lock(&self.tally) = Tally {
             revision,
-            keys: (items.len() + undecodable.len()) as i64,
+            keys: (decoded + undecodable.len()) as i64,
         };
         *lock(&self.undecodable) = undecodable;
-        tracing::debug!(prefix = %self.prefix(), revision, pages, items = items.len(), "listed");
+        tracing::debug!(prefix = %self.prefix(), revision, pages, items = decoded, "listed");
         Ok(ListResult { items, revision })
     }
 
@@ -585,7 +612,11 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
     }
 
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
-        Box::pin(self.list_inner())
+        Box::pin(self.list_inner(None))
+    }
+
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
+        Box::pin(async move { Ok(self.list_inner(Some(sink)).await?.revision) })
     }
 
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {

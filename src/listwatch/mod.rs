@@ -19,6 +19,14 @@ pub mod etcd;
 /// A boxed, sendable future, as returned by [`ListerWatcher`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Where [`ListerWatcher::list_into`] puts the pages of a list: the informer's queue builds the
+/// next cache content from them (keys and indexes) while the source reads on. Pages may come
+/// from several threads at once, in any order.
+pub trait ListSink<T>: Send + Sync {
+    /// Takes one page of objects.
+    fn page(&self, objects: Vec<Arc<Object<T>>>);
+}
+
 /// The stream of changes returned by [`ListerWatcher::watch`].
 pub type WatchStream<T> = Pin<Box<dyn Stream<Item = WatchEvent<T>> + Send>>;
 
@@ -246,6 +254,20 @@ pub struct Freshness {
 pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// Every object, and the revision they were read at.
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>>;
+    /// Lists as [`list`](Self::list) does, handing the objects to `sink` a page at a time as
+    /// they are decoded, so that the cache is built while the source reads the next page;
+    /// returns the list's revision. After an error, what the sink received is discarded. The
+    /// default lists, then hands over everything as one page.
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
+    where
+        T: 'static,
+    {
+        Box::pin(async move {
+            let list = self.list().await?;
+            sink.page(list.items.into_iter().map(Arc::new).collect());
+            Ok(list.revision)
+        })
+    }
     /// The changes after `after_revision` (exclusive).
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>>;
     /// Whether a cache that holds `cached` objects and every change up to `since` is the
@@ -279,6 +301,12 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         (**self).list()
     }
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
+    where
+        T: 'static,
+    {
+        (**self).list_into(sink)
+    }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         (**self).watch(after_revision)
     }
@@ -298,6 +326,12 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
     }
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         (**self).list()
+    }
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
+    where
+        T: 'static,
+    {
+        (**self).list_into(sink)
     }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         (**self).watch(after_revision)

@@ -82,6 +82,99 @@ struct Inner<T> {
     revision: i64,
 }
 
+/// A store's next content, keys and indexes, built away from the store (page by page while a
+/// list is read) and installed in one step by a relist: the store's lock is then held only for
+/// a swap.
+///
+/// ```
+/// use std::sync::Arc;
+/// use etcd_informer::{Indexer, Object, NAMESPACE_INDEX};
+/// let indexer = Indexer::<u32>::with_namespace_index();
+/// let mut next = indexer.new_content();
+/// next.add(Arc::new(Object::new("tmp/a", 1, 1)));
+/// assert_eq!(next.len(), 1);
+/// assert!(next.get("tmp/a").is_some());
+/// ```
+pub struct StoreContent<T> {
+    inner: Inner<T>,
+    /// Whether `inner.indices` is maintained (for the indexers in `inner.indexers`).
+    indexed: bool,
+}
+
+impl<T> Clone for StoreContent<T> {
+    fn clone(&self) -> Self {
+        StoreContent {
+            inner: Inner {
+                items: self.inner.items.clone(),
+                indexers: self.inner.indexers.clone(),
+                indices: self.inner.indices.clone(),
+                revision: self.inner.revision,
+            },
+            indexed: self.indexed,
+        }
+    }
+}
+
+impl<T> Default for StoreContent<T> {
+    /// Content without indexes: the store builds them when it is installed.
+    fn default() -> Self {
+        StoreContent {
+            inner: Inner::empty(HashMap::new()),
+            indexed: false,
+        }
+    }
+}
+
+impl<T> StoreContent<T> {
+    /// Content of the objects in `items`, indexed when installed.
+    pub(crate) fn unindexed(items: HashMap<Arc<str>, Arc<Object<T>>>) -> Self {
+        let mut content = StoreContent::default();
+        content.inner.items = items;
+        content
+    }
+
+    /// Adds (or replaces) the object under its key, indexing it.
+    pub fn add(&mut self, obj: Arc<Object<T>>) {
+        self.inner.add(obj);
+    }
+
+    /// The object under `key`.
+    pub fn get(&self, key: &str) -> Option<&Arc<Object<T>>> {
+        self.inner.items.get(key)
+    }
+
+    /// How many objects it holds.
+    pub fn len(&self) -> usize {
+        self.inner.items.len()
+    }
+
+    /// Whether it holds no object.
+    pub fn is_empty(&self) -> bool {
+        self.inner.items.is_empty()
+    }
+}
+
+impl<T> Inner<T> {
+    fn empty(indexers: Indexers<T>) -> Self {
+        let indices = indexers.keys().map(|name| (name.clone(), Index::new())).collect();
+        Inner {
+            items: HashMap::new(),
+            indexers,
+            indices,
+            revision: 0,
+        }
+    }
+
+    /// Whether `other` has the same index functions (the same functions, not just names).
+    fn same_indexers(&self, other: &Indexers<T>) -> bool {
+        self.indexers.len() == other.len()
+            && self
+                .indexers
+                .iter()
+                .all(|(name, f)| other.get(name).is_some_and(|g| Arc::ptr_eq(f, g)))
+    }
+}
+
 impl<T> Default for Indexer<T> {
     fn default() -> Self {
         Indexer {
@@ -155,6 +248,15 @@ impl<T> Indexer<T> {
     /// Removes the object under `key` and returns it.
     pub fn delete(&self, key: &str) -> Option<Arc<Object<T>>> {
         self.write().delete(key)
+    }
+
+    /// Empty content with this store's indexes, to build a relist into and install in one step
+    /// (see [`StoreContent`]).
+    pub fn new_content(&self) -> StoreContent<T> {
+        StoreContent {
+            inner: Inner::empty(self.read().indexers.clone()),
+            indexed: true,
+        }
     }
 
     /// Replaces the whole content with `items` and rebuilds the indexes.
@@ -294,12 +396,19 @@ impl<T> Txn<'_, T> {
         self.0.delete(key)
     }
 
-    /// Replaces the content with `items` and returns the previous content.
-    pub(crate) fn replace(
+    /// Installs `content` and returns the previous objects. Its indexes are used as they are
+    /// if they were built for this store's index functions, and rebuilt otherwise (an index
+    /// added while the content was built, or content built without indexes).
+    pub(crate) fn install(
         &mut self,
-        items: HashMap<Arc<str>, Arc<Object<T>>>,
+        content: StoreContent<T>,
     ) -> HashMap<Arc<str>, Arc<Object<T>>> {
-        self.0.replace(items)
+        if content.indexed && content.inner.same_indexers(&self.0.indexers) {
+            self.0.indices = content.inner.indices;
+            std::mem::replace(&mut self.0.items, content.inner.items)
+        } else {
+            self.0.replace(content.inner.items)
+        }
     }
 
     pub(crate) fn objects(&self) -> impl Iterator<Item = &Arc<Object<T>>> {
@@ -385,6 +494,9 @@ impl<T> Inner<T> {
 }
 
 impl<T: Send + Sync> Store<T> for Indexer<T> {
+    fn new_content(&self) -> StoreContent<T> {
+        Indexer::new_content(self)
+    }
     fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>> {
         Indexer::get_by_key(self, key)
     }

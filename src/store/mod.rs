@@ -4,8 +4,8 @@ mod indexer;
 
 pub(crate) use indexer::Txn;
 pub use indexer::{
-    namespace_index_func, namespace_indexers, Index, IndexFunc, Indexer, Indexers, StoreError,
-    NAMESPACE_INDEX,
+    namespace_index_func, namespace_indexers, Index, IndexFunc, Indexer, Indexers, StoreContent,
+    StoreError, NAMESPACE_INDEX,
 };
 
 use std::sync::Arc;
@@ -21,6 +21,10 @@ pub trait Store<T>: Send + Sync {
     fn list_keys(&self) -> Vec<Arc<str>>;
     /// Every object stored.
     fn list(&self) -> Vec<Arc<Object<T>>>;
+    /// Empty content to build a relist into, with the store's indexes if it has any.
+    fn new_content(&self) -> StoreContent<T> {
+        StoreContent::default()
+    }
 }
 
 /// The key of an object in the cache: its key relative to the watched prefix (client-go's
