@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -20,9 +21,34 @@ use crate::Object;
 /// A relist read page by page into the next store content.
 struct Building<T> {
     content: Mutex<StoreContent<T>>,
+    /// The cache, whose objects stand in for unchanged listed ones while `reuse` holds.
+    known: Arc<dyn Store<T>>,
+    reuse_from: Option<i64>,
+    reuse: AtomicBool,
 }
 
 impl<T: Send + Sync> ListSink<T> for Building<T> {
+    fn begin(&self, revision: i64, keys: usize) {
+        // A list read below a revision already seen comes from a store that went back in
+        // time: equal mod revisions no longer mean equal objects.
+        let reuse = self.reuse_from.is_some_and(|from| revision >= from);
+        self.reuse.store(reuse, Ordering::Relaxed);
+        // Growing a map of a million keys rehashes every key several times over.
+        self.content
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reserve(keys);
+    }
+
+    fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<Object<T>>> {
+        if !self.reuse.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.known
+            .get_by_key(key)
+            .filter(|o| o.mod_revision == mod_revision)
+    }
+
     fn page(&self, objects: Vec<Arc<Object<T>>>) {
         let mut content = self.content.lock().unwrap_or_else(|e| e.into_inner());
         for object in objects {
@@ -30,7 +56,6 @@ impl<T: Send + Sync> ListSink<T> for Building<T> {
         }
     }
 }
-
 
 /// What [`RealFifo::pop`] hands out.
 pub enum Batch<T> {
@@ -345,9 +370,12 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
         self.queue_replace(items, revision, store_replaced);
     }
 
-    fn begin_replace(&self) -> Option<Arc<dyn ListSink<T>>> {
+    fn begin_replace(&self, reuse_from: Option<i64>) -> Option<Arc<dyn ListSink<T>>> {
         let building = Arc::new(Building {
             content: Mutex::new(self.known.new_content()),
+            known: self.known.clone(),
+            reuse_from,
+            reuse: AtomicBool::new(false),
         });
         self.lock().building = Some(building.clone());
         Some(building)
@@ -364,9 +392,9 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
                 .content
                 .into_inner()
                 .unwrap_or_else(|e| e.into_inner()),
-            Err(shared) => std::mem::take(
-                &mut *shared.content.lock().unwrap_or_else(|e| e.into_inner()),
-            ),
+            Err(shared) => {
+                std::mem::take(&mut *shared.content.lock().unwrap_or_else(|e| e.into_inner()))
+            }
         };
         self.queue_replace(content, revision, store_replaced);
     }
@@ -416,6 +444,39 @@ mod tests {
 
     async fn pop(f: &RealFifo<i64>) -> Batch<i64> {
         f.pop(|b| b).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_relist_read_by_pages_reuses_cached_objects_of_the_same_store_only() {
+        let (f, ix) = fifo();
+        let cached = obj("a", 5);
+        ix.add(cached.clone());
+        // Read at or after the revision seen: unchanged objects stand in.
+        let sink = f.begin_replace(Some(10)).unwrap();
+        sink.begin(10, 2);
+        assert!(Arc::ptr_eq(&sink.cached("a", 5).unwrap(), &cached));
+        assert!(sink.cached("a", 6).is_none(), "changed since");
+        sink.page(vec![cached.clone()]);
+        sink.page(vec![obj("b", 7)]);
+        drop(sink);
+        f.finish_replace(10, false);
+        match pop(&f).await {
+            Batch::Replace {
+                items, revision, ..
+            } => {
+                assert_eq!((items.len(), revision), (2, 10));
+                assert!(Arc::ptr_eq(items.get("a").unwrap(), &cached));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A list read below a revision seen comes from a store that went back in time.
+        let sink = f.begin_replace(Some(10)).unwrap();
+        sink.begin(9, 1);
+        assert!(sink.cached("a", 5).is_none());
+        // The store was replaced: never.
+        let sink = f.begin_replace(None).unwrap();
+        sink.begin(20, 1);
+        assert!(sink.cached("a", 5).is_none());
     }
 
     #[tokio::test]

@@ -35,8 +35,12 @@ pub trait Queue<T>: Send + Sync {
     fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool);
     /// Starts a relist read page by page: the source puts the pages into the returned sink as
     /// they are decoded, and [`finish_replace`](Self::finish_replace) then queues them as
-    /// [`replace`](Self::replace) would. `None` (the default): the queue takes lists whole.
-    fn begin_replace(&self) -> Option<Arc<dyn ListSink<T>>> {
+    /// [`replace`](Self::replace) would. Cached objects may stand in for listed ones of the
+    /// same key and mod revision if the list is read at `reuse_from` or later (the same store);
+    /// `None`: never (the store was replaced, revisions started over). Returning `None` (the
+    /// default): the queue takes lists whole.
+    fn begin_replace(&self, reuse_from: Option<i64>) -> Option<Arc<dyn ListSink<T>>> {
+        let _ = reuse_from;
         None
     }
     /// Queues the relist begun with [`begin_replace`](Self::begin_replace), read at `revision`.
@@ -373,12 +377,17 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         let mut highest_seen = 0i64;
         loop {
             // Pages go into the queue's next content as they arrive when it can take them so.
-            let sink = self.fifo.begin_replace();
+            let reuse_from = (reason != ListReason::StoreReplaced).then_some(highest_seen);
+            let sink = self.fifo.begin_replace(reuse_from);
             let listed = match &sink {
-                Some(sink) => self.lw.list_into(sink.clone()).await.map(|revision| ListResult {
-                    items: Vec::new(),
-                    revision,
-                }),
+                Some(sink) => self
+                    .lw
+                    .list_into(sink.clone())
+                    .await
+                    .map(|revision| ListResult {
+                        items: Vec::new(),
+                        revision,
+                    }),
                 None => self.lw.list().await,
             };
             let paged = sink.is_some();

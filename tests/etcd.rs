@@ -643,3 +643,74 @@ async fn the_whole_keyspace_can_be_watched_with_an_empty_raw_prefix() {
     let keys: Vec<String> = cache_state(&r.informer).into_keys().collect();
     assert_eq!(keys, ["/deep/b", "a", "zz"]);
 }
+
+/// A text codec that counts its decodes.
+struct CountingCodec(Arc<AtomicUsize>);
+
+impl etcd_informer::codec::Codec<String> for CountingCodec {
+    fn decode(&self, bytes: &[u8]) -> Result<String, etcd_informer::codec::CodecError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        TextCodec.decode(bytes)
+    }
+    fn encode(&self, value: &String) -> Result<Vec<u8>, etcd_informer::codec::CodecError> {
+        TextCodec.encode(value)
+    }
+}
+
+/// A sink that offers one cached object back and records what it receives.
+struct Recording {
+    reuse: Arc<etcd_informer::Object<String>>,
+    begun: Mutex<Option<(i64, usize)>>,
+    pages: Mutex<Vec<Vec<Arc<etcd_informer::Object<String>>>>>,
+}
+
+impl etcd_informer::ListSink<String> for Recording {
+    fn begin(&self, revision: i64, keys: usize) {
+        *self.begun.lock().unwrap() = Some((revision, keys));
+    }
+    fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<etcd_informer::Object<String>>> {
+        (key == self.reuse.key() && mod_revision == self.reuse.mod_revision)
+            .then(|| self.reuse.clone())
+    }
+    fn page(&self, objects: Vec<Arc<etcd_informer::Object<String>>>) {
+        self.pages.lock().unwrap().push(objects);
+    }
+}
+
+#[tokio::test]
+async fn list_into_hands_over_pages_and_reuses_unchanged_cached_objects() {
+    use etcd_informer::ListerWatcher;
+    let client = shared_client().await;
+    let prefix = unique_prefix("list_into");
+    put_many(&client, &prefix, 30, "v").await;
+    let decodes = Arc::new(AtomicUsize::new(0));
+    let lw = EtcdListerWatcher::with_options(
+        client.clone(),
+        prefix.clone(),
+        CountingCodec(decodes.clone()),
+        EtcdOptions::default().with_page_size(10),
+    )
+    .unwrap();
+    let first = lw.list().await.unwrap();
+    assert_eq!(decodes.load(Ordering::SeqCst), 30);
+    let cached = Arc::new(first.items[0].clone());
+    let sink = Arc::new(Recording {
+        reuse: cached.clone(),
+        begun: Mutex::new(None),
+        pages: Mutex::new(Vec::new()),
+    });
+    let revision = lw.list_into(sink.clone()).await.unwrap();
+    assert_eq!(revision, first.revision);
+    assert_eq!(*sink.begun.lock().unwrap(), Some((first.revision, 30)));
+    let pages = sink.pages.lock().unwrap();
+    assert_eq!(pages.len(), 3, "pages of at most 10 keys");
+    let objects: Vec<_> = pages.iter().flatten().collect();
+    assert_eq!(objects.len(), 30);
+    let reused = objects.iter().find(|o| o.key() == cached.key()).unwrap();
+    assert!(Arc::ptr_eq(reused, &cached), "the cached object stands in");
+    assert_eq!(
+        decodes.load(Ordering::SeqCst),
+        30 + 29,
+        "the unchanged key is not decoded again"
+    );
+}

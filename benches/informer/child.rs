@@ -1,6 +1,128 @@
 //! The memory scenario's child processes: the bench re-executed with `--child`.
 
+use etcd_informer::listwatch::{
+    BoxFuture, Error as LwError, ListResult, ListSink, Result as LwResult, WatchEvent, WatchStream,
+};
+
 use super::*;
+
+/// Syncs an informer, then ends its watch as a compaction would and samples the resident
+/// memory every 5 ms while it lists and replaces everything (the relist peak).
+async fn relist(client: &Client, prefix: &str, args: &Args) -> Res<Value> {
+    let lw = EtcdListerWatcher::with_options(
+        client.clone(),
+        prefix.to_owned(),
+        JsonCodec::<ConfigMap>::new(),
+        EtcdOptions::default().with_page_size(args.page_size),
+    )?;
+    let expire = Arc::new(Notify::new());
+    let source = Expiring {
+        inner: lw,
+        expire: expire.clone(),
+    };
+    let informer = SharedIndexInformer::new(
+        source,
+        InformerOptions::default().with_processing(args.processing),
+    );
+    let task = tokio::spawn(informer.clone().run());
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    trim_malloc();
+    let steady = rss_bytes();
+    let peak = Arc::new(AtomicU64::new(steady));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_bytes(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let started = Instant::now();
+    expire.notify_one();
+    while informer.health().reflector.relists.compacted == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let listed = started.elapsed().as_secs_f64();
+    // The relist is applied right after it is queued: allow for that, then a margin.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    trim_malloc();
+    let after = rss_bytes();
+    let objects = informer.indexer().len();
+    std::mem::forget(task);
+    std::mem::forget(informer);
+    Ok(json!({
+        "kind": "relist-informer",
+        "objects": objects,
+        "rss_steady": steady,
+        "rss_peak": peak.load(Ordering::Relaxed),
+        "rss_after_relist": after,
+        "relist_list_s": listed,
+    }))
+}
+
+/// The etcd source, whose watch the bench can end with "compacted" once.
+struct Expiring {
+    inner: EtcdListerWatcher<ConfigMap>,
+    expire: Arc<Notify>,
+}
+
+impl ListerWatcher<ConfigMap> for Expiring {
+    fn list(&self) -> BoxFuture<'_, LwResult<ListResult<ConfigMap>>> {
+        self.inner.list()
+    }
+
+    fn list_into(&self, sink: Arc<dyn ListSink<ConfigMap>>) -> BoxFuture<'_, LwResult<i64>> {
+        self.inner.list_into(sink)
+    }
+
+    fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<ConfigMap>>> {
+        Box::pin(async move {
+            let stream = self.inner.watch(after).await?;
+            let expire = self.expire.clone();
+            let expiry = ExpiryStream {
+                notified: Box::pin(async move { expire.notified().await }),
+                after,
+                done: false,
+            };
+            Ok(Box::pin(tokio_stream::StreamExt::merge(stream, expiry)) as WatchStream<ConfigMap>)
+        })
+    }
+}
+
+/// Yields one "compacted" error when notified.
+struct ExpiryStream {
+    notified: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    after: i64,
+    done: bool,
+}
+
+impl tokio_stream::Stream for ExpiryStream {
+    type Item = WatchEvent<ConfigMap>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        match std::future::Future::poll(self.notified.as_mut(), cx) {
+            std::task::Poll::Ready(()) => {
+                self.done = true;
+                let error = LwError::expired(self.after + 1, "the bench expires the watch");
+                std::task::Poll::Ready(Some(WatchEvent::Error(error)))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
 
 pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
     let prefix = args.prefix.clone().ok_or("--prefix is required")?;
@@ -72,6 +194,11 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
             std::mem::forget(task);
             std::mem::forget(registrations);
             std::mem::forget(informer);
+            line
+        }
+        "relist-informer" => {
+            let mut line = relist(&client, &prefix, args).await?;
+            line["rss_before"] = json!(rss_before);
             line
         }
         other => return Err(format!("unknown child {other}").into()),

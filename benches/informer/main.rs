@@ -55,6 +55,10 @@
 //!   index, no handler; also with H no-op handlers (detail). The primary figure is the RSS growth
 //!   after `malloc_trim(0)` (memory the program holds); the RSS growth before trimming is reported
 //!   too (`*_untrimmed`).
+//!   Relist peak (details `relist_*`): a child syncs an informer (no handler), trims, then ends
+//!   its watch as a compaction would; while it relists everything the RSS is sampled every 5 ms.
+//!   `relist_peak_ratio` = (peak - before) / (steady - before): the cache's memory at its peak
+//!   against its steady state.
 //! - `prevkv`: etcd's write throughput (W writers, M/4 puts) while a raw watch of the prefix is
 //!   open without prev_kv (baseline column) and with prev_kv ("informer" column): does prev_kv
 //!   cost etcd throughput? Higher is better.

@@ -492,6 +492,27 @@ pub(super) async fn scenario_memory(b: &Bench) -> Row {
         let raw = memory_child(b, "memory-raw", 0).await;
         let inf = memory_child(b, "memory-informer", 0).await;
         let infh = memory_child(b, "memory-informer", h).await;
+        let relist = memory_child(b, "relist-informer", 0).await;
+        let field = |f: &str| relist[f].as_f64().unwrap_or(f64::NAN);
+        let (before, steady, peak) = (field("rss_before"), field("rss_steady"), field("rss_peak"));
+        // The cache's memory at its peak during the relist, against its steady state.
+        let peak_ratio = (peak - before) / (steady - before);
+        cols.entry("relist_peak_ratio")
+            .or_default()
+            .push(peak_ratio);
+        cols.entry("relist_peak_rss_ratio")
+            .or_default()
+            .push(peak / steady);
+        cols.entry("relist_list_s")
+            .or_default()
+            .push(field("relist_list_s"));
+        eprintln!(
+            "memory run {run}: relist after compaction: steady {:.0} MB, peak {:.0} MB (cache x{peak_ratio:.2}, process x{:.2}), list {:.2} s",
+            (steady - before) / 1e6,
+            (peak - before) / 1e6,
+            peak / steady,
+            field("relist_list_s"),
+        );
         for (name, v) in [("raw", &raw), ("informer", &inf), ("informer_h", &infh)] {
             cols.entry(name).or_default().push(per(v, "rss_trimmed"));
             let untrimmed: &'static str = match name {
@@ -535,6 +556,18 @@ pub(super) async fn scenario_memory(b: &Bench) -> Row {
     line.insert(
         "informer_with_handlers_untrimmed_b_per_object".into(),
         json!(med("informer_h_untrimmed").round()),
+    );
+    line.insert(
+        "relist_peak_ratio".into(),
+        json!(round(med("relist_peak_ratio"), 3)),
+    );
+    line.insert(
+        "relist_peak_rss_ratio".into(),
+        json!(round(med("relist_peak_rss_ratio"), 3)),
+    );
+    line.insert(
+        "relist_list_s".into(),
+        json!(round(med("relist_list_s"), 3)),
     );
     line.insert(
         "ratio_untrimmed".into(),

@@ -759,11 +759,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, bool)>) {
         for (event, is_sync) in events {
             if !is_sync {
-                self.shared.metrics.event(match event {
-                    Event::Added { .. } => EventKind::Added,
-                    Event::Updated { .. } => EventKind::Updated,
-                    Event::Deleted(_) => EventKind::Deleted,
-                });
+                self.shared.metrics.event(event_kind(&event));
             }
             processor.distribute(event, is_sync);
         }
@@ -787,8 +783,25 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 initial,
             } => {
                 let items = Arc::try_unwrap(items).unwrap_or_else(|shared| (*shared).clone());
+                // Without handlers, only the metrics hear of the changes: no list of a million
+                // notifications to build and drop.
+                let listening = !processor.listeners.is_empty();
+                let metrics = &self.shared.metrics;
                 indexer.transaction(|txn| {
-                    let events = apply_replace(txn, items, store_replaced, initial);
+                    let mut events = Vec::new();
+                    apply_replace(
+                        txn,
+                        items,
+                        store_replaced,
+                        initial,
+                        &mut |event, is_sync| {
+                            if listening {
+                                events.push((event, is_sync));
+                            } else if !is_sync {
+                                metrics.event(event_kind(&event));
+                            }
+                        },
+                    );
                     // After a wipe the revisions start over; otherwise never go back (a
                     // consistent read may have proven a later revision already).
                     let revision = if store_replaced {
@@ -1081,21 +1094,35 @@ fn apply_delta<T>(
 /// Replaces the store's content with a relist; returns the notifications: adds, updates
 /// (resyncs where the revision is unchanged) and tombstones for the keys that vanished. After a
 /// wipe every cached key is retired and every listed one added.
+fn event_kind<T>(event: &Event<T>) -> EventKind {
+    match event {
+        Event::Added { .. } => EventKind::Added,
+        Event::Updated { .. } => EventKind::Updated,
+        Event::Deleted(_) => EventKind::Deleted,
+    }
+}
+
 fn apply_replace<T>(
     txn: &mut Txn<'_, T>,
     items: StoreContent<T>,
     store_replaced: bool,
     initial: bool,
-) -> Vec<(Event<T>, bool)> {
+    emit: &mut dyn FnMut(Event<T>, bool),
+) {
     let mut old = txn.install(items);
-    let mut events = Vec::with_capacity(old.len().max(txn.objects().size_hint().0));
-    let tombstone =
-        |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
+    let tombstone = |o: Arc<Object<T>>| Event::Deleted(DeletedObject::FinalStateUnknown(o));
     if store_replaced {
-        events.extend(old.drain().map(|(_, o)| tombstone(o)));
+        for (_, o) in old.drain() {
+            emit(tombstone(o), false);
+        }
     }
     for new in txn.objects() {
-        let event = match old.remove(new.key()) {
+        let previous = if old.is_empty() {
+            None
+        } else {
+            old.remove(new.key())
+        };
+        let event = match previous {
             Some(old) => {
                 let is_sync = old.mod_revision == new.mod_revision;
                 (
@@ -1114,10 +1141,11 @@ fn apply_replace<T>(
                 (event, false)
             }
         };
-        events.push(event);
+        emit(event.0, event.1);
     }
-    events.extend(old.into_values().map(tombstone));
-    events
+    for o in old.into_values() {
+        emit(tombstone(o), false);
+    }
 }
 
 /// Marks the informer stopped and closes its handlers when dropped.

@@ -474,6 +474,9 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 if let Some(reason) = self.store_changed(resp.header()).await {
                     return Err(Error::StoreReplaced { revision, reason });
                 }
+                if let Some(sink) = &sink {
+                    sink.begin(revision, usize::try_from(resp.count()).unwrap_or(0));
+                }
             }
             if pages == 0 {
                 // The first page counts the whole range: size the rest from it.
@@ -508,20 +511,31 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             let decoder = self.decoder();
             let sink = sink.clone();
             decoding.push(tokio::task::spawn_blocking(move || {
-                let mut objects = Vec::with_capacity(kvs.len());
                 let mut undecodable = Vec::new();
+                let Some(sink) = sink else {
+                    let mut objects = Vec::with_capacity(kvs.len());
+                    for kv in kvs {
+                        match decoder.object(&kv) {
+                            Some(obj) => objects.push(obj),
+                            None => undecodable.push(kv.key),
+                        }
+                    }
+                    let decoded = objects.len();
+                    return (objects, decoded, undecodable);
+                };
+                let mut objects = Vec::with_capacity(kvs.len());
                 for kv in kvs {
-                    match decoder.object(&kv) {
+                    let cached = std::str::from_utf8(decoder.relative(&kv.key))
+                        .ok()
+                        .and_then(|key| sink.cached(key, kv.mod_revision));
+                    match cached.or_else(|| decoder.object(&kv).map(Arc::new)) {
                         Some(obj) => objects.push(obj),
                         None => undecodable.push(kv.key),
                     }
                 }
                 let decoded = objects.len();
-                if let Some(sink) = sink {
-                    sink.page(objects.into_iter().map(Arc::new).collect());
-                    objects = Vec::new();
-                }
-                (objects, decoded, undecodable)
+                sink.page(objects);
+                (Vec::new(), decoded, undecodable)
             }));
             if !more {
                 break;
@@ -767,6 +781,11 @@ struct Decoder<T> {
 }
 
 impl<T: 'static> Decoder<T> {
+    /// The key's bytes relative to the prefix.
+    fn relative<'k>(&self, full: &'k [u8]) -> &'k [u8] {
+        full.strip_prefix(&*self.prefix).unwrap_or(full)
+    }
+
     /// The key relative to the prefix; a key that is not UTF-8 is reported.
     fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
         let key = relative_key(&self.prefix, full);

@@ -23,6 +23,18 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// next cache content from them (keys and indexes) while the source reads on. Pages may come
 /// from several threads at once, in any order.
 pub trait ListSink<T>: Send + Sync {
+    /// Called once, before any page, with the revision the list is read at and how many keys
+    /// the source counts in it (a hint for sizing).
+    fn begin(&self, revision: i64, keys: usize) {
+        let _ = (revision, keys);
+    }
+    /// The object the cache holds under `key`, if it is the state the list has at
+    /// `mod_revision`: a source may hand it back instead of decoding the value again, so that a
+    /// relist of a large, mostly unchanged prefix neither decodes nor holds every object twice.
+    fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<Object<T>>> {
+        let _ = (key, mod_revision);
+        None
+    }
     /// Takes one page of objects.
     fn page(&self, objects: Vec<Arc<Object<T>>>);
 }
@@ -264,6 +276,7 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
     {
         Box::pin(async move {
             let list = self.list().await?;
+            sink.begin(list.revision, list.items.len());
             sink.page(list.items.into_iter().map(Arc::new).collect());
             Ok(list.revision)
         })

@@ -138,6 +138,11 @@ impl<T> StoreContent<T> {
         self.inner.add(obj);
     }
 
+    /// Makes room for `additional` more objects.
+    pub fn reserve(&mut self, additional: usize) {
+        self.inner.items.reserve(additional);
+    }
+
     /// The object under `key`.
     pub fn get(&self, key: &str) -> Option<&Arc<Object<T>>> {
         self.inner.items.get(key)
@@ -156,7 +161,10 @@ impl<T> StoreContent<T> {
 
 impl<T> Inner<T> {
     fn empty(indexers: Indexers<T>) -> Self {
-        let indices = indexers.keys().map(|name| (name.clone(), Index::new())).collect();
+        let indices = indexers
+            .keys()
+            .map(|name| (name.clone(), Index::new()))
+            .collect();
         Inner {
             items: HashMap::new(),
             indexers,
