@@ -411,6 +411,10 @@ async fn wiped_etcd_is_noticed_and_relisted() {
 
 #[tokio::test]
 async fn cluster_member_stopped_or_paused_informer_keeps_up() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let cluster = EtcdCluster::start(3)
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -300,6 +300,9 @@ pub struct EtcdListerWatcher<T> {
     /// re-watch checks etcd still agrees (see [`Tally`]).
     tally: Arc<Mutex<Tally>>,
     trust_progress: Arc<OnceCell<bool>>,
+    /// Some watch of this source had a progress request answered: the endpoints are etcd
+    /// members, not a gRPC proxy (which never answers them).
+    progress_answered: Arc<AtomicBool>,
     token: TokenRenewal,
 }
 
@@ -327,6 +330,7 @@ impl<T> Clone for EtcdListerWatcher<T> {
             identity: self.identity.clone(),
             tally: self.tally.clone(),
             trust_progress: self.trust_progress.clone(),
+            progress_answered: self.progress_answered.clone(),
             token: self.token.clone(),
         }
     }
@@ -397,6 +401,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             identity: Arc::new(Mutex::new(Identity::default())),
             tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
+            progress_answered: Arc::default(),
             token: TokenRenewal::default(),
         })
     }
@@ -675,6 +680,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 name: self.prefix(),
                 after: after_revision,
                 trust_progress,
+                endpoints_answer_progress: self.progress_answered.clone(),
                 progress_interval: self.options.progress_interval,
                 idle_timeout: self.options.idle_timeout,
                 tx,
@@ -835,6 +841,8 @@ struct WatchTask<T> {
     name: String,
     after: i64,
     trust_progress: bool,
+    /// Shared by the source's watches (see [`EtcdListerWatcher`]'s field).
+    endpoints_answer_progress: Arc<AtomicBool>,
     progress_interval: Duration,
     idle_timeout: Duration,
     tx: mpsc::Sender<Vec<WatchEvent<T>>>,
@@ -853,17 +861,23 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         // Only what this stream said: a read may be answered by another member of the
         // client's endpoints, and proves nothing about the member this stream is on.
         let mut heard_on_stream = last_heard;
+        // etcd (and its gRPC proxy) confirm a watch's creation at once: a stream that has not
+        // even done that is on a member that stopped answering.
+        let mut created = false;
         let mut progress_answered = false;
         loop {
             let message = tokio::select! {
                 m = responses.message() => m,
                 _ = progress.tick() => {
                     let silent = heard_on_stream.elapsed();
-                    if progress_answered && silent >= self.idle_timeout {
-                        // It answered progress requests before: its member stopped answering
+                    let answers_progress = progress_answered
+                        || self.endpoints_answer_progress.load(Ordering::Relaxed);
+                    if (answers_progress || !created) && silent >= self.idle_timeout {
+                        // It (or another watch of these endpoints) answered progress requests,
+                        // or it never confirmed its creation: its member stopped answering
                         // (paused, partitioned) while the others still serve reads.
                         self.fail(Error::unavailable(format!(
-                            "the watch of {} answered progress requests before and has been silent for {silent:?}",
+                            "the watch of {} has been silent for {silent:?} (created: {created}, answered progress before: {progress_answered})",
                             self.name
                         )))
                         .await;
@@ -909,7 +923,12 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 }
             };
             heard_on_stream = tokio::time::Instant::now();
-            progress_answered |= !response.created() && response.events().is_empty();
+            created = true;
+            if !response.created() && response.events().is_empty() && !progress_answered {
+                progress_answered = true;
+                self.endpoints_answer_progress
+                    .store(true, Ordering::Relaxed);
+            }
             let handled = self.handle(response).await;
             // Waiting for the reflector to take events is not silence from etcd.
             last_heard = tokio::time::Instant::now();
