@@ -411,8 +411,11 @@ async fn wiped_etcd_is_noticed_and_relisted() {
 
 #[tokio::test]
 async fn cluster_member_stopped_or_paused_informer_keeps_up() {
+    // The informer's log is shown if the test fails.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("etcd_informer=debug"));
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_test_writer()
         .try_init();
     let cluster = EtcdCluster::start(3)
