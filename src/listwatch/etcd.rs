@@ -24,6 +24,9 @@ use crate::Object;
 /// Called with every value that does not decode.
 pub type DecodeErrorHandler = Arc<dyn Fn(&DecodeError) + Send + Sync>;
 
+/// How long authenticating again may take before the retry goes ahead without it.
+const RENEW_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The most keys in the first page of a list (see [`EtcdOptions::page_size`]).
 pub const FIRST_PAGE: i64 = 10_000;
 
@@ -585,7 +588,14 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             cluster_id: header.cluster_id(),
             raft_term: header.raft_term(),
         };
-        let reason = store_changed(&self.client, &self.identity, seen, &self.range()).await;
+        let reason = store_changed(
+            &self.client,
+            &self.identity,
+            seen,
+            &self.range(),
+            self.options.page_timeout,
+        )
+        .await;
         if reason.is_some() {
             // The new store is the reference from now on.
             *lock(&self.identity) = seen;
@@ -968,8 +978,14 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 cluster_id: header.cluster_id(),
                 raft_term: header.raft_term(),
             };
-            if let Some(reason) =
-                store_changed(&self.client, &self.identity, seen, &self.range).await
+            if let Some(reason) = store_changed(
+                &self.client,
+                &self.identity,
+                seen,
+                &self.range,
+                self.idle_timeout / 2,
+            )
+            .await
             {
                 *lock(&self.identity) = seen;
                 return Err(Error::StoreReplaced {
@@ -1077,11 +1093,20 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             .with_range(self.range.1.clone())
             .with_count_only()
             .with_revision(self.after);
-        let read = self
-            .client
-            .kv_client()
-            .get(self.range.0.clone(), Some(options))
-            .await;
+        let mut kv = self.client.kv_client();
+        let read = tokio::time::timeout(
+            self.idle_timeout / 2,
+            kv.get(self.range.0.clone(), Some(options)),
+        )
+        .await
+        .map_err(|_| {
+            Error::unavailable(format!(
+                "counting the keys of {} at revision {} got no answer within {:?}",
+                self.name,
+                self.after,
+                self.idle_timeout / 2
+            ))
+        })?;
         match read {
             Ok(resp) if resp.count() != tally.keys => Err(Error::StoreReplaced {
                 revision: self.after + 1,
@@ -1261,9 +1286,12 @@ impl TokenRenewal {
     /// Authenticates again if a refused token was noted since the last attempt.
     async fn renew_if_refused(&self, client: &Client) {
         if self.0.swap(false, Ordering::Relaxed) {
-            match client.refresh_token().await {
-                Ok(()) => tracing::info!("etcd refused the auth token; authenticated again"),
-                Err(e) => tracing::warn!(error = %e, "authenticating again failed"),
+            match tokio::time::timeout(RENEW_TIMEOUT, client.refresh_token()).await {
+                Ok(Ok(())) => tracing::info!("etcd refused the auth token; authenticated again"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "authenticating again failed"),
+                Err(_) => {
+                    tracing::warn!(timeout = ?RENEW_TIMEOUT, "authenticating again got no answer")
+                }
             }
         }
     }
@@ -1276,6 +1304,7 @@ async fn store_changed(
     identity: &Mutex<Identity>,
     seen: Identity,
     range: &(Vec<u8>, Vec<u8>),
+    timeout: Duration,
 ) -> Option<String> {
     let known = *lock(identity);
     if known.cluster_id == 0 || seen.cluster_id == 0 {
@@ -1296,9 +1325,13 @@ async fn store_changed(
         let options = GetOptions::new()
             .with_range(range.1.clone())
             .with_count_only();
-        let confirmed = client.kv_client().get(range.0.clone(), Some(options)).await;
+        // Bounded: the read may reach a member that stopped answering, and this runs on the
+        // watch's task, which must not hang with it. Unconfirmed, the store is not replaced.
+        let mut kv = client.kv_client();
+        let confirmed = tokio::time::timeout(timeout, kv.get(range.0.clone(), Some(options))).await;
         let term = confirmed
             .ok()
+            .and_then(Result::ok)
             .and_then(|r| r.header().map(|h| h.raft_term()));
         if term.is_some_and(|t| t < known.raft_term) {
             return Some(format!(
