@@ -895,8 +895,8 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     }
                     if last_heard.elapsed() >= self.idle_timeout / 2 {
                         // Silent (a quiet prefix behind a gRPC proxy, which never answers
-                        // progress requests, or a dead connection): ask with a read on the
-                        // same connection.
+                        // progress requests, or a dead connection): ask with a read. With one
+                        // endpoint (the proxy) it shares the watch's connection.
                         if let Err(e) = self.probe(self.idle_timeout / 2).await {
                             self.fail(e).await;
                             return;
@@ -1123,7 +1123,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         }
     }
 
-    /// A cheap linearizable read on the watch's connection: does etcd answer at all?
+    /// A cheap linearizable read through the client's endpoints: does etcd answer at all?
     async fn probe(&self, timeout: Duration) -> Result<(), Error> {
         let options = GetOptions::new()
             .with_range(self.range.1.clone())
