@@ -535,10 +535,14 @@ impl<T: Send + Sync + 'static> Listener<T> {
         Poll::Pending
     }
 
-    /// Queues an event for the handler and wakes whoever delivers it; never blocks on the
-    /// handler.
-    pub(crate) fn push(&self, event: Event<T>) {
-        if let Some(worker) = self.push_quietly(event) {
+    /// Queues events for the handler, then wakes whoever delivers them (once); never blocks on
+    /// the handler.
+    pub(crate) fn push_all(&self, events: impl IntoIterator<Item = Event<T>>) {
+        let mut worker = None;
+        for event in events {
+            worker = self.push_quietly(event).or(worker);
+        }
+        if let Some(worker) = worker {
             worker.kick();
         }
     }
@@ -786,10 +790,10 @@ mod tests {
         processor
             .attach(&listener, Arc::new(handler))
             .expect("thread");
-        listener.push(Event::Added {
+        listener.push_all([Event::Added {
             object: o("a", 1),
             is_in_initial_list: false,
-        });
+        }]);
         while !entered.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(1));
         }

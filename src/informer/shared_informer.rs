@@ -568,12 +568,16 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             listener.stop_thread();
             return Err(self.stopped_error());
         }
-        for object in self.shared.indexer.list() {
-            listener.push(Event::Added {
-                object,
-                is_in_initial_list: true,
-            });
-        }
+        listener.push_all(
+            self.shared
+                .indexer
+                .list()
+                .into_iter()
+                .map(|object| Event::Added {
+                    object,
+                    is_in_initial_list: true,
+                }),
+        );
         processor.listeners.push(listener.clone());
         Ok(HandlerRegistration {
             listener,

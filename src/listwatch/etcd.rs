@@ -533,7 +533,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 };
                 let mut objects = Vec::with_capacity(kvs.len());
                 for kv in kvs {
-                    let cached = std::str::from_utf8(decoder.relative(&kv.key))
+                    let cached = std::str::from_utf8(relative(&decoder.prefix, &kv.key))
                         .ok()
                         .and_then(|key| sink.cached(key, kv.mod_revision));
                     match cached.or_else(|| decoder.object(&kv).map(Arc::new)) {
@@ -797,11 +797,6 @@ struct Decoder<T> {
 }
 
 impl<T: 'static> Decoder<T> {
-    /// The key's bytes relative to the prefix.
-    fn relative<'k>(&self, full: &'k [u8]) -> &'k [u8] {
-        full.strip_prefix(&*self.prefix).unwrap_or(full)
-    }
-
     /// The key relative to the prefix; a key that is not UTF-8 is reported.
     fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
         let key = relative_key(&self.prefix, full);
@@ -1191,8 +1186,14 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
 
 /// `full` without `prefix`, if it is UTF-8.
 fn relative_key(prefix: &[u8], full: &[u8]) -> Option<Arc<str>> {
-    let relative = full.strip_prefix(prefix).unwrap_or(full);
-    std::str::from_utf8(relative).ok().map(Arc::from)
+    std::str::from_utf8(relative(prefix, full))
+        .ok()
+        .map(Arc::from)
+}
+
+/// `full` without `prefix`.
+fn relative<'k>(prefix: &[u8], full: &'k [u8]) -> &'k [u8] {
+    full.strip_prefix(prefix).unwrap_or(full)
 }
 
 /// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
