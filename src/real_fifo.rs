@@ -189,7 +189,7 @@ impl<T> RealFifo<T> {
             return state.clone();
         }
         match &inner.replace {
-            Some(listed) => listed.get(key).cloned(),
+            Some(listed) => listed.get(key),
             None => self.known.get_by_key(key),
         }
     }
@@ -362,11 +362,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
     }
 
     fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool) {
-        let items = StoreContent::unindexed(
-            list.into_iter()
-                .map(|o| (o.shared_key().clone(), o))
-                .collect(),
-        );
+        let items = StoreContent::unindexed(list);
         self.queue_replace(items, revision, store_replaced);
     }
 
@@ -465,7 +461,7 @@ mod tests {
                 items, revision, ..
             } => {
                 assert_eq!((items.len(), revision), (2, 10));
-                assert!(Arc::ptr_eq(items.get("a").unwrap(), &cached));
+                assert!(Arc::ptr_eq(&items.get("a").unwrap(), &cached));
             }
             other => panic!("{other:?}"),
         }

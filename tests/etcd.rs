@@ -721,3 +721,131 @@ async fn list_into_hands_over_pages_and_reuses_unchanged_cached_objects() {
         "the unchanged key is not decoded again"
     );
 }
+
+/// A value whose `secret` is not written back: packed, it would not decode again.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Item {
+    n: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    secret: Option<String>,
+    #[serde(skip_serializing)]
+    hidden: String,
+}
+
+#[tokio::test]
+async fn compact_cache_reads_as_etcd_and_hands_handlers_decoded_objects() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("compact");
+    let mut kv = client.kv_client();
+    let lease = client.lease_client().grant(600, None).await.unwrap().id();
+    for i in 0..40 {
+        let value = format!(r#"{{"n":{i},"hidden":"h{i}"}}"#);
+        let options = (i == 7).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        kv.put(format!("{prefix}ns{}/k{i:02}", i % 2), value, options)
+            .await
+            .unwrap();
+    }
+    let lw = EtcdListerWatcher::with_options(
+        client.clone(),
+        prefix.as_str(),
+        etcd_informer::JsonCodec::<Item>::new(),
+        quick_etcd_options(),
+    )
+    .unwrap();
+    let options = InformerOptions::default()
+        .with_name("compact-test")
+        .with_compact_cache(etcd_informer::JsonCodec::<Item>::new());
+    let informer = SharedIndexInformer::new(lw, options);
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (u, d) = (log.clone(), log.clone());
+    informer
+        .add_event_handler(
+            etcd_informer::ResourceEventHandlerFuncs::new()
+                .on_update(move |old: &Arc<etcd_informer::Object<Item>>, new| {
+                    let line = format!(
+                        "update {} {}/{}",
+                        new.key(),
+                        old.value.hidden,
+                        new.value.hidden
+                    );
+                    u.lock().unwrap().push(line);
+                })
+                .on_delete(move |deleted| {
+                    let o = deleted.object();
+                    d.lock()
+                        .unwrap()
+                        .push(format!("delete {} {}", o.key(), o.value.hidden));
+                }),
+        )
+        .unwrap();
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+        .await
+        .expect("synced within 30 s");
+    let indexer = informer.indexer();
+    assert!(indexer.is_compact());
+    // Every field of every object, as etcd has it: the value (its `hidden` part kept although
+    // the codec does not write it back: such objects stay decoded) and all four revisions.
+    let listed = kv
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(indexer.len(), 40);
+    for kv in listed.kvs() {
+        let key = &kv.key_str().unwrap()[prefix.len()..];
+        let o = indexer.get_by_key(key).expect(key);
+        let want: Item = serde_json::from_slice(kv.value()).unwrap();
+        assert_eq!(o.value, want, "{key}");
+        assert_eq!(
+            (o.mod_revision, o.create_revision, o.version, o.lease),
+            (
+                kv.mod_revision(),
+                kv.create_revision(),
+                kv.version(),
+                kv.lease()
+            ),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        informer.lister().by_namespace("ns1").unwrap().len(),
+        20,
+        "the namespace index"
+    );
+    // A value that round-trips is packed; handlers get the old object decoded from it.
+    kv.put(
+        format!("{prefix}ns0/k00"),
+        r#"{"n":100,"hidden":"new"}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    kv.put(
+        format!("{prefix}ns1/k01"),
+        r#"{"n":1,"secret":"s","hidden":"x"}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    kv.delete(format!("{prefix}ns1/k01"), None).await.unwrap();
+    eventually(
+        "the delete reaches the handler",
+        Duration::from_secs(10),
+        || log.lock().unwrap().iter().any(|l| l.starts_with("delete")),
+    )
+    .await;
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "update ns0/k00 h0/new",
+            "update ns1/k01 h1/x",
+            "delete ns1/k01 x",
+        ]
+    );
+    assert_eq!(indexer.get_by_key("ns0/k00").unwrap().value.n, 100);
+    assert!(indexer.get_by_key("ns1/k01").is_none());
+    assert_eq!(indexer.len(), 39);
+}

@@ -3,5 +3,6 @@
 #![cfg(feature = "testing")]
 
 const PROCESSING: etcd_informer::Processing = etcd_informer::Processing::Atomic;
+const COMPACT: bool = false;
 
 include!("common/pipeline_cases.rs");

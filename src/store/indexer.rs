@@ -1,7 +1,10 @@
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::compact::PackedRepr;
+use super::table::{Shared, Storage, Table};
 use super::Store;
+use crate::codec::Codec;
 use crate::Object;
 
 /// The name of the namespace index (client-go's `cache.NamespaceIndex`).
@@ -12,9 +15,6 @@ pub type IndexFunc<T> = Arc<dyn Fn(&Object<T>) -> Vec<String> + Send + Sync>;
 
 /// Named index functions.
 pub type Indexers<T> = HashMap<String, IndexFunc<T>>;
-
-/// One index: index value → keys of the objects that have it.
-pub type Index = HashMap<String, HashSet<Arc<str>>>;
 
 /// The namespace index function: the first path segment of the key (`tmp` for `tmp/demo`), as
 /// client-go's `MetaNamespaceIndexFunc`.
@@ -48,8 +48,13 @@ pub enum StoreError {
 /// `threadSafeMap`).
 ///
 /// Invariants: for every registered index `i`, every stored object `o` and every value `v` in
-/// `i(o)`, `indices[i][v]` contains `o`'s key, and nothing else is in `indices`. Keys are shared
-/// (`Arc<str>`) between the items map and the indexes, never copied.
+/// `i(o)`, index `i` lists `o` under `v`, and nothing else. The items and the indexes hold the
+/// same pointer to each object, never a copy of it or of its key.
+///
+/// A **compact** store ([`Indexer::compact`]) keeps each object packed in one allocation with
+/// its value encoded by a codec, and decodes it on every read: about a fifth of the memory of
+/// decoded objects for typical JSON values, for a decode per object read (see
+/// BENCHMARKS.md for both figures). Index values are computed once, when an object is stored.
 ///
 /// `Indexer` is a cheap handle: clones see the same store.
 ///
@@ -75,9 +80,8 @@ impl<T> Clone for Indexer<T> {
 }
 
 struct Inner<T> {
-    items: HashMap<Arc<str>, Arc<Object<T>>>,
+    table: Box<dyn Storage<T>>,
     indexers: Indexers<T>,
-    indices: HashMap<String, Index>,
     /// The revision the content was last written at (see [`Indexer::revision`]).
     revision: i64,
 }
@@ -93,11 +97,11 @@ struct Inner<T> {
 /// let mut next = indexer.new_content();
 /// next.add(Arc::new(Object::new("tmp/a", 1, 1)));
 /// assert_eq!(next.len(), 1);
-/// assert!(next.get("tmp/a").is_some());
+/// assert_eq!(next.get("tmp/a").map(|o| o.value), Some(1));
 /// ```
 pub struct StoreContent<T> {
     inner: Inner<T>,
-    /// Whether `inner.indices` is maintained (for the indexers in `inner.indexers`).
+    /// Whether the table's indexes are maintained (for the indexers in `inner.indexers`).
     indexed: bool,
 }
 
@@ -105,9 +109,8 @@ impl<T> Clone for StoreContent<T> {
     fn clone(&self) -> Self {
         StoreContent {
             inner: Inner {
-                items: self.inner.items.clone(),
+                table: self.inner.table.boxed_clone(),
                 indexers: self.inner.indexers.clone(),
-                indices: self.inner.indices.clone(),
                 revision: self.inner.revision,
             },
             indexed: self.indexed,
@@ -115,60 +118,77 @@ impl<T> Clone for StoreContent<T> {
     }
 }
 
-impl<T> Default for StoreContent<T> {
+impl<T: Send + Sync + 'static> Default for StoreContent<T> {
     /// Content without indexes: the store builds them when it is installed.
     fn default() -> Self {
         StoreContent {
-            inner: Inner::empty(HashMap::new()),
+            inner: Inner::shared(),
             indexed: false,
         }
     }
 }
 
 impl<T> StoreContent<T> {
-    /// Content of the objects in `items`, indexed when installed.
-    pub(crate) fn unindexed(items: HashMap<Arc<str>, Arc<Object<T>>>) -> Self {
-        let mut content = StoreContent::default();
-        content.inner.items = items;
-        content
-    }
-
     /// Adds (or replaces) the object under its key, indexing it.
     pub fn add(&mut self, obj: Arc<Object<T>>) {
-        self.inner.add(obj);
+        let Inner {
+            table, indexers, ..
+        } = &mut self.inner;
+        table.add(indexers, obj);
     }
 
     /// Makes room for `additional` more objects.
     pub fn reserve(&mut self, additional: usize) {
-        self.inner.items.reserve(additional);
+        self.inner.table.reserve(additional);
     }
 
-    /// The object under `key`.
-    pub fn get(&self, key: &str) -> Option<&Arc<Object<T>>> {
-        self.inner.items.get(key)
+    /// The object under `key` (decoded again if the content is compact).
+    pub fn get(&self, key: &str) -> Option<Arc<Object<T>>> {
+        self.inner.table.get(key)
     }
 
     /// How many objects it holds.
     pub fn len(&self) -> usize {
-        self.inner.items.len()
+        self.inner.table.len()
     }
 
     /// Whether it holds no object.
     pub fn is_empty(&self) -> bool {
-        self.inner.items.is_empty()
+        self.len() == 0
+    }
+}
+
+impl<T: Send + Sync + 'static> StoreContent<T> {
+    /// Content of `items`, indexed when installed.
+    pub(crate) fn unindexed(items: impl IntoIterator<Item = Arc<Object<T>>>) -> Self {
+        let mut content = StoreContent::default();
+        for obj in items {
+            content.add(obj);
+        }
+        content
+    }
+}
+
+impl<T: Send + Sync + 'static> Inner<T> {
+    fn shared() -> Self {
+        Inner {
+            table: Box::new(Table::new(Shared)),
+            indexers: HashMap::new(),
+            revision: 0,
+        }
     }
 }
 
 impl<T> Inner<T> {
-    fn empty(indexers: Indexers<T>) -> Self {
-        let indices = indexers
-            .keys()
-            .map(|name| (name.clone(), Index::new()))
-            .collect();
+    /// An empty table of this one's representation, with this one's indexes.
+    fn empty_like(&self) -> Self {
+        let mut table = self.table.empty();
+        for (name, func) in &self.indexers {
+            table.build_index(name, func);
+        }
         Inner {
-            items: HashMap::new(),
-            indexers,
-            indices,
+            table,
+            indexers: self.indexers.clone(),
             revision: 0,
         }
     }
@@ -181,18 +201,37 @@ impl<T> Inner<T> {
                 .iter()
                 .all(|(name, f)| other.get(name).is_some_and(|g| Arc::ptr_eq(f, g)))
     }
+
+    fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
+        self.table.add(&self.indexers, obj)
+    }
+
+    fn delete(&mut self, key: &str) -> Option<Arc<Object<T>>> {
+        self.table.delete(&self.indexers, key)
+    }
+
+    /// Replaces the table with a new one of the same representation holding `items`, indexed;
+    /// returns the old table.
+    fn replace(&mut self, items: impl IntoIterator<Item = Arc<Object<T>>>) -> Box<dyn Storage<T>> {
+        let mut next = self.empty_like();
+        for obj in items {
+            next.add(obj);
+        }
+        std::mem::replace(&mut self.table, next.table)
+    }
+
+    fn check_index(&self, name: &str) -> Result<(), StoreError> {
+        if self.table.has_index(name) {
+            Ok(())
+        } else {
+            Err(StoreError::IndexNotFound(name.to_owned()))
+        }
+    }
 }
 
-impl<T> Default for Indexer<T> {
+impl<T: Send + Sync + 'static> Default for Indexer<T> {
     fn default() -> Self {
-        Indexer {
-            inner: Arc::new(RwLock::new(Inner {
-                items: HashMap::new(),
-                indexers: HashMap::new(),
-                indices: HashMap::new(),
-                revision: 0,
-            })),
-        }
+        Indexer::from_inner(Inner::shared())
     }
 }
 
@@ -209,9 +248,45 @@ impl<T: Send + Sync + 'static> Indexer<T> {
     pub fn with_namespace_index() -> Self {
         Indexer::new(namespace_indexers())
     }
+
+    /// An empty **compact** store with the given indexes: each object is kept as one
+    /// allocation holding its key, revisions and value encoded by `codec`, and is decoded on
+    /// every read (`get_by_key`, `list`, `by_index`...), so readers get a fresh `Arc` each
+    /// time. Storing an object costs an encode and a check that it decodes; an object whose
+    /// value does not round-trip through `codec` is kept decoded (and logged).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use etcd_informer::codec::JsonCodec;
+    /// use etcd_informer::{namespace_indexers, Indexer, Object, NAMESPACE_INDEX};
+    /// let indexer = Indexer::compact(namespace_indexers(), JsonCodec::<Vec<u32>>::new());
+    /// indexer.add(Arc::new(Object::new("tmp/a", 3, vec![1, 2])));
+    /// assert_eq!(indexer.get_by_key("tmp/a").unwrap().value, [1, 2]);
+    /// assert_eq!(indexer.by_index(NAMESPACE_INDEX, "tmp").unwrap()[0].mod_revision, 3);
+    /// assert!(indexer.is_compact());
+    /// ```
+    pub fn compact(indexers: Indexers<T>, codec: impl Codec<T>) -> Self {
+        Indexer::compact_with(indexers, Arc::new(codec))
+    }
+
+    pub(crate) fn compact_with(indexers: Indexers<T>, codec: Arc<dyn Codec<T>>) -> Self {
+        let indexer = Indexer::from_inner(Inner {
+            table: Box::new(Table::new(PackedRepr::new(codec))),
+            indexers: HashMap::new(),
+            revision: 0,
+        });
+        let _ = indexer.add_indexers(indexers);
+        indexer
+    }
 }
 
 impl<T> Indexer<T> {
+    fn from_inner(inner: Inner<T>) -> Self {
+        Indexer {
+            inner: Arc::new(RwLock::new(inner)),
+        }
+    }
+
     fn read(&self) -> RwLockReadGuard<'_, Inner<T>> {
         // A panic while holding the lock cannot leave the maps half-updated in a way readers
         // could observe as broken (each write completes or panics before mutating), so a poisoned
@@ -223,6 +298,11 @@ impl<T> Indexer<T> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether the store is compact (see [`Indexer::compact`]).
+    pub fn is_compact(&self) -> bool {
+        self.read().table.packed()
+    }
+
     /// Registers more indexes and indexes every object already stored under them. Fails without
     /// changing anything if a name is taken.
     pub fn add_indexers(&self, indexers: Indexers<T>) -> Result<(), StoreError> {
@@ -231,13 +311,7 @@ impl<T> Indexer<T> {
             return Err(StoreError::IndexExists(name.clone()));
         }
         for (name, func) in indexers {
-            let mut index = Index::new();
-            for (key, obj) in &inner.items {
-                for value in func(obj) {
-                    index.entry(value).or_default().insert(key.clone());
-                }
-            }
-            inner.indices.insert(name.clone(), index);
+            inner.table.build_index(&name, &func);
             inner.indexers.insert(name, func);
         }
         Ok(())
@@ -258,21 +332,17 @@ impl<T> Indexer<T> {
         self.write().delete(key)
     }
 
-    /// Empty content with this store's indexes, to build a relist into and install in one step
-    /// (see [`StoreContent`]).
+    /// Empty content with this store's indexes (and representation), to build a relist into
+    /// and install in one step (see [`StoreContent`]).
     pub fn new_content(&self) -> StoreContent<T> {
         StoreContent {
-            inner: Inner::empty(self.read().indexers.clone()),
+            inner: self.read().empty_like(),
             indexed: true,
         }
     }
 
     /// Replaces the whole content with `items` and rebuilds the indexes.
     pub fn replace(&self, items: impl IntoIterator<Item = Arc<Object<T>>>) {
-        let items = items
-            .into_iter()
-            .map(|o| (o.shared_key().clone(), o))
-            .collect();
         self.write().replace(items);
     }
 
@@ -293,7 +363,7 @@ impl<T> Indexer<T> {
     /// [`revision`](Self::revision) and the number of objects, read together.
     pub fn revision_and_len(&self) -> (i64, usize) {
         let inner = self.read();
-        (inner.revision, inner.items.len())
+        (inner.revision, inner.table.len())
     }
 
     /// Raises the revision to `revision` if it is lower: the source proved that nothing under
@@ -305,22 +375,25 @@ impl<T> Indexer<T> {
 
     /// The object under `key`.
     pub fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>> {
-        self.read().items.get(key).cloned()
+        self.read().table.get(key)
     }
 
     /// Every object, in no particular order.
     pub fn list(&self) -> Vec<Arc<Object<T>>> {
-        self.read().items.values().cloned().collect()
+        let inner = self.read();
+        let mut out = Vec::with_capacity(inner.table.len());
+        inner.table.for_each(&mut |o| out.push(o));
+        out
     }
 
     /// Every key, in no particular order.
     pub fn list_keys(&self) -> Vec<Arc<str>> {
-        self.read().items.keys().cloned().collect()
+        self.read().table.keys()
     }
 
     /// How many objects are stored.
     pub fn len(&self) -> usize {
-        self.read().items.len()
+        self.read().table.len()
     }
 
     /// Whether the store is empty.
@@ -335,25 +408,15 @@ impl<T> Indexer<T> {
         value: &str,
     ) -> Result<Vec<Arc<Object<T>>>, StoreError> {
         let inner = self.read();
-        let index = inner.index(index_name)?;
-        Ok(index
-            .get(value)
-            .map(|keys| {
-                keys.iter()
-                    .filter_map(|k| inner.items.get(k).cloned())
-                    .collect()
-            })
-            .unwrap_or_default())
+        inner.check_index(index_name)?;
+        Ok(inner.table.by_index(index_name, value))
     }
 
     /// The keys of the objects whose index `index_name` contains `value`.
     pub fn index_keys(&self, index_name: &str, value: &str) -> Result<Vec<Arc<str>>, StoreError> {
         let inner = self.read();
-        let index = inner.index(index_name)?;
-        Ok(index
-            .get(value)
-            .map(|keys| keys.iter().cloned().collect())
-            .unwrap_or_default())
+        inner.check_index(index_name)?;
+        Ok(inner.table.index_keys(index_name, value))
     }
 
     /// The objects that share at least one value of index `index_name` with `obj`.
@@ -363,27 +426,14 @@ impl<T> Indexer<T> {
         obj: &Object<T>,
     ) -> Result<Vec<Arc<Object<T>>>, StoreError> {
         let inner = self.read();
-        let index = inner.index(index_name)?;
-        let func = &inner.indexers[index_name];
-        let mut keys: HashSet<&Arc<str>> = HashSet::new();
-        for value in func(obj) {
-            if let Some(set) = index.get(&value) {
-                keys.extend(set.iter());
-            }
-        }
-        Ok(keys
-            .into_iter()
-            .filter_map(|k| inner.items.get(k).cloned())
-            .collect())
+        inner.check_index(index_name)?;
+        let values = inner.indexers[index_name](obj);
+        Ok(inner.table.matching(index_name, &values))
     }
 
     /// Every value index `index_name` currently has.
     pub fn list_index_func_values(&self, index_name: &str) -> Vec<String> {
-        self.read()
-            .indices
-            .get(index_name)
-            .map(|index| index.keys().cloned().collect())
-            .unwrap_or_default()
+        self.read().table.index_values(index_name)
     }
 
     /// The names of the registered indexes.
@@ -395,6 +445,34 @@ impl<T> Indexer<T> {
 /// The store under its write lock, for [`Indexer::transaction`].
 pub(crate) struct Txn<'a, T>(&'a mut Inner<T>);
 
+/// The objects a store held before a relist was installed.
+pub(crate) struct Retired<T>(Box<dyn Storage<T>>);
+
+impl<T> Retired<T> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    /// Takes the object under `key` out: its revision, and the object if `unpack`.
+    pub(crate) fn take(
+        &mut self,
+        key: &str,
+        unpack: bool,
+    ) -> Option<(i64, Option<Arc<Object<T>>>)> {
+        self.0.take(key, unpack)
+    }
+
+    /// Every object left.
+    pub(crate) fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
+        self.0.for_each(f)
+    }
+
+    /// How many objects are left.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 impl<T> Txn<'_, T> {
     pub(crate) fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
         self.0.add(obj)
@@ -404,23 +482,29 @@ impl<T> Txn<'_, T> {
         self.0.delete(key)
     }
 
-    /// Installs `content` and returns the previous objects. Its indexes are used as they are
-    /// if they were built for this store's index functions, and rebuilt otherwise (an index
-    /// added while the content was built, or content built without indexes).
-    pub(crate) fn install(
-        &mut self,
-        content: StoreContent<T>,
-    ) -> HashMap<Arc<str>, Arc<Object<T>>> {
-        if content.indexed && content.inner.same_indexers(&self.0.indexers) {
-            self.0.indices = content.inner.indices;
-            std::mem::replace(&mut self.0.items, content.inner.items)
-        } else {
-            self.0.replace(content.inner.items)
+    /// Installs `content` and returns the previous objects. Its table is used as it is if it
+    /// was built for this store's index functions and representation, and rebuilt otherwise
+    /// (an index added while the content was built, or content built without indexes).
+    pub(crate) fn install(&mut self, content: StoreContent<T>) -> Retired<T> {
+        let fits = content.indexed
+            && content.inner.same_indexers(&self.0.indexers)
+            && content.inner.table.packed() == self.0.table.packed();
+        if fits {
+            return Retired(std::mem::replace(&mut self.0.table, content.inner.table));
         }
+        let mut objects = Vec::with_capacity(content.len());
+        content.inner.table.for_each(&mut |o| objects.push(o));
+        Retired(self.0.replace(objects))
     }
 
-    pub(crate) fn objects(&self) -> impl Iterator<Item = &Arc<Object<T>>> {
-        self.0.items.values()
+    /// Every object (decoded again if the store is compact).
+    pub(crate) fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
+        self.0.table.for_each(f)
+    }
+
+    /// Every key with its `mod_revision`, without decoding.
+    pub(crate) fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64)) {
+        self.0.table.for_each_revision(f)
     }
 
     /// Sets the revision the content now holds.
@@ -433,75 +517,7 @@ impl<T> Txn<'_, T> {
     }
 }
 
-impl<T> Inner<T> {
-    fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
-        let key = obj.shared_key().clone();
-        let old = self.items.insert(key.clone(), obj.clone());
-        self.update_indices(old.as_deref(), Some(&obj), &key);
-        old
-    }
-
-    fn delete(&mut self, key: &str) -> Option<Arc<Object<T>>> {
-        let (key, old) = self.items.remove_entry(key)?;
-        self.update_indices(Some(&old), None, &key);
-        Some(old)
-    }
-
-    fn replace(
-        &mut self,
-        items: HashMap<Arc<str>, Arc<Object<T>>>,
-    ) -> HashMap<Arc<str>, Arc<Object<T>>> {
-        let old = std::mem::replace(&mut self.items, items);
-        let Inner {
-            items,
-            indexers,
-            indices,
-            ..
-        } = self;
-        for (name, func) in indexers.iter() {
-            let mut index = Index::new();
-            for (key, obj) in items.iter() {
-                for value in func(obj) {
-                    index.entry(value).or_default().insert(key.clone());
-                }
-            }
-            indices.insert(name.clone(), index);
-        }
-        old
-    }
-
-    fn index(&self, name: &str) -> Result<&Index, StoreError> {
-        self.indices
-            .get(name)
-            .ok_or_else(|| StoreError::IndexNotFound(name.to_owned()))
-    }
-
-    fn update_indices(&mut self, old: Option<&Object<T>>, new: Option<&Object<T>>, key: &Arc<str>) {
-        for (name, func) in &self.indexers {
-            let old_values = old.map(|o| func(o)).unwrap_or_default();
-            let new_values = new.map(|o| func(o)).unwrap_or_default();
-            if old_values == new_values {
-                continue;
-            }
-            let Some(index) = self.indices.get_mut(name) else {
-                continue;
-            };
-            for value in old_values.iter().filter(|v| !new_values.contains(v)) {
-                if let Some(set) = index.get_mut(value) {
-                    set.remove(key);
-                    if set.is_empty() {
-                        index.remove(value);
-                    }
-                }
-            }
-            for value in new_values {
-                index.entry(value).or_default().insert(key.clone());
-            }
-        }
-    }
-}
-
-impl<T: Send + Sync> Store<T> for Indexer<T> {
+impl<T: Send + Sync + 'static> Store<T> for Indexer<T> {
     fn new_content(&self) -> StoreContent<T> {
         Indexer::new_content(self)
     }
@@ -610,5 +626,101 @@ mod tests {
             "index shares the key"
         );
         assert_eq!(ix.len(), 1);
+    }
+
+    /// Labels as comma-separated text; "bad" does not round-trip (it decodes as an error).
+    struct LabelCodec;
+
+    impl Codec<Vec<String>> for LabelCodec {
+        fn decode(&self, bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
+            let text = std::str::from_utf8(bytes)?;
+            if text.split(',').any(|l| l == "bad") {
+                return Err("bad label".into());
+            }
+            Ok(text
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect())
+        }
+        fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
+            Ok(value.join(",").into_bytes())
+        }
+    }
+
+    fn snapshot(ix: &Indexer<Vec<String>>) -> Vec<String> {
+        let mut out: Vec<String> = ix
+            .list()
+            .iter()
+            .map(|o| format!("{} {} {} {:?}", o.key(), o.mod_revision, o.version, o.value))
+            .collect();
+        for name in ix.index_names() {
+            for value in ix.list_index_func_values(&name) {
+                let mut keys = sorted(ix.index_keys(&name, &value).unwrap());
+                let mut objects: Vec<String> = ix
+                    .by_index(&name, &value)
+                    .unwrap()
+                    .iter()
+                    .map(|o| format!("{}@{}", o.key(), o.mod_revision))
+                    .collect();
+                objects.sort();
+                keys.push(format!("{objects:?}"));
+                out.push(format!("{name}={value}: {keys:?}"));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn compact_store_answers_exactly_as_the_shared_one() {
+        let shared = label_indexer();
+        let compact = Indexer::compact(namespace_indexers(), LabelCodec);
+        let mut more: Indexers<Vec<String>> = HashMap::new();
+        more.insert(
+            "label".into(),
+            Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
+        );
+        compact.add_indexers(more).unwrap();
+        let labels = ["x", "y", "z", "bad"];
+        let mut rng = fastrand::Rng::with_seed(7);
+        for step in 0..3_000i64 {
+            let key = format!("ns{}/k{}", rng.usize(0..3), rng.usize(0..20));
+            match rng.usize(0..10) {
+                0..=5 => {
+                    let value: Vec<&str> = (0..rng.usize(0..3))
+                        .map(|_| labels[rng.usize(0..labels.len())])
+                        .collect();
+                    let mut o = Object::new(
+                        key.as_str(),
+                        step,
+                        value.iter().map(|l| l.to_string()).collect(),
+                    );
+                    o.version = step % 5 + 1;
+                    o.lease = -step;
+                    let o = Arc::new(o);
+                    let (a, b) = (shared.add(o.clone()), compact.add(o));
+                    assert_eq!(a.as_deref(), b.as_deref(), "replaced object at step {step}");
+                }
+                6..=8 => assert_eq!(
+                    shared.delete(&key).as_deref(),
+                    compact.delete(&key).as_deref(),
+                    "deleted object at step {step}"
+                ),
+                _ => {
+                    // A relist: content built away from each store, then installed.
+                    let objects = shared.list();
+                    for (ix, keep) in [(&shared, 2), (&compact, 2)] {
+                        let mut next = ix.new_content();
+                        for o in objects.iter().filter(|o| o.mod_revision % keep == 0) {
+                            next.add(o.clone());
+                        }
+                        ix.transaction(|txn| txn.install(next));
+                    }
+                }
+            }
+            assert_eq!(snapshot(&shared), snapshot(&compact), "after step {step}");
+        }
+        assert!(compact.is_compact() && !shared.is_compact());
     }
 }

@@ -1,10 +1,12 @@
 //! The thread-safe store and its indexes: client-go's `Store`, `ThreadSafeStore` and `Indexer`.
 
+mod compact;
 mod indexer;
+mod table;
 
 pub(crate) use indexer::Txn;
 pub use indexer::{
-    namespace_index_func, namespace_indexers, Index, IndexFunc, Indexer, Indexers, StoreContent,
+    namespace_index_func, namespace_indexers, IndexFunc, Indexer, Indexers, StoreContent,
     StoreError, NAMESPACE_INDEX,
 };
 
@@ -21,8 +23,12 @@ pub trait Store<T>: Send + Sync {
     fn list_keys(&self) -> Vec<Arc<str>>;
     /// Every object stored.
     fn list(&self) -> Vec<Arc<Object<T>>>;
-    /// Empty content to build a relist into, with the store's indexes if it has any.
-    fn new_content(&self) -> StoreContent<T> {
+    /// Empty content to build a relist into, with the store's indexes (and representation) if
+    /// it has any.
+    fn new_content(&self) -> StoreContent<T>
+    where
+        T: Send + Sync + 'static,
+    {
         StoreContent::default()
     }
 }

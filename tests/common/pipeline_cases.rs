@@ -1,6 +1,6 @@
 // The pipeline rules of SEMANTICS.md, on the in-memory source (no etcd needed). Included by
-// tests/pipeline.rs and tests/pipeline_delta_fifo.rs, which set `PROCESSING`: every rule holds
-// in both processing modes.
+// tests/pipeline.rs, tests/pipeline_delta_fifo.rs and tests/pipeline_compact.rs, which set
+// `PROCESSING` and `COMPACT`: every rule holds in both processing modes and with a compact cache.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -73,12 +73,17 @@ fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
 }
 
 fn fast_options() -> InformerOptions<String> {
-    InformerOptions::default().with_name("test").with_backoff(etcd_informer::Backoff::new(
+    let options = InformerOptions::default().with_name("test").with_backoff(etcd_informer::Backoff::new(
             Duration::from_millis(1),
             Duration::from_millis(10),
             Duration::from_secs(120),
             0.0,
-        )).with_processing(PROCESSING)
+        )).with_processing(PROCESSING);
+    if COMPACT {
+        options.with_compact_cache(etcd_informer::codec::TextCodec)
+    } else {
+        options
+    }
 }
 
 fn started(

@@ -1,0 +1,341 @@
+//! The items and indexes behind an [`Indexer`](super::Indexer), generic over how one object is
+//! held: shared as decoded (`Arc<Object<T>>`, the default) or packed into its encoded bytes (the
+//! compact mode, see [`compact`](super::compact)).
+//!
+//! The items and every index hold the same slot (a pointer hashed and compared by the object's
+//! key), so an object costs one slot per index value and no copy of its key.
+
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use super::{IndexFunc, Indexers};
+use crate::Object;
+
+/// How a table holds its objects.
+pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
+    /// What the items and the indexes keep of an object; hashed and compared by key.
+    type Slot: Clone + Eq + Hash + Borrow<str> + Send + Sync;
+    /// The slot of `obj`.
+    fn pack(&mut self, obj: &Arc<Object<T>>) -> Self::Slot;
+    /// The object in `slot`; `None` only if a packed value no longer decodes (logged).
+    fn unpack(&self, slot: &Self::Slot) -> Option<Arc<Object<T>>>;
+    /// The object's `mod_revision`, without unpacking it.
+    fn mod_revision(&self, slot: &Self::Slot) -> i64;
+    /// The object's key as a shared string.
+    fn shared_key(&self, slot: &Self::Slot) -> Arc<str>;
+    /// `slot` left the table for good.
+    fn release(&mut self, _slot: &Self::Slot) {}
+    /// An empty representation of the same kind.
+    fn empty(&self) -> Self;
+    /// Whether objects are packed (then unpacking decodes).
+    fn packed(&self) -> bool;
+}
+
+/// The default representation: the decoded object itself, shared.
+pub(super) struct Shared;
+
+/// An `Arc<Object<T>>` hashed and compared by its key.
+pub(super) struct SharedSlot<T>(pub(super) Arc<Object<T>>);
+
+impl<T> Clone for SharedSlot<T> {
+    fn clone(&self) -> Self {
+        SharedSlot(self.0.clone())
+    }
+}
+
+impl<T> PartialEq for SharedSlot<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl<T> Eq for SharedSlot<T> {}
+
+impl<T> Hash for SharedSlot<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so that lookups by `&str` find it (the `Borrow` contract).
+        self.0.key().hash(state)
+    }
+}
+
+impl<T> Borrow<str> for SharedSlot<T> {
+    fn borrow(&self) -> &str {
+        self.0.key()
+    }
+}
+
+impl<T: Send + Sync + 'static> Repr<T> for Shared {
+    type Slot = SharedSlot<T>;
+
+    fn pack(&mut self, obj: &Arc<Object<T>>) -> SharedSlot<T> {
+        SharedSlot(obj.clone())
+    }
+
+    fn unpack(&self, slot: &SharedSlot<T>) -> Option<Arc<Object<T>>> {
+        Some(slot.0.clone())
+    }
+
+    fn mod_revision(&self, slot: &SharedSlot<T>) -> i64 {
+        slot.0.mod_revision
+    }
+
+    fn shared_key(&self, slot: &SharedSlot<T>) -> Arc<str> {
+        slot.0.shared_key().clone()
+    }
+
+    fn empty(&self) -> Self {
+        Shared
+    }
+
+    fn packed(&self) -> bool {
+        false
+    }
+}
+
+/// The object-safe face of a [`Table`], whatever its representation.
+pub(super) trait Storage<T>: Send + Sync {
+    fn get(&self, key: &str) -> Option<Arc<Object<T>>>;
+    fn len(&self) -> usize;
+    fn reserve(&mut self, additional: usize);
+    fn keys(&self) -> Vec<Arc<str>>;
+    fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>));
+    fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64));
+    /// Inserts or replaces, keeping the indexes of `indexers`; returns the replaced object.
+    fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>>;
+    /// Removes, keeping the indexes of `indexers`; returns the removed object.
+    fn delete(&mut self, indexers: &Indexers<T>, key: &str) -> Option<Arc<Object<T>>>;
+    /// Removes from the items only (for a table being retired), unpacked only if `unpack`:
+    /// the removed object's revision, and the object.
+    fn take(&mut self, key: &str, unpack: bool) -> Option<(i64, Option<Arc<Object<T>>>)>;
+    /// Builds (or rebuilds) index `name` over every item.
+    fn build_index(&mut self, name: &str, func: &IndexFunc<T>);
+    /// Whether index `name` exists.
+    fn has_index(&self, name: &str) -> bool;
+    fn by_index(&self, name: &str, value: &str) -> Vec<Arc<Object<T>>>;
+    fn index_keys(&self, name: &str, value: &str) -> Vec<Arc<str>>;
+    /// The objects with any of `values` in index `name`, each once.
+    fn matching(&self, name: &str, values: &[String]) -> Vec<Arc<Object<T>>>;
+    fn index_values(&self, name: &str) -> Vec<String>;
+    /// An empty table of the same representation, without indexes.
+    fn empty(&self) -> Box<dyn Storage<T>>;
+    fn boxed_clone(&self) -> Box<dyn Storage<T>>;
+    fn packed(&self) -> bool;
+}
+
+/// Objects by key and the indexes over them, every one of them holding `R::Slot`s.
+pub(super) struct Table<T, R: Repr<T>> {
+    repr: R,
+    items: HashSet<R::Slot>,
+    indices: HashMap<String, HashMap<String, HashSet<R::Slot>>>,
+}
+
+impl<T, R: Repr<T>> Table<T, R> {
+    pub(super) fn new(repr: R) -> Self {
+        Table {
+            repr,
+            items: HashSet::new(),
+            indices: HashMap::new(),
+        }
+    }
+
+    fn unpack_all<'a>(
+        &'a self,
+        slots: impl Iterator<Item = &'a R::Slot> + 'a,
+    ) -> Vec<Arc<Object<T>>> {
+        slots.filter_map(|s| self.repr.unpack(s)).collect()
+    }
+
+    /// Moves `key` from the index values `old` to `new` (with its new slot) in index `name`.
+    fn reindex(
+        &mut self,
+        name: &str,
+        key: &str,
+        old: Vec<String>,
+        new: Option<(Vec<String>, &R::Slot)>,
+    ) {
+        let Some(index) = self.indices.get_mut(name) else {
+            return;
+        };
+        let (new_values, slot) = match new {
+            Some((values, slot)) => (values, Some(slot)),
+            None => (Vec::new(), None),
+        };
+        for value in old.iter().filter(|v| !new_values.contains(v)) {
+            if let Some(set) = index.get_mut(value) {
+                set.remove(key);
+                if set.is_empty() {
+                    index.remove(value);
+                }
+            }
+        }
+        if let Some(slot) = slot {
+            // `replace`, not `insert`: the set must hold the new slot even where the value
+            // stayed, since the slot is the object.
+            for value in new_values {
+                index.entry(value).or_default().replace(slot.clone());
+            }
+        }
+    }
+}
+
+impl<T, R> Clone for Table<T, R>
+where
+    R: Repr<T> + Clone,
+{
+    fn clone(&self) -> Self {
+        Table {
+            repr: self.repr.clone(),
+            items: self.items.clone(),
+            indices: self.indices.clone(),
+        }
+    }
+}
+
+impl<T, R> Storage<T> for Table<T, R>
+where
+    T: Send + Sync + 'static,
+    R: Repr<T> + Clone,
+{
+    fn get(&self, key: &str) -> Option<Arc<Object<T>>> {
+        self.items.get(key).and_then(|s| self.repr.unpack(s))
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        self.items.reserve(additional);
+    }
+
+    fn keys(&self) -> Vec<Arc<str>> {
+        self.items.iter().map(|s| self.repr.shared_key(s)).collect()
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
+        for obj in self.items.iter().filter_map(|s| self.repr.unpack(s)) {
+            f(obj);
+        }
+    }
+
+    fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64)) {
+        for slot in &self.items {
+            f(slot.borrow(), self.repr.mod_revision(slot));
+        }
+    }
+
+    fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
+        // Unpack the old object before packing the new one: both may live outside the slot.
+        let old = self.items.get(obj.key()).and_then(|s| self.repr.unpack(s));
+        let slot = self.repr.pack(&obj);
+        self.items.replace(slot.clone());
+        for (name, func) in indexers {
+            let old_values = old.as_deref().map(|o| func(o)).unwrap_or_default();
+            self.reindex(name, obj.key(), old_values, Some((func(&obj), &slot)));
+        }
+        old
+    }
+
+    fn delete(&mut self, indexers: &Indexers<T>, key: &str) -> Option<Arc<Object<T>>> {
+        let slot = self.items.take(key)?;
+        let old = self.repr.unpack(&slot);
+        if let Some(old) = &old {
+            for (name, func) in indexers {
+                self.reindex(name, key, func(old), None);
+            }
+        } else {
+            // Its index values are unknown: look for it everywhere.
+            for index in self.indices.values_mut() {
+                index.retain(|_, set| {
+                    set.remove(key);
+                    !set.is_empty()
+                });
+            }
+        }
+        self.repr.release(&slot);
+        old
+    }
+
+    fn take(&mut self, key: &str, unpack: bool) -> Option<(i64, Option<Arc<Object<T>>>)> {
+        let slot = self.items.take(key)?;
+        let revision = self.repr.mod_revision(&slot);
+        let obj = if unpack {
+            self.repr.unpack(&slot)
+        } else {
+            None
+        };
+        self.repr.release(&slot);
+        Some((revision, obj))
+    }
+
+    fn build_index(&mut self, name: &str, func: &IndexFunc<T>) {
+        let mut index: HashMap<String, HashSet<R::Slot>> = HashMap::new();
+        for slot in &self.items {
+            let Some(obj) = self.repr.unpack(slot) else {
+                continue;
+            };
+            for value in func(&obj) {
+                index.entry(value).or_default().replace(slot.clone());
+            }
+        }
+        self.indices.insert(name.to_owned(), index);
+    }
+
+    fn has_index(&self, name: &str) -> bool {
+        self.indices.contains_key(name)
+    }
+
+    fn by_index(&self, name: &str, value: &str) -> Vec<Arc<Object<T>>> {
+        match self.indices.get(name).and_then(|index| index.get(value)) {
+            Some(set) => self.unpack_all(set.iter()),
+            None => Vec::new(),
+        }
+    }
+
+    fn index_keys(&self, name: &str, value: &str) -> Vec<Arc<str>> {
+        match self.indices.get(name).and_then(|index| index.get(value)) {
+            Some(set) => set.iter().map(|s| self.repr.shared_key(s)).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    fn matching(&self, name: &str, values: &[String]) -> Vec<Arc<Object<T>>> {
+        let Some(index) = self.indices.get(name) else {
+            return Vec::new();
+        };
+        let mut slots: HashSet<&R::Slot> = HashSet::new();
+        for value in values {
+            if let Some(set) = index.get(value) {
+                slots.extend(set.iter());
+            }
+        }
+        self.unpack_all(slots.into_iter())
+    }
+
+    fn index_values(&self, name: &str) -> Vec<String> {
+        self.indices
+            .get(name)
+            .map(|index| index.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn empty(&self) -> Box<dyn Storage<T>> {
+        Box::new(Table::<T, R>::new(self.repr.empty()))
+    }
+
+    fn boxed_clone(&self) -> Box<dyn Storage<T>> {
+        Box::new(self.clone())
+    }
+
+    fn packed(&self) -> bool {
+        self.repr.packed()
+    }
+}
+
+impl Clone for Shared {
+    fn clone(&self) -> Self {
+        Shared
+    }
+}
