@@ -51,9 +51,7 @@ impl<T: Send + Sync> ListSink<T> for Building<T> {
 
     fn page(&self, objects: Vec<Arc<Object<T>>>) {
         let mut content = self.content.lock().unwrap_or_else(|e| e.into_inner());
-        for object in objects {
-            content.add(object);
-        }
+        content.add_page(&objects);
     }
 }
 

@@ -8,7 +8,7 @@ use super::*;
 
 /// Syncs an informer, then ends its watch as a compaction would and samples the resident
 /// memory every 5 ms while it lists and replaces everything (the relist peak).
-async fn relist(client: &Client, prefix: &str, args: &Args) -> Res<Value> {
+async fn relist(client: &Client, prefix: &str, args: &Args, compact: bool) -> Res<Value> {
     let lw = EtcdListerWatcher::with_options(
         client.clone(),
         prefix.to_owned(),
@@ -20,10 +20,7 @@ async fn relist(client: &Client, prefix: &str, args: &Args) -> Res<Value> {
         inner: lw,
         expire: expire.clone(),
     };
-    let informer = SharedIndexInformer::new(
-        source,
-        InformerOptions::default().with_processing(args.processing),
-    );
+    let informer = SharedIndexInformer::new(source, informer_options(args, compact));
     let task = tokio::spawn(informer.clone().run());
     while !informer.has_synced() {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -58,13 +55,60 @@ async fn relist(client: &Client, prefix: &str, args: &Args) -> Res<Value> {
     std::mem::forget(task);
     std::mem::forget(informer);
     Ok(json!({
-        "kind": "relist-informer",
+        "kind": if compact { "relist-compact" } else { "relist-informer" },
         "objects": objects,
         "rss_steady": steady,
         "rss_peak": peak.load(Ordering::Relaxed),
         "rss_after_relist": after,
         "relist_list_s": listed,
     }))
+}
+
+/// The informer's options in a child: `--processing`, and a compact cache if asked.
+fn informer_options(args: &Args, compact: bool) -> InformerOptions<ConfigMap> {
+    let options = InformerOptions::default().with_processing(args.processing);
+    if compact {
+        options.with_compact_cache(JsonCodec::<ConfigMap>::new())
+    } else {
+        options
+    }
+}
+
+/// What reading the cache costs: `get_by_key` of random keys (ns per call), `list` of
+/// everything and `by_index` of one namespace (ms per call, the result dropped after).
+fn read_costs(informer: &SharedIndexInformer<ConfigMap>) -> Value {
+    let indexer = informer.indexer();
+    let mut keys = indexer.list_keys();
+    fastrand::shuffle(&mut keys);
+    keys.truncate(100_000);
+    let started = Instant::now();
+    let mut found = 0usize;
+    for key in &keys {
+        found += usize::from(indexer.get_by_key(key).is_some());
+    }
+    let get_ns = started.elapsed().as_nanos() as f64 / keys.len().max(1) as f64;
+    assert_eq!(found, keys.len(), "every key listed is found");
+    let timed = |f: &dyn Fn() -> usize| -> f64 {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let started = Instant::now();
+            let n = f();
+            best = best.min(started.elapsed().as_secs_f64() * 1e3);
+            std::hint::black_box(n);
+        }
+        best
+    };
+    let list_ms = timed(&|| indexer.list().len());
+    let namespace = keys
+        .first()
+        .map(|k| k.split('/').next().unwrap_or("").to_owned());
+    let by_index_ms = timed(&|| {
+        let ns = namespace.as_deref().unwrap_or("");
+        indexer
+            .by_index(etcd_informer::NAMESPACE_INDEX, ns)
+            .map_or(0, |v| v.len())
+    });
+    json!({ "get_ns": get_ns, "list_ms": list_ms, "by_index_ms": by_index_ms })
 }
 
 /// The etcd source, whose watch the bench can end with "compacted" once.
@@ -158,19 +202,32 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
         "memory-raw" => {
             let (map, _) = raw_list(&client, &prefix, args.page_size).await?;
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let line = report(map.len());
+            let mut line = report(map.len());
             std::mem::forget(map);
+            // What etcd holds for each object: its key (relative to the prefix, as cached) and
+            // its value, in bytes.
+            let resp = client
+                .kv_client()
+                .max_decoding_message_size(MAX_MESSAGE)
+                .get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()))
+                .await?;
+            let bytes: usize = resp
+                .kvs()
+                .iter()
+                .map(|kv| kv.key().len() - prefix.len() + kv.value().len())
+                .sum();
+            line["kv_bytes"] = json!(bytes);
             line
         }
-        "memory-informer" => {
+        "memory-informer" | "memory-compact" => {
+            let compact = kind == "memory-compact";
             let lw = EtcdListerWatcher::with_options(
                 client.clone(),
                 prefix.clone(),
                 JsonCodec::<ConfigMap>::new(),
                 EtcdOptions::default().with_page_size(args.page_size),
             )?;
-            let options = InformerOptions::default().with_processing(args.processing);
-            let informer = SharedIndexInformer::new(lw, options);
+            let informer = SharedIndexInformer::new(lw, informer_options(args, compact));
             let seen = Arc::new(AtomicUsize::new(0));
             let mut registrations = Vec::new();
             for _ in 0..args.handlers {
@@ -181,23 +238,29 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
                     }),
                 )?);
             }
+            let started = Instant::now();
             let task = tokio::spawn(informer.clone().run());
             while !(informer.has_synced() && registrations.iter().all(|r| r.has_synced())) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
+            let sync_s = started.elapsed().as_secs_f64();
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let objects = informer.indexer().list_keys().len();
+            let objects = informer.indexer().len();
             if seen.load(Ordering::Relaxed) != objects * args.handlers {
                 return Err("a handler missed initial adds".into());
             }
-            let line = report(objects);
+            let mut line = report(objects);
+            line["sync_s"] = json!(sync_s);
+            // Measured after the memory: the objects a read decodes are dropped, but the
+            // allocator may keep their pages.
+            line["reads"] = read_costs(&informer);
             std::mem::forget(task);
             std::mem::forget(registrations);
             std::mem::forget(informer);
             line
         }
-        "relist-informer" => {
-            let mut line = relist(&client, &prefix, args).await?;
+        "relist-informer" | "relist-compact" => {
+            let mut line = relist(&client, &prefix, args, kind == "relist-compact").await?;
             line["rss_before"] = json!(rss_before);
             line
         }

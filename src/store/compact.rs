@@ -1,10 +1,15 @@
-//! The compact representation: each cached object packed into one allocation holding its key,
-//! its revisions as varints and its value encoded by the codec, decoded again on every read.
+//! The compact representation: each cached object packed as one record holding its key, its
+//! revisions as varints and its value encoded by the codec, decoded again on every read.
 //!
 //! Layout of a record: `[flags][len(key)][key][mod_revision][create_revision][version][lease]
 //! [value]`, numbers as LEB128 varints (negative ones take ten bytes). With the `WHOLE` flag the
-//! record has no value: the object could not be packed (its value did not encode, or did not
-//! decode back) and is kept decoded beside the table.
+//! value is replaced by an id: the object could not be packed (its value did not encode, or did
+//! not decode back) and is kept decoded beside the table under that id.
+//!
+//! The records of a list page share one chunk (one allocation): records allocated one by one
+//! between the page's short-lived decoded objects would pin most of the heap's pages, several
+//! times their own size. A chunk is freed when its last record goes; once the chunks hold more
+//! dead bytes than live ones, the table copies its records into fresh chunks.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -17,14 +22,44 @@ use crate::Object;
 
 const WHOLE: u8 = 1;
 
-/// One packed object, hashed and compared by its key.
+/// The size of the chunks a repack fills, and the dead bytes worth a repack (small in unit
+/// tests, so that small stores repack).
+const REPACK_CHUNK: usize = if cfg!(test) { 256 } else { 1 << 20 };
+
+/// The most a page's chunk grows to before another is started (offsets are `u32`).
+const MAX_CHUNK: usize = 64 << 20;
+
+/// One packed object: a record in a chunk, hashed and compared by its key.
 #[derive(Clone)]
-pub(super) struct Packed(Arc<[u8]>);
+pub(super) struct Packed {
+    chunk: Arc<Box<[u8]>>,
+    at: u32,
+    len: u32,
+}
 
 impl Packed {
+    fn bytes(&self) -> &[u8] {
+        let at = self.at as usize;
+        self.chunk
+            .get(at..at + self.len as usize)
+            .unwrap_or_default()
+    }
+
+    /// Whether `other` is in the same chunk.
+    #[cfg(test)]
+    pub(super) fn same_chunk(&self, other: &Packed) -> bool {
+        Arc::ptr_eq(&self.chunk, &other.chunk)
+    }
+
+    /// Whether other records share the chunk (only those count towards a repack).
+    fn shares_chunk(&self) -> bool {
+        self.chunk.len() > self.len as usize
+    }
+
     fn key(&self) -> &str {
-        let (len, at) = read_varint(&self.0, 1);
-        let key = self.0.get(at..at + len as usize).unwrap_or_default();
+        let bytes = self.bytes();
+        let (len, at) = read_varint(bytes, 1);
+        let key = bytes.get(at..at + len as usize).unwrap_or_default();
         // Records are built from a `&str` key, so this never fails; an empty key would only
         // make a lookup miss.
         std::str::from_utf8(key).unwrap_or_default()
@@ -32,24 +67,31 @@ impl Packed {
 
     /// Where the revisions start.
     fn after_key(&self) -> usize {
-        let (len, at) = read_varint(&self.0, 1);
+        let (len, at) = read_varint(self.bytes(), 1);
         at + len as usize
     }
 
     fn whole(&self) -> bool {
-        self.0.first().is_some_and(|f| f & WHOLE != 0)
+        self.bytes().first().is_some_and(|f| f & WHOLE != 0)
     }
 
     /// `[mod_revision, create_revision, version, lease]` and where the value starts.
     fn revisions(&self) -> ([i64; 4], usize) {
+        let bytes = self.bytes();
         let mut at = self.after_key();
         let mut out = [0; 4];
         for v in &mut out {
-            let (n, next) = read_varint(&self.0, at);
+            let (n, next) = read_varint(bytes, at);
             *v = n as i64;
             at = next;
         }
         (out, at)
+    }
+
+    /// The id of a `WHOLE` record's object.
+    fn whole_id(&self) -> u64 {
+        let (_, at) = self.revisions();
+        read_varint(self.bytes(), at).0
     }
 }
 
@@ -102,10 +144,47 @@ fn read_varint(bytes: &[u8], mut at: usize) -> (u64, usize) {
     (n, at)
 }
 
-/// Packs objects with a codec; keeps the few that cannot be packed decoded, by key.
+/// Records written into one buffer, then frozen into a chunk.
+#[derive(Default)]
+struct ChunkWriter {
+    buf: Vec<u8>,
+    spans: Vec<(u32, u32)>,
+}
+
+impl ChunkWriter {
+    /// Appends a record, built by `write`.
+    fn record(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.buf.len();
+        write(&mut self.buf);
+        self.spans
+            .push((start as u32, (self.buf.len() - start) as u32));
+    }
+
+    /// The chunk's records, and the chunk's size if they share it.
+    fn finish(&mut self, out: &mut Vec<Packed>) -> Option<(usize, usize)> {
+        if self.spans.is_empty() {
+            return None;
+        }
+        let chunk = Arc::new(std::mem::take(&mut self.buf).into_boxed_slice());
+        let size = chunk.len();
+        let records = self.spans.len();
+        out.extend(self.spans.drain(..).map(|(at, len)| Packed {
+            chunk: chunk.clone(),
+            at,
+            len,
+        }));
+        (records > 1).then_some((size, size))
+    }
+}
+
+/// Packs objects with a codec; keeps the few that cannot be packed decoded, by id.
 pub(super) struct PackedRepr<T> {
     codec: Arc<dyn Codec<T>>,
-    whole: HashMap<Arc<str>, Arc<Object<T>>>,
+    whole: HashMap<u64, Arc<Object<T>>>,
+    next_id: u64,
+    /// Bytes of the shared chunks made since the last repack, and of their live records.
+    chunk_bytes: usize,
+    chunk_live: usize,
 }
 
 impl<T> PackedRepr<T> {
@@ -113,48 +192,21 @@ impl<T> PackedRepr<T> {
         PackedRepr {
             codec,
             whole: HashMap::new(),
-        }
-    }
-
-    fn record(obj: &Object<T>, flags: u8, value: &[u8]) -> Packed {
-        let mut out = Vec::with_capacity(1 + 5 + obj.key().len() + 4 * 5 + value.len());
-        out.push(flags);
-        write_varint(&mut out, obj.key().len() as u64);
-        out.extend_from_slice(obj.key().as_bytes());
-        for n in [
-            obj.mod_revision,
-            obj.create_revision,
-            obj.version,
-            obj.lease,
-        ] {
-            write_varint(&mut out, n as u64);
-        }
-        out.extend_from_slice(value);
-        Packed(Arc::from(out))
-    }
-}
-
-impl<T> Clone for PackedRepr<T> {
-    fn clone(&self) -> Self {
-        PackedRepr {
-            codec: self.codec.clone(),
-            whole: self.whole.clone(),
+            next_id: 0,
+            chunk_bytes: 0,
+            chunk_live: 0,
         }
     }
 }
 
-impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
-    type Slot = Packed;
-
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packed {
+impl<T: Send + Sync + 'static> PackedRepr<T> {
+    /// Writes the record of `obj` to `out`.
+    fn write(&mut self, obj: &Arc<Object<T>>, out: &mut Vec<u8>) {
         // A value that does not come back as it went in would fail on the first read; it is
         // cheaper to find out now, once, than to have a read lose an object.
         let problem = match self.codec.encode(&obj.value) {
             Ok(bytes) => match self.codec.decode(&bytes) {
-                Ok(_) => {
-                    self.whole.remove(obj.key());
-                    return Self::record(obj, 0, &bytes);
-                }
+                Ok(_) => return write_record(out, obj, 0, &bytes),
                 Err(e) => format!("its encoded value does not decode: {e}"),
             },
             Err(e) => format!("its value does not encode: {e}"),
@@ -168,16 +220,85 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         } else {
             tracing::debug!(key = obj.key(), problem, "compact cache: kept decoded");
         }
-        self.whole.insert(obj.shared_key().clone(), obj.clone());
-        Self::record(obj, WHOLE, &[])
+        let id = self.next_id;
+        self.next_id += 1;
+        self.whole.insert(id, obj.clone());
+        let mut value = Vec::new();
+        write_varint(&mut value, id);
+        write_record(out, obj, WHOLE, &value);
+    }
+
+    fn count(&mut self, chunk: Option<(usize, usize)>) {
+        if let Some((size, live)) = chunk {
+            self.chunk_bytes += size;
+            self.chunk_live += live;
+        }
+    }
+}
+
+fn write_record<T>(out: &mut Vec<u8>, obj: &Object<T>, flags: u8, value: &[u8]) {
+    out.reserve(1 + 5 + obj.key().len() + 4 * 5 + value.len());
+    out.push(flags);
+    write_varint(out, obj.key().len() as u64);
+    out.extend_from_slice(obj.key().as_bytes());
+    for n in [
+        obj.mod_revision,
+        obj.create_revision,
+        obj.version,
+        obj.lease,
+    ] {
+        write_varint(out, n as u64);
+    }
+    out.extend_from_slice(value);
+}
+
+impl<T> Clone for PackedRepr<T> {
+    fn clone(&self) -> Self {
+        PackedRepr {
+            codec: self.codec.clone(),
+            whole: self.whole.clone(),
+            next_id: self.next_id,
+            chunk_bytes: self.chunk_bytes,
+            chunk_live: self.chunk_live,
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
+    type Slot = Packed;
+
+    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packed {
+        let mut buf = Vec::new();
+        self.write(obj, &mut buf);
+        let len = buf.len() as u32;
+        Packed {
+            chunk: Arc::new(buf.into_boxed_slice()),
+            at: 0,
+            len,
+        }
+    }
+
+    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packed> {
+        let mut out = Vec::with_capacity(objs.len());
+        let mut writer = ChunkWriter::default();
+        for obj in objs {
+            writer.record(|buf| self.write(obj, buf));
+            if writer.buf.len() >= MAX_CHUNK {
+                let chunk = writer.finish(&mut out);
+                self.count(chunk);
+            }
+        }
+        let chunk = writer.finish(&mut out);
+        self.count(chunk);
+        out
     }
 
     fn unpack(&self, slot: &Packed) -> Option<Arc<Object<T>>> {
         if slot.whole() {
-            return self.whole.get(slot.key()).cloned();
+            return self.whole.get(&slot.whole_id()).cloned();
         }
         let ([mod_revision, create_revision, version, lease], at) = slot.revisions();
-        let bytes = slot.0.get(at..).unwrap_or_default();
+        let bytes = slot.bytes().get(at..).unwrap_or_default();
         match self.codec.decode(bytes) {
             Ok(value) => {
                 let mut obj = Object::new(slot.key(), mod_revision, value);
@@ -195,7 +316,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn mod_revision(&self, slot: &Packed) -> i64 {
-        read_varint(&slot.0, slot.after_key()).0 as i64
+        read_varint(slot.bytes(), slot.after_key()).0 as i64
     }
 
     fn shared_key(&self, slot: &Packed) -> Arc<str> {
@@ -203,9 +324,33 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn release(&mut self, slot: &Packed) {
-        if slot.whole() {
-            self.whole.remove(slot.key());
+        if slot.shares_chunk() {
+            self.chunk_live = self.chunk_live.saturating_sub(slot.len as usize);
         }
+        if slot.whole() {
+            self.whole.remove(&slot.whole_id());
+        }
+    }
+
+    fn needs_repack(&self) -> bool {
+        self.chunk_bytes > 2 * self.chunk_live + REPACK_CHUNK
+    }
+
+    fn repack(&mut self, slots: Vec<Packed>) -> Vec<Packed> {
+        let mut out = Vec::with_capacity(slots.len());
+        let mut writer = ChunkWriter::default();
+        self.chunk_bytes = 0;
+        self.chunk_live = 0;
+        for slot in &slots {
+            writer.record(|buf| buf.extend_from_slice(slot.bytes()));
+            if writer.buf.len() >= REPACK_CHUNK {
+                let chunk = writer.finish(&mut out);
+                self.count(chunk);
+            }
+        }
+        let chunk = writer.finish(&mut out);
+        self.count(chunk);
+        out
     }
 
     fn empty(&self) -> Self {
@@ -238,6 +383,37 @@ mod tests {
                 return Err("thirteen".into());
             }
             Ok(value.to_string().into_bytes())
+        }
+    }
+
+    #[test]
+    fn a_page_shares_one_chunk_and_a_repack_drops_the_dead_bytes() {
+        let mut repr = PackedRepr::<u32>::new(Arc::new(Picky));
+        let objs: Vec<_> = (0..400u32)
+            .map(|i| {
+                Arc::new(Object::new(
+                    format!("ns/{i:0>64}"),
+                    i64::from(i) + 1,
+                    i + 100,
+                ))
+            })
+            .collect();
+        let slots = repr.pack_all(&objs);
+        assert!(slots.iter().all(|s| s.same_chunk(&slots[0])));
+        for (slot, obj) in slots.iter().zip(&objs) {
+            assert_eq!(repr.unpack(slot).as_deref(), Some(&**obj));
+        }
+        assert!(!repr.needs_repack());
+        let (dead, live) = slots.split_at(300);
+        for slot in dead {
+            repr.release(slot);
+        }
+        assert!(repr.needs_repack(), "three quarters of the chunk are dead");
+        let repacked = repr.repack(live.to_vec());
+        assert!(!repr.needs_repack());
+        assert!(!repacked[0].same_chunk(&slots[0]));
+        for (slot, obj) in repacked.iter().zip(&objs[300..]) {
+            assert_eq!(repr.unpack(slot).as_deref(), Some(&**obj));
         }
     }
 
@@ -275,9 +451,9 @@ mod tests {
             let back = repr.unpack(&slot).expect("kept whole");
             assert!(Arc::ptr_eq(&back, &obj));
             assert_eq!(repr.mod_revision(&slot), 9);
-            // Packing the key again with a good value drops the whole copy.
-            repr.pack(&Arc::new(Object::new(format!("ns/{value}"), 10, 1)));
-            assert!(!repr.whole.contains_key(obj.key()));
+            // Its slot leaving the table drops the whole copy.
+            repr.release(&slot);
+            assert!(repr.whole.is_empty());
         }
     }
 }

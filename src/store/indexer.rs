@@ -137,6 +137,15 @@ impl<T> StoreContent<T> {
         table.add(indexers, obj);
     }
 
+    /// Adds (or replaces) every object of `objs`, a page of a list: a compact store packs
+    /// them together.
+    pub fn add_page(&mut self, objs: &[Arc<Object<T>>]) {
+        let Inner {
+            table, indexers, ..
+        } = &mut self.inner;
+        table.add_all(indexers, objs);
+    }
+
     /// Makes room for `additional` more objects.
     pub fn reserve(&mut self, additional: usize) {
         self.inner.table.reserve(additional);
@@ -708,12 +717,18 @@ mod tests {
                     "deleted object at step {step}"
                 ),
                 _ => {
-                    // A relist: content built away from each store, then installed.
-                    let objects = shared.list();
-                    for (ix, keep) in [(&shared, 2), (&compact, 2)] {
+                    // A relist: content built away from each store, page by page, then
+                    // installed (in the compact store, pages share chunks, repacked as they
+                    // die).
+                    let objects: Vec<_> = shared
+                        .list()
+                        .into_iter()
+                        .filter(|o| o.mod_revision % 3 != 0)
+                        .collect();
+                    for ix in [&shared, &compact] {
                         let mut next = ix.new_content();
-                        for o in objects.iter().filter(|o| o.mod_revision % keep == 0) {
-                            next.add(o.clone());
+                        for page in objects.chunks(7) {
+                            next.add_page(page);
                         }
                         ix.transaction(|txn| txn.install(next));
                     }

@@ -19,14 +19,26 @@ pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     type Slot: Clone + Eq + Hash + Borrow<str> + Send + Sync;
     /// The slot of `obj`.
     fn pack(&mut self, obj: &Arc<Object<T>>) -> Self::Slot;
+    /// The slots of `objs`, in order (a page of a list).
+    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Self::Slot> {
+        objs.iter().map(|o| self.pack(o)).collect()
+    }
     /// The object in `slot`; `None` only if a packed value no longer decodes (logged).
     fn unpack(&self, slot: &Self::Slot) -> Option<Arc<Object<T>>>;
     /// The object's `mod_revision`, without unpacking it.
     fn mod_revision(&self, slot: &Self::Slot) -> i64;
     /// The object's key as a shared string.
     fn shared_key(&self, slot: &Self::Slot) -> Arc<str>;
-    /// `slot` left the table for good.
+    /// `slot` left the table (its key was deleted or given another slot).
     fn release(&mut self, _slot: &Self::Slot) {}
+    /// Whether the slots hold enough dead bytes to be worth copying into fresh ones.
+    fn needs_repack(&self) -> bool {
+        false
+    }
+    /// Fresh slots for `slots`, in order.
+    fn repack(&mut self, slots: Vec<Self::Slot>) -> Vec<Self::Slot> {
+        slots
+    }
     /// An empty representation of the same kind.
     fn empty(&self) -> Self;
     /// Whether objects are packed (then unpacking decodes).
@@ -104,6 +116,8 @@ pub(super) trait Storage<T>: Send + Sync {
     fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64));
     /// Inserts or replaces, keeping the indexes of `indexers`; returns the replaced object.
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>>;
+    /// Inserts or replaces every object of `objs` (a page of a list), keeping the indexes.
+    fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]);
     /// Removes, keeping the indexes of `indexers`; returns the removed object.
     fn delete(&mut self, indexers: &Indexers<T>, key: &str) -> Option<Arc<Object<T>>>;
     /// Removes from the items only (for a table being retired), unpacked only if `unpack`:
@@ -180,6 +194,45 @@ impl<T, R: Repr<T>> Table<T, R> {
     }
 }
 
+impl<T, R: Repr<T>> Table<T, R> {
+    /// Puts `slot` (of `obj`) in the items and indexes; returns the object it replaced.
+    fn insert(
+        &mut self,
+        indexers: &Indexers<T>,
+        obj: &Arc<Object<T>>,
+        slot: R::Slot,
+    ) -> Option<Arc<Object<T>>> {
+        let replaced = self.items.replace(slot.clone());
+        let old = replaced.as_ref().and_then(|s| self.repr.unpack(s));
+        for (name, func) in indexers {
+            let old_values = old.as_deref().map(|o| func(o)).unwrap_or_default();
+            self.reindex(name, obj.key(), old_values, Some((func(obj), &slot)));
+        }
+        if let Some(replaced) = replaced {
+            self.repr.release(&replaced);
+        }
+        old
+    }
+
+    /// Copies every object into fresh slots once the old ones hold more dead bytes than live.
+    fn repack_if_needed(&mut self) {
+        if !self.repr.needs_repack() {
+            return;
+        }
+        let slots: Vec<R::Slot> = self.items.drain().collect();
+        self.items = self.repr.repack(slots).into_iter().collect();
+        let items = &self.items;
+        for index in self.indices.values_mut() {
+            for set in index.values_mut() {
+                *set = set
+                    .iter()
+                    .filter_map(|s| items.get(Borrow::<str>::borrow(s)).cloned())
+                    .collect();
+            }
+        }
+    }
+}
+
 impl<T, R> Clone for Table<T, R>
 where
     R: Repr<T> + Clone,
@@ -227,15 +280,18 @@ where
     }
 
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
-        // Unpack the old object before packing the new one: both may live outside the slot.
-        let old = self.items.get(obj.key()).and_then(|s| self.repr.unpack(s));
         let slot = self.repr.pack(&obj);
-        self.items.replace(slot.clone());
-        for (name, func) in indexers {
-            let old_values = old.as_deref().map(|o| func(o)).unwrap_or_default();
-            self.reindex(name, obj.key(), old_values, Some((func(&obj), &slot)));
-        }
+        let old = self.insert(indexers, &obj, slot);
+        self.repack_if_needed();
         old
+    }
+
+    fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]) {
+        let slots = self.repr.pack_all(objs);
+        for (obj, slot) in objs.iter().zip(slots) {
+            self.insert(indexers, obj, slot);
+        }
+        self.repack_if_needed();
     }
 
     fn delete(&mut self, indexers: &Indexers<T>, key: &str) -> Option<Arc<Object<T>>> {
@@ -255,6 +311,7 @@ where
             }
         }
         self.repr.release(&slot);
+        self.repack_if_needed();
         old
     }
 
@@ -337,5 +394,52 @@ where
 impl Clone for Shared {
     fn clone(&self) -> Self {
         Shared
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Codec, CodecError};
+    use crate::store::compact::PackedRepr;
+
+    struct Decimal;
+
+    impl Codec<u32> for Decimal {
+        fn decode(&self, bytes: &[u8]) -> Result<u32, CodecError> {
+            Ok(std::str::from_utf8(bytes)?.parse()?)
+        }
+        fn encode(&self, value: &u32) -> Result<Vec<u8>, CodecError> {
+            Ok(value.to_string().into_bytes())
+        }
+    }
+
+    #[test]
+    fn a_repack_moves_every_slot_of_the_items_and_indexes_to_fresh_chunks() {
+        let mut indexers: Indexers<u32> = HashMap::new();
+        indexers.insert(
+            "parity".into(),
+            Arc::new(|o: &Object<u32>| vec![(o.value % 2).to_string()]),
+        );
+        let mut table = Table::new(PackedRepr::<u32>::new(Arc::new(Decimal)));
+        table.build_index("parity", &indexers["parity"]);
+        let objs: Vec<_> = (0..200u32)
+            .map(|i| Arc::new(Object::new(format!("ns/k{i:03}"), 1, i)))
+            .collect();
+        table.add_all(&indexers, &objs);
+        let first = table.items.get("ns/k199").unwrap().clone();
+        for i in 0..150 {
+            table.delete(&indexers, &format!("ns/k{i:03}"));
+        }
+        let kept = table.items.get("ns/k199").unwrap();
+        assert!(!kept.same_chunk(&first), "repacked");
+        for set in table.indices["parity"].values() {
+            for slot in set {
+                let item = table.items.get(Borrow::<str>::borrow(slot)).unwrap();
+                assert!(slot.same_chunk(item), "an index still holds an old slot");
+            }
+        }
+        assert_eq!(table.by_index("parity", "1").len(), 25);
+        assert_eq!(table.get("ns/k150").map(|o| o.value), Some(150));
     }
 }
