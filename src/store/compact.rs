@@ -200,13 +200,14 @@ impl<T> PackedRepr<T> {
 }
 
 impl<T: Send + Sync + 'static> PackedRepr<T> {
-    /// Writes the record of `obj` to `out`.
-    fn write(&mut self, obj: &Arc<Object<T>>, out: &mut Vec<u8>) {
+    /// The record's flags and value for `obj`: its encoded value, or the id it is kept
+    /// decoded under.
+    fn encode(&mut self, obj: &Arc<Object<T>>) -> (u8, Vec<u8>) {
         // A value that does not come back as it went in would fail on the first read; it is
         // cheaper to find out now, once, than to have a read lose an object.
         let problem = match self.codec.encode(&obj.value) {
             Ok(bytes) => match self.codec.decode(&bytes) {
-                Ok(_) => return write_record(out, obj, 0, &bytes),
+                Ok(_) => return (0, bytes),
                 Err(e) => format!("its encoded value does not decode: {e}"),
             },
             Err(e) => format!("its value does not encode: {e}"),
@@ -225,7 +226,7 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
         self.whole.insert(id, obj.clone());
         let mut value = Vec::new();
         write_varint(&mut value, id);
-        write_record(out, obj, WHOLE, &value);
+        (WHOLE, value)
     }
 
     fn count(&mut self, chunk: Option<(usize, usize)>) {
@@ -236,8 +237,27 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
     }
 }
 
+fn varint_len(n: u64) -> usize {
+    (64 - n.leading_zeros() as usize).div_ceil(7).max(1)
+}
+
+/// The size of the record of `obj` with a value of `value_len` bytes.
+fn record_len<T>(obj: &Object<T>, value_len: usize) -> usize {
+    let key = obj.key().len();
+    let revisions: usize = [
+        obj.mod_revision,
+        obj.create_revision,
+        obj.version,
+        obj.lease,
+    ]
+    .iter()
+    .map(|&n| varint_len(n as u64))
+    .sum();
+    1 + varint_len(key as u64) + key + revisions + value_len
+}
+
 fn write_record<T>(out: &mut Vec<u8>, obj: &Object<T>, flags: u8, value: &[u8]) {
-    out.reserve(1 + 5 + obj.key().len() + 4 * 5 + value.len());
+    out.reserve(record_len(obj, value.len()));
     out.push(flags);
     write_varint(out, obj.key().len() as u64);
     out.extend_from_slice(obj.key().as_bytes());
@@ -268,8 +288,9 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     type Slot = Packed;
 
     fn pack(&mut self, obj: &Arc<Object<T>>) -> Packed {
+        let (flags, value) = self.encode(obj);
         let mut buf = Vec::new();
-        self.write(obj, &mut buf);
+        write_record(&mut buf, obj, flags, &value);
         let len = buf.len() as u32;
         Packed {
             chunk: Arc::new(buf.into_boxed_slice()),
@@ -279,17 +300,31 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packed> {
+        // Every value is encoded first, so that each chunk is allocated once, at its size.
+        let values: Vec<(u8, Vec<u8>)> = objs.iter().map(|o| self.encode(o)).collect();
         let mut out = Vec::with_capacity(objs.len());
-        let mut writer = ChunkWriter::default();
-        for obj in objs {
-            writer.record(|buf| self.write(obj, buf));
-            if writer.buf.len() >= MAX_CHUNK {
-                let chunk = writer.finish(&mut out);
-                self.count(chunk);
+        let mut start = 0;
+        while start < objs.len() {
+            let (mut end, mut size) = (start, 0);
+            while let Some(obj) = objs.get(end) {
+                let len = record_len(obj, values[end].1.len());
+                if end > start && size + len > MAX_CHUNK {
+                    break;
+                }
+                size += len;
+                end += 1;
             }
+            let mut writer = ChunkWriter {
+                buf: Vec::with_capacity(size),
+                spans: Vec::with_capacity(end - start),
+            };
+            for (obj, (flags, value)) in objs[start..end].iter().zip(&values[start..end]) {
+                writer.record(|buf| write_record(buf, obj, *flags, value));
+            }
+            let chunk = writer.finish(&mut out);
+            self.count(chunk);
+            start = end;
         }
-        let chunk = writer.finish(&mut out);
-        self.count(chunk);
         out
     }
 
@@ -424,6 +459,7 @@ mod tests {
             write_varint(&mut out, n as u64);
             let (back, at) = read_varint(&out, 1);
             assert_eq!((back as i64, at), (n, out.len()), "{n}");
+            assert_eq!(varint_len(n as u64), out.len() - 1, "{n}");
         }
         // Truncated input does not panic.
         assert_eq!(read_varint(&[0x80], 0), (0, 1));

@@ -267,7 +267,8 @@ impl<T: Send + Sync + 'static> Indexer<T> {
     /// ```
     /// use std::sync::Arc;
     /// use etcd_informer::codec::JsonCodec;
-    /// use etcd_informer::{namespace_indexers, Indexer, Object, NAMESPACE_INDEX};
+    /// use etcd_informer::store::namespace_indexers;
+    /// use etcd_informer::{Indexer, Object, NAMESPACE_INDEX};
     /// let indexer = Indexer::compact(namespace_indexers(), JsonCodec::<Vec<u32>>::new());
     /// indexer.add(Arc::new(Object::new("tmp/a", 3, vec![1, 2])));
     /// assert_eq!(indexer.get_by_key("tmp/a").unwrap().value, [1, 2]);
