@@ -59,6 +59,12 @@
 //!   its watch as a compaction would; while it relists everything the RSS is sampled every 5 ms.
 //!   `relist_peak_ratio` = (peak - before) / (steady - before): the cache's memory at its peak
 //!   against its steady state.
+//!   Compact cache (details `compact_*`, `reads_*`, `sync_s_*`): a child syncs an informer with
+//!   `with_compact_cache(JsonCodec)`; its memory per object is compared with the raw key and
+//!   value bytes etcd holds (key relative to the prefix, as cached; target 1.5x) and with the raw
+//!   map. Both informer children then time reads: `get_by_key` of up to 100,000 random keys (ns
+//!   per call), `list` of everything and `by_index` of one namespace (best of 3, ms), and report
+//!   their time to `has_synced`. A relist child measures the compact cache's relist peak.
 //! - `prevkv`: etcd's write throughput (W writers, M/4 puts) while a raw watch of the prefix is
 //!   open without prev_kv (baseline column) and with prev_kv ("informer" column): does prev_kv
 //!   cost etcd throughput? Higher is better.
