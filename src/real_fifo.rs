@@ -192,6 +192,18 @@ impl<T> RealFifo<T> {
         }
     }
 
+    /// The `mod_revision` of [`newest`](Self::newest), without decoding a compact cache's
+    /// object.
+    fn newest_revision(&self, inner: &Inner<T>, key: &str) -> Option<i64> {
+        if let Some((_, state)) = inner.pending.get(key) {
+            return state.as_ref().map(|o| o.mod_revision);
+        }
+        match &inner.replace {
+            Some(listed) => listed.mod_revision(key),
+            None => self.known.mod_revision(key),
+        }
+    }
+
     /// Appends a change to the open revision, committing the open one first if it is older.
     fn push(inner: &mut Inner<T>, revision: i64, delta: Delta<T>) -> bool {
         let mut committed = false;
@@ -320,10 +332,11 @@ impl<T> RealFifo<T> {
 impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
     fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool {
         let mut inner = self.lock();
-        if let Some(current) = self.newest(&inner, obj.key()) {
-            if current.mod_revision >= obj.mod_revision {
-                return false;
-            }
+        if self
+            .newest_revision(&inner, obj.key())
+            .is_some_and(|current| current >= obj.mod_revision)
+        {
+            return false;
         }
         let revision = obj.mod_revision;
         inner

@@ -156,6 +156,11 @@ impl<T> StoreContent<T> {
         self.inner.table.get(key)
     }
 
+    /// The `mod_revision` of the object under `key`, without decoding it.
+    pub fn mod_revision(&self, key: &str) -> Option<i64> {
+        self.inner.table.mod_revision(key)
+    }
+
     /// How many objects it holds.
     pub fn len(&self) -> usize {
         self.inner.table.len()
@@ -534,6 +539,9 @@ impl<T: Send + Sync + 'static> Store<T> for Indexer<T> {
     fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>> {
         Indexer::get_by_key(self, key)
     }
+    fn mod_revision(&self, key: &str) -> Option<i64> {
+        self.read().table.mod_revision(key)
+    }
     fn list_keys(&self) -> Vec<Arc<str>> {
         Indexer::list_keys(self)
     }
@@ -736,6 +744,11 @@ mod tests {
                 }
             }
             assert_eq!(snapshot(&shared), snapshot(&compact), "after step {step}");
+            assert_eq!(
+                Store::mod_revision(&compact, &key),
+                shared.get_by_key(&key).map(|o| o.mod_revision),
+                "mod_revision without decoding, step {step}"
+            );
         }
         assert!(compact.is_compact() && !shared.is_compact());
     }

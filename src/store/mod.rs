@@ -19,6 +19,11 @@ use crate::Object;
 pub trait Store<T>: Send + Sync {
     /// The object stored under `key`.
     fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>>;
+    /// The `mod_revision` of the object stored under `key` (a compact store answers without
+    /// decoding it).
+    fn mod_revision(&self, key: &str) -> Option<i64> {
+        self.get_by_key(key).map(|o| o.mod_revision)
+    }
     /// Every key stored.
     fn list_keys(&self) -> Vec<Arc<str>>;
     /// Every object stored.

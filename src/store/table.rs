@@ -46,6 +46,7 @@ pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
 }
 
 /// The default representation: the decoded object itself, shared.
+#[derive(Clone)]
 pub(super) struct Shared;
 
 /// An `Arc<Object<T>>` hashed and compared by its key.
@@ -109,6 +110,8 @@ impl<T: Send + Sync + 'static> Repr<T> for Shared {
 /// The object-safe face of a [`Table`], whatever its representation.
 pub(super) trait Storage<T>: Send + Sync {
     fn get(&self, key: &str) -> Option<Arc<Object<T>>>;
+    /// The `mod_revision` of the object under `key`, without unpacking it.
+    fn mod_revision(&self, key: &str) -> Option<i64>;
     fn len(&self) -> usize;
     fn reserve(&mut self, additional: usize);
     fn keys(&self) -> Vec<Arc<str>>;
@@ -255,6 +258,10 @@ where
         self.items.get(key).and_then(|s| self.repr.unpack(s))
     }
 
+    fn mod_revision(&self, key: &str) -> Option<i64> {
+        self.items.get(key).map(|s| self.repr.mod_revision(s))
+    }
+
     fn len(&self) -> usize {
         self.items.len()
     }
@@ -388,12 +395,6 @@ where
 
     fn packed(&self) -> bool {
         self.repr.packed()
-    }
-}
-
-impl Clone for Shared {
-    fn clone(&self) -> Self {
-        Shared
     }
 }
 
