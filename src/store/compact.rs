@@ -52,7 +52,7 @@ impl Packed {
     }
 
     /// Whether other records share the chunk (only those count towards a repack).
-    fn shares_chunk(&self) -> bool {
+    pub(super) fn shares_chunk(&self) -> bool {
         self.chunk.len() > self.len as usize
     }
 
@@ -160,10 +160,10 @@ impl ChunkWriter {
             .push((start as u32, (self.buf.len() - start) as u32));
     }
 
-    /// The chunk's records, and the chunk's size if they share it.
-    fn finish(&mut self, out: &mut Vec<Packed>) -> Option<(usize, usize)> {
+    /// The chunk's records; the chunk's size and how many records share it.
+    fn finish(&mut self, out: &mut Vec<Packed>) -> (usize, usize) {
         if self.spans.is_empty() {
-            return None;
+            return (0, 0);
         }
         let chunk = Arc::new(std::mem::take(&mut self.buf).into_boxed_slice());
         let size = chunk.len();
@@ -173,7 +173,7 @@ impl ChunkWriter {
             at,
             len,
         }));
-        (records > 1).then_some((size, size))
+        (size, records)
     }
 }
 
@@ -185,6 +185,8 @@ pub(super) struct PackedRepr<T> {
     /// Bytes of the shared chunks made since the last repack, and of their live records.
     chunk_bytes: usize,
     chunk_live: usize,
+    /// Bytes of the live records allocated one by one (watch events, the DeltaFIFO's adds).
+    loose: usize,
 }
 
 impl<T> PackedRepr<T> {
@@ -195,6 +197,7 @@ impl<T> PackedRepr<T> {
             next_id: 0,
             chunk_bytes: 0,
             chunk_live: 0,
+            loose: 0,
         }
     }
 }
@@ -229,10 +232,13 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
         (WHOLE, value)
     }
 
-    fn count(&mut self, chunk: Option<(usize, usize)>) {
-        if let Some((size, live)) = chunk {
+    /// Accounts for a chunk of `size` bytes holding `records` records.
+    fn count(&mut self, (size, records): (usize, usize)) {
+        if records > 1 {
             self.chunk_bytes += size;
-            self.chunk_live += live;
+            self.chunk_live += size;
+        } else {
+            self.loose += size;
         }
     }
 }
@@ -280,6 +286,7 @@ impl<T> Clone for PackedRepr<T> {
             next_id: self.next_id,
             chunk_bytes: self.chunk_bytes,
             chunk_live: self.chunk_live,
+            loose: self.loose,
         }
     }
 }
@@ -291,6 +298,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         let (flags, value) = self.encode(obj);
         let mut buf = Vec::new();
         write_record(&mut buf, obj, flags, &value);
+        self.loose += buf.len();
         let len = buf.len() as u32;
         Packed {
             chunk: Arc::new(buf.into_boxed_slice()),
@@ -361,6 +369,8 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     fn release(&mut self, slot: &Packed) {
         if slot.shares_chunk() {
             self.chunk_live = self.chunk_live.saturating_sub(slot.len as usize);
+        } else {
+            self.loose = self.loose.saturating_sub(slot.len as usize);
         }
         if slot.whole() {
             self.whole.remove(&slot.whole_id());
@@ -368,7 +378,10 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn needs_repack(&self) -> bool {
+        // Dead bytes in chunks outweigh live ones, or records allocated one by one (each
+        // between whatever else the process allocated then) outweigh the packed ones.
         self.chunk_bytes > 2 * self.chunk_live + REPACK_CHUNK
+            || self.loose > self.chunk_live + REPACK_CHUNK
     }
 
     fn repack(&mut self, slots: Vec<Packed>) -> Vec<Packed> {
@@ -376,6 +389,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         let mut writer = ChunkWriter::default();
         self.chunk_bytes = 0;
         self.chunk_live = 0;
+        self.loose = 0;
         for slot in &slots {
             writer.record(|buf| buf.extend_from_slice(slot.bytes()));
             if writer.buf.len() >= REPACK_CHUNK {

@@ -442,5 +442,21 @@ mod tests {
         }
         assert_eq!(table.by_index("parity", "1").len(), 25);
         assert_eq!(table.get("ns/k150").map(|o| o.value), Some(150));
+
+        // Objects stored one by one (watch events, DeltaFIFO pops) end up packed together too.
+        for i in 0..100u32 {
+            table.add(
+                &indexers,
+                Arc::new(Object::new(format!("ns/one{i:03}"), 2, i)),
+            );
+        }
+        let together = (0..100)
+            .filter(|i| {
+                let key = format!("ns/one{i:03}");
+                table.items.get(key.as_str()).unwrap().shares_chunk()
+            })
+            .count();
+        assert!(together > 50, "only {together} of 100 share a chunk");
+        assert_eq!(table.by_index("parity", "0").len(), 25 + 50);
     }
 }
