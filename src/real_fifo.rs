@@ -44,6 +44,10 @@ impl<T: Send + Sync> ListSink<T> for Building<T> {
         if !self.reuse.load(Ordering::Relaxed) {
             return None;
         }
+        // The revision first: a compact cache would decode the object to tell.
+        if self.known.mod_revision(key) != Some(mod_revision) {
+            return None;
+        }
         self.known
             .get_by_key(key)
             .filter(|o| o.mod_revision == mod_revision)

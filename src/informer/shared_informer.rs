@@ -154,8 +154,9 @@ pub struct InformerOptions<T> {
     pub processing: Processing,
     /// `Some`: the cache is compact ([`Indexer::compact`]): it keeps each object packed, its
     /// value encoded by this codec, and decodes it on every read. Handlers still get the
-    /// decoded objects as they arrive; the cost is an encode per change and a decode per read
-    /// (and per update or delete, for the old object handed to handlers).
+    /// decoded objects as they arrive; the cost is an encode and a decode per change, a decode
+    /// per read, and one more per update or delete (the old object handed to handlers). Reads
+    /// see values as they come back from the codec. Best with the default [`Processing`].
     pub compact: Option<Arc<dyn Codec<T>>>,
 }
 
@@ -1115,9 +1116,6 @@ fn apply_delta<T>(
     }
 }
 
-/// Replaces the store's content with a relist; returns the notifications: adds, updates
-/// (resyncs where the revision is unchanged) and tombstones for the keys that vanished. After a
-/// wipe every cached key is retired and every listed one added.
 fn event_kind<T>(event: &Event<T>) -> EventKind {
     match event {
         Event::Added { .. } => EventKind::Added,
@@ -1134,6 +1132,9 @@ enum Replaced<'a, T> {
     Count(&'a InformerMetrics),
 }
 
+/// Replaces the store's content with a relist and reports the changes: adds, updates (resyncs
+/// where the revision is unchanged) and tombstones for the keys that vanished. After a wipe
+/// every cached key is retired and every listed one added.
 fn apply_replace<T>(
     txn: &mut Txn<'_, T>,
     items: StoreContent<T>,

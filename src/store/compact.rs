@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::table::Repr;
+use super::table::{Packing, Repr};
 use crate::codec::Codec;
 use crate::Object;
 
@@ -28,6 +28,15 @@ const REPACK_CHUNK: usize = if cfg!(test) { 256 } else { 1 << 20 };
 
 /// The most a page's chunk grows to before another is started (offsets are `u32`).
 const MAX_CHUNK: usize = 64 << 20;
+
+/// The largest value packed (etcd's own limit is far lower); a larger one is kept decoded.
+const MAX_VALUE: usize = 1 << 30;
+
+/// Whether a record of `len` bytes, alone in its allocation, counts as loose: allocated among
+/// whatever else the process allocated then. A record as large as a repack chunk is a chunk.
+fn loose(len: usize) -> bool {
+    len < REPACK_CHUNK
+}
 
 /// One packed object: a record in a chunk, hashed and compared by its key.
 #[derive(Clone)]
@@ -203,14 +212,25 @@ impl<T> PackedRepr<T> {
 }
 
 impl<T: Send + Sync + 'static> PackedRepr<T> {
-    /// The record's flags and value for `obj`: its encoded value, or the id it is kept
-    /// decoded under.
-    fn encode(&mut self, obj: &Arc<Object<T>>) -> (u8, Vec<u8>) {
-        // A value that does not come back as it went in would fail on the first read; it is
-        // cheaper to find out now, once, than to have a read lose an object.
+    /// The record's flags and value for `obj` (its encoded value, or the id it is kept
+    /// decoded under), and the object as reads will see it when that is a decoded copy.
+    fn encode(&mut self, obj: &Arc<Object<T>>) -> (u8, Vec<u8>, Option<Arc<Object<T>>>) {
+        // A value that does not come back would fail on the first read; it is cheaper to find
+        // out now, once, than to have a read lose an object. What comes back is what reads
+        // will see (a field the codec does not write comes back as its default), so it is what
+        // the indexes must see too.
         let problem = match self.codec.encode(&obj.value) {
+            Ok(bytes) if bytes.len() > MAX_VALUE => {
+                format!("its encoded value has {} bytes", bytes.len())
+            }
             Ok(bytes) => match self.codec.decode(&bytes) {
-                Ok(_) => return (0, bytes),
+                Ok(value) => {
+                    let mut stored = Object::new(obj.shared_key().clone(), obj.mod_revision, value);
+                    stored.create_revision = obj.create_revision;
+                    stored.version = obj.version;
+                    stored.lease = obj.lease;
+                    return (0, bytes, Some(Arc::new(stored)));
+                }
                 Err(e) => format!("its encoded value does not decode: {e}"),
             },
             Err(e) => format!("its value does not encode: {e}"),
@@ -229,16 +249,16 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
         self.whole.insert(id, obj.clone());
         let mut value = Vec::new();
         write_varint(&mut value, id);
-        (WHOLE, value)
+        (WHOLE, value, None)
     }
 
     /// Accounts for a chunk of `size` bytes holding `records` records.
     fn count(&mut self, (size, records): (usize, usize)) {
-        if records > 1 {
+        if records == 1 && loose(size) {
+            self.loose += size;
+        } else {
             self.chunk_bytes += size;
             self.chunk_live += size;
-        } else {
-            self.loose += size;
         }
     }
 }
@@ -294,22 +314,29 @@ impl<T> Clone for PackedRepr<T> {
 impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     type Slot = Packed;
 
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packed {
-        let (flags, value) = self.encode(obj);
+    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packing<Packed, T> {
+        let (flags, value, stored) = self.encode(obj);
         let mut buf = Vec::new();
         write_record(&mut buf, obj, flags, &value);
-        self.loose += buf.len();
+        self.count((buf.len(), 1));
         let len = buf.len() as u32;
-        Packed {
+        let slot = Packed {
             chunk: Arc::new(buf.into_boxed_slice()),
             at: 0,
             len,
-        }
+        };
+        (slot, stored)
     }
 
-    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packed> {
+    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packing<Packed, T>> {
         // Every value is encoded first, so that each chunk is allocated once, at its size.
-        let values: Vec<(u8, Vec<u8>)> = objs.iter().map(|o| self.encode(o)).collect();
+        let mut values = Vec::with_capacity(objs.len());
+        let mut stored = Vec::with_capacity(objs.len());
+        for obj in objs {
+            let (flags, value, view) = self.encode(obj);
+            values.push((flags, value));
+            stored.push(view);
+        }
         let mut out = Vec::with_capacity(objs.len());
         let mut start = 0;
         while start < objs.len() {
@@ -333,7 +360,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
             self.count(chunk);
             start = end;
         }
-        out
+        out.into_iter().zip(stored).collect()
     }
 
     fn unpack(&self, slot: &Packed) -> Option<Arc<Object<T>>> {
@@ -367,10 +394,11 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn release(&mut self, slot: &Packed) {
-        if slot.shares_chunk() {
-            self.chunk_live = self.chunk_live.saturating_sub(slot.len as usize);
+        let len = slot.len as usize;
+        if !slot.shares_chunk() && loose(len) {
+            self.loose = self.loose.saturating_sub(len);
         } else {
-            self.loose = self.loose.saturating_sub(slot.len as usize);
+            self.chunk_live = self.chunk_live.saturating_sub(len);
         }
         if slot.whole() {
             self.whole.remove(&slot.whole_id());
@@ -447,7 +475,7 @@ mod tests {
                 ))
             })
             .collect();
-        let slots = repr.pack_all(&objs);
+        let slots: Vec<Packed> = repr.pack_all(&objs).into_iter().map(|(s, _)| s).collect();
         assert!(slots.iter().all(|s| s.same_chunk(&slots[0])));
         for (slot, obj) in slots.iter().zip(&objs) {
             assert_eq!(repr.unpack(slot).as_deref(), Some(&**obj));
@@ -464,6 +492,28 @@ mod tests {
         for (slot, obj) in repacked.iter().zip(&objs[300..]) {
             assert_eq!(repr.unpack(slot).as_deref(), Some(&**obj));
         }
+    }
+
+    #[test]
+    fn records_as_large_as_a_repack_chunk_do_not_repack_forever() {
+        let mut repr = PackedRepr::<u32>::new(Arc::new(Picky));
+        let slots: Vec<Packed> = (0..20u32)
+            .map(|i| {
+                let key = format!("ns/{i:0>300}");
+                repr.pack(&Arc::new(Object::new(key, 1, i))).0
+            })
+            .collect();
+        assert!(slots.iter().all(|s| s.len as usize >= REPACK_CHUNK));
+        assert!(
+            !repr.needs_repack(),
+            "large records are chunks of their own"
+        );
+        let repacked = repr.repack(slots);
+        assert!(!repr.needs_repack(), "a repack leaves nothing to repack");
+        for slot in &repacked[..10] {
+            repr.release(slot);
+        }
+        assert!(!repr.needs_repack(), "half dead is not worth a repack");
     }
 
     #[test]
@@ -488,16 +538,18 @@ mod tests {
         obj.version = 300;
         obj.lease = -4;
         let obj = Arc::new(obj);
-        let slot = repr.pack(&obj);
+        let (slot, stored) = repr.pack(&obj);
         assert!(!slot.whole());
+        assert_eq!(stored.as_deref(), Some(&*obj), "what reads will see");
         assert_eq!(Borrow::<str>::borrow(&slot), "ns/é-key");
         assert_eq!(repr.mod_revision(&slot), 1 << 33);
         assert_eq!(repr.unpack(&slot).as_deref(), Some(&*obj));
 
         for value in [13, 7] {
             let obj = Arc::new(Object::new(format!("ns/{value}"), 9, value));
-            let slot = repr.pack(&obj);
+            let (slot, stored) = repr.pack(&obj);
             assert!(slot.whole(), "{value} cannot be packed");
+            assert!(stored.is_none(), "kept as it is");
             let back = repr.unpack(&slot).expect("kept whole");
             assert!(Arc::ptr_eq(&back, &obj));
             assert_eq!(repr.mod_revision(&slot), 9);

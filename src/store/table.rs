@@ -13,14 +13,18 @@ use std::sync::Arc;
 use super::{IndexFunc, Indexers};
 use crate::Object;
 
+/// A packed object: its slot, and the object as reads will see it when that is a copy.
+pub(super) type Packing<S, T> = (S, Option<Arc<Object<T>>>);
+
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     /// What the items and the indexes keep of an object; hashed and compared by key.
     type Slot: Clone + Eq + Hash + Borrow<str> + Send + Sync;
-    /// The slot of `obj`.
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> Self::Slot;
-    /// The slots of `objs`, in order (a page of a list).
-    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Self::Slot> {
+    /// The slot of `obj`, and the object as reads will see it if that is not `obj` itself
+    /// (a decoded copy): the indexes must see that one.
+    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packing<Self::Slot, T>;
+    /// [`pack`](Self::pack) for each of `objs`, in order (a page of a list).
+    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packing<Self::Slot, T>> {
         objs.iter().map(|o| self.pack(o)).collect()
     }
     /// The object in `slot`; `None` only if a packed value no longer decodes (logged).
@@ -82,8 +86,8 @@ impl<T> Borrow<str> for SharedSlot<T> {
 impl<T: Send + Sync + 'static> Repr<T> for Shared {
     type Slot = SharedSlot<T>;
 
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> SharedSlot<T> {
-        SharedSlot(obj.clone())
+    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packing<SharedSlot<T>, T> {
+        (SharedSlot(obj.clone()), None)
     }
 
     fn unpack(&self, slot: &SharedSlot<T>) -> Option<Arc<Object<T>>> {
@@ -198,7 +202,8 @@ impl<T, R: Repr<T>> Table<T, R> {
 }
 
 impl<T, R: Repr<T>> Table<T, R> {
-    /// Puts `slot` (of `obj`) in the items and indexes; returns the object it replaced.
+    /// Puts `slot` (of `obj`, as reads see it) in the items and indexes; returns the object it
+    /// replaced.
     fn insert(
         &mut self,
         indexers: &Indexers<T>,
@@ -207,6 +212,10 @@ impl<T, R: Repr<T>> Table<T, R> {
     ) -> Option<Arc<Object<T>>> {
         let replaced = self.items.replace(slot.clone());
         let old = replaced.as_ref().and_then(|s| self.repr.unpack(s));
+        if replaced.is_some() && old.is_none() {
+            // The replaced object's index values are unknown: look for its key everywhere.
+            self.unindex_everywhere(obj.key());
+        }
         for (name, func) in indexers {
             let old_values = old.as_deref().map(|o| func(o)).unwrap_or_default();
             self.reindex(name, obj.key(), old_values, Some((func(obj), &slot)));
@@ -215,6 +224,16 @@ impl<T, R: Repr<T>> Table<T, R> {
             self.repr.release(&replaced);
         }
         old
+    }
+
+    /// Removes `key` from every index, whatever its values.
+    fn unindex_everywhere(&mut self, key: &str) {
+        for index in self.indices.values_mut() {
+            index.retain(|_, set| {
+                set.remove(key);
+                !set.is_empty()
+            });
+        }
     }
 
     /// Copies every object into fresh slots once the old ones hold more dead bytes than live.
@@ -287,16 +306,16 @@ where
     }
 
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
-        let slot = self.repr.pack(&obj);
-        let old = self.insert(indexers, &obj, slot);
+        let (slot, stored) = self.repr.pack(&obj);
+        let old = self.insert(indexers, stored.as_ref().unwrap_or(&obj), slot);
         self.repack_if_needed();
         old
     }
 
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]) {
         let slots = self.repr.pack_all(objs);
-        for (obj, slot) in objs.iter().zip(slots) {
-            self.insert(indexers, obj, slot);
+        for (obj, (slot, stored)) in objs.iter().zip(slots) {
+            self.insert(indexers, stored.as_ref().unwrap_or(obj), slot);
         }
         self.repack_if_needed();
     }
@@ -310,12 +329,7 @@ where
             }
         } else {
             // Its index values are unknown: look for it everywhere.
-            for index in self.indices.values_mut() {
-                index.retain(|_, set| {
-                    set.remove(key);
-                    !set.is_empty()
-                });
-            }
+            self.unindex_everywhere(key);
         }
         self.repr.release(&slot);
         self.repack_if_needed();
