@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::table::{Packing, Repr};
+use super::table::Repr;
 use crate::codec::Codec;
 use crate::Object;
 
@@ -212,9 +212,9 @@ impl<T> PackedRepr<T> {
 }
 
 impl<T: Send + Sync + 'static> PackedRepr<T> {
-    /// The record's flags and value for `obj` (its encoded value, or the id it is kept
-    /// decoded under), and the object as reads will see it when that is a decoded copy.
-    fn encode(&mut self, obj: &Arc<Object<T>>) -> (u8, Vec<u8>, Option<Arc<Object<T>>>) {
+    /// The record's flags and value for `obj`: its encoded value, or the id it is kept
+    /// decoded under. Calls `seen` with the object as reads will see it.
+    fn encode(&mut self, obj: &Arc<Object<T>>, seen: &mut dyn FnMut(&Object<T>)) -> (u8, Vec<u8>) {
         // A value that does not come back would fail on the first read; it is cheaper to find
         // out now, once, than to have a read lose an object. What comes back is what reads
         // will see (a field the codec does not write comes back as its default), so it is what
@@ -225,16 +225,18 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
             }
             Ok(bytes) => match self.codec.decode(&bytes) {
                 Ok(value) => {
-                    let mut stored = Object::new(obj.shared_key().clone(), obj.mod_revision, value);
-                    stored.create_revision = obj.create_revision;
-                    stored.version = obj.version;
-                    stored.lease = obj.lease;
-                    return (0, bytes, Some(Arc::new(stored)));
+                    let mut back = Object::new(obj.shared_key().clone(), obj.mod_revision, value);
+                    back.create_revision = obj.create_revision;
+                    back.version = obj.version;
+                    back.lease = obj.lease;
+                    seen(&back);
+                    return (0, bytes);
                 }
                 Err(e) => format!("its encoded value does not decode: {e}"),
             },
             Err(e) => format!("its value does not encode: {e}"),
         };
+        seen(obj);
         if self.whole.is_empty() {
             tracing::warn!(
                 key = obj.key(),
@@ -249,7 +251,7 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
         self.whole.insert(id, obj.clone());
         let mut value = Vec::new();
         write_varint(&mut value, id);
-        (WHOLE, value, None)
+        (WHOLE, value)
     }
 
     /// Accounts for a chunk of `size` bytes holding `records` records.
@@ -314,28 +316,28 @@ impl<T> Clone for PackedRepr<T> {
 impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     type Slot = Packed;
 
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packing<Packed, T> {
-        let (flags, value, stored) = self.encode(obj);
+    fn pack(&mut self, obj: &Arc<Object<T>>, seen: &mut dyn FnMut(&Object<T>)) -> Packed {
+        let (flags, value) = self.encode(obj, seen);
         let mut buf = Vec::new();
         write_record(&mut buf, obj, flags, &value);
         self.count((buf.len(), 1));
         let len = buf.len() as u32;
-        let slot = Packed {
+        Packed {
             chunk: Arc::new(buf.into_boxed_slice()),
             at: 0,
             len,
-        };
-        (slot, stored)
+        }
     }
 
-    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packing<Packed, T>> {
+    fn pack_all(
+        &mut self,
+        objs: &[Arc<Object<T>>],
+        seen: &mut dyn FnMut(usize, &Object<T>),
+    ) -> Vec<Packed> {
         // Every value is encoded first, so that each chunk is allocated once, at its size.
         let mut values = Vec::with_capacity(objs.len());
-        let mut stored = Vec::with_capacity(objs.len());
-        for obj in objs {
-            let (flags, value, view) = self.encode(obj);
-            values.push((flags, value));
-            stored.push(view);
+        for (i, obj) in objs.iter().enumerate() {
+            values.push(self.encode(obj, &mut |o| seen(i, o)));
         }
         let mut out = Vec::with_capacity(objs.len());
         let mut start = 0;
@@ -360,7 +362,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
             self.count(chunk);
             start = end;
         }
-        out.into_iter().zip(stored).collect()
+        out
     }
 
     fn unpack(&self, slot: &Packed) -> Option<Arc<Object<T>>> {
@@ -475,7 +477,7 @@ mod tests {
                 ))
             })
             .collect();
-        let slots: Vec<Packed> = repr.pack_all(&objs).into_iter().map(|(s, _)| s).collect();
+        let slots = repr.pack_all(&objs, &mut |_, _| {});
         assert!(slots.iter().all(|s| s.same_chunk(&slots[0])));
         for (slot, obj) in slots.iter().zip(&objs) {
             assert_eq!(repr.unpack(slot).as_deref(), Some(&**obj));
@@ -500,7 +502,7 @@ mod tests {
         let slots: Vec<Packed> = (0..20u32)
             .map(|i| {
                 let key = format!("ns/{i:0>300}");
-                repr.pack(&Arc::new(Object::new(key, 1, i))).0
+                repr.pack(&Arc::new(Object::new(key, 1, i)), &mut |_| {})
             })
             .collect();
         assert!(slots.iter().all(|s| s.len as usize >= REPACK_CHUNK));
@@ -538,18 +540,20 @@ mod tests {
         obj.version = 300;
         obj.lease = -4;
         let obj = Arc::new(obj);
-        let (slot, stored) = repr.pack(&obj);
+        let mut seen = None;
+        let slot = repr.pack(&obj, &mut |o| seen = Some(o.clone()));
         assert!(!slot.whole());
-        assert_eq!(stored.as_deref(), Some(&*obj), "what reads will see");
+        assert_eq!(seen.as_ref(), Some(&*obj), "what reads will see");
         assert_eq!(Borrow::<str>::borrow(&slot), "ns/é-key");
         assert_eq!(repr.mod_revision(&slot), 1 << 33);
         assert_eq!(repr.unpack(&slot).as_deref(), Some(&*obj));
 
         for value in [13, 7] {
             let obj = Arc::new(Object::new(format!("ns/{value}"), 9, value));
-            let (slot, stored) = repr.pack(&obj);
+            let mut seen = None;
+            let slot = repr.pack(&obj, &mut |o| seen = Some(o.clone()));
             assert!(slot.whole(), "{value} cannot be packed");
-            assert!(stored.is_none(), "kept as it is");
+            assert_eq!(seen.as_ref(), Some(&*obj), "kept as it is");
             let back = repr.unpack(&slot).expect("kept whole");
             assert!(Arc::ptr_eq(&back, &obj));
             assert_eq!(repr.mod_revision(&slot), 9);

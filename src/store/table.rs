@@ -13,19 +13,25 @@ use std::sync::Arc;
 use super::{IndexFunc, Indexers};
 use crate::Object;
 
-/// A packed object: its slot, and the object as reads will see it when that is a copy.
-pub(super) type Packing<S, T> = (S, Option<Arc<Object<T>>>);
-
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     /// What the items and the indexes keep of an object; hashed and compared by key.
     type Slot: Clone + Eq + Hash + Borrow<str> + Send + Sync;
-    /// The slot of `obj`, and the object as reads will see it if that is not `obj` itself
-    /// (a decoded copy): the indexes must see that one.
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packing<Self::Slot, T>;
-    /// [`pack`](Self::pack) for each of `objs`, in order (a page of a list).
-    fn pack_all(&mut self, objs: &[Arc<Object<T>>]) -> Vec<Packing<Self::Slot, T>> {
-        objs.iter().map(|o| self.pack(o)).collect()
+    /// The slot of `obj`. Calls `seen` once with the object as reads will see it (`obj`, or a
+    /// decoded copy), which is what the indexes must see.
+    fn pack(&mut self, obj: &Arc<Object<T>>, seen: &mut dyn FnMut(&Object<T>)) -> Self::Slot;
+    /// [`pack`](Self::pack) for each of `objs`, in order (a page of a list); `seen` gets the
+    /// index of each object in `objs`.
+    fn pack_all(
+        &mut self,
+        objs: &[Arc<Object<T>>],
+        seen: &mut dyn FnMut(usize, &Object<T>),
+    ) -> Vec<Self::Slot> {
+        let mut slots = Vec::with_capacity(objs.len());
+        for (i, obj) in objs.iter().enumerate() {
+            slots.push(self.pack(obj, &mut |o| seen(i, o)));
+        }
+        slots
     }
     /// The object in `slot`; `None` only if a packed value no longer decodes (logged).
     fn unpack(&self, slot: &Self::Slot) -> Option<Arc<Object<T>>>;
@@ -86,8 +92,9 @@ impl<T> Borrow<str> for SharedSlot<T> {
 impl<T: Send + Sync + 'static> Repr<T> for Shared {
     type Slot = SharedSlot<T>;
 
-    fn pack(&mut self, obj: &Arc<Object<T>>) -> Packing<SharedSlot<T>, T> {
-        (SharedSlot(obj.clone()), None)
+    fn pack(&mut self, obj: &Arc<Object<T>>, seen: &mut dyn FnMut(&Object<T>)) -> SharedSlot<T> {
+        seen(obj);
+        SharedSlot(obj.clone())
     }
 
     fn unpack(&self, slot: &SharedSlot<T>) -> Option<Arc<Object<T>>> {
@@ -109,6 +116,11 @@ impl<T: Send + Sync + 'static> Repr<T> for Shared {
     fn packed(&self) -> bool {
         false
     }
+}
+
+/// The values of `obj` for each of `indexers`, in their order.
+fn index_values<T>(indexers: &Indexers<T>, obj: &Object<T>) -> Vec<Vec<String>> {
+    indexers.values().map(|f| f(obj)).collect()
 }
 
 /// The object-safe face of a [`Table`], whatever its representation.
@@ -202,23 +214,24 @@ impl<T, R: Repr<T>> Table<T, R> {
 }
 
 impl<T, R: Repr<T>> Table<T, R> {
-    /// Puts `slot` (of `obj`, as reads see it) in the items and indexes; returns the object it
-    /// replaced.
+    /// Puts `slot` in the items and indexes, under `values` (for each of `indexers`, in their
+    /// order); returns the object it replaced.
     fn insert(
         &mut self,
         indexers: &Indexers<T>,
-        obj: &Arc<Object<T>>,
         slot: R::Slot,
+        values: Vec<Vec<String>>,
     ) -> Option<Arc<Object<T>>> {
         let replaced = self.items.replace(slot.clone());
         let old = replaced.as_ref().and_then(|s| self.repr.unpack(s));
+        let key: &str = slot.borrow();
         if replaced.is_some() && old.is_none() {
             // The replaced object's index values are unknown: look for its key everywhere.
-            self.unindex_everywhere(obj.key());
+            self.unindex_everywhere(key);
         }
-        for (name, func) in indexers {
+        for ((name, func), new_values) in indexers.iter().zip(values) {
             let old_values = old.as_deref().map(|o| func(o)).unwrap_or_default();
-            self.reindex(name, obj.key(), old_values, Some((func(obj), &slot)));
+            self.reindex(name, key, old_values, Some((new_values, &slot)));
         }
         if let Some(replaced) = replaced {
             self.repr.release(&replaced);
@@ -306,16 +319,22 @@ where
     }
 
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
-        let (slot, stored) = self.repr.pack(&obj);
-        let old = self.insert(indexers, stored.as_ref().unwrap_or(&obj), slot);
+        let mut values = Vec::new();
+        let slot = self
+            .repr
+            .pack(&obj, &mut |seen| values = index_values(indexers, seen));
+        let old = self.insert(indexers, slot, values);
         self.repack_if_needed();
         old
     }
 
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]) {
-        let slots = self.repr.pack_all(objs);
-        for (obj, (slot, stored)) in objs.iter().zip(slots) {
-            self.insert(indexers, stored.as_ref().unwrap_or(obj), slot);
+        let mut values = vec![Vec::new(); objs.len()];
+        let slots = self.repr.pack_all(objs, &mut |i, seen| {
+            values[i] = index_values(indexers, seen)
+        });
+        for (slot, values) in slots.into_iter().zip(values) {
+            self.insert(indexers, slot, values);
         }
         self.repack_if_needed();
     }
