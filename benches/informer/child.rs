@@ -9,12 +9,7 @@ use super::*;
 /// Syncs an informer, then ends its watch as a compaction would and samples the resident
 /// memory every 5 ms while it lists and replaces everything (the relist peak).
 async fn relist(client: &Client, prefix: &str, args: &Args, compact: bool) -> Res<Value> {
-    let lw = EtcdListerWatcher::with_options(
-        client.clone(),
-        prefix.to_owned(),
-        JsonCodec::<ConfigMap>::new(),
-        EtcdOptions::default().with_page_size(args.page_size),
-    )?;
+    let lw = etcd_source(client, prefix, args)?;
     let expire = Arc::new(Notify::new());
     let source = Expiring {
         inner: lw,
@@ -62,6 +57,16 @@ async fn relist(client: &Client, prefix: &str, args: &Args, compact: bool) -> Re
         "rss_after_relist": after,
         "relist_list_s": listed,
     }))
+}
+
+/// The children's source: the prefix as JSON ConfigMaps, in pages of `--page-size`.
+fn etcd_source(client: &Client, prefix: &str, args: &Args) -> Res<EtcdListerWatcher<ConfigMap>> {
+    Ok(EtcdListerWatcher::with_options(
+        client.clone(),
+        prefix.to_owned(),
+        JsonCodec::<ConfigMap>::new(),
+        EtcdOptions::default().with_page_size(args.page_size),
+    )?)
 }
 
 /// The informer's options in a child: `--processing`, and a compact cache if asked.
@@ -221,12 +226,7 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
         }
         "memory-informer" | "memory-compact" => {
             let compact = kind == "memory-compact";
-            let lw = EtcdListerWatcher::with_options(
-                client.clone(),
-                prefix.clone(),
-                JsonCodec::<ConfigMap>::new(),
-                EtcdOptions::default().with_page_size(args.page_size),
-            )?;
+            let lw = etcd_source(&client, &prefix, args)?;
             let informer = SharedIndexInformer::new(lw, informer_options(args, compact));
             let seen = Arc::new(AtomicUsize::new(0));
             let mut registrations = Vec::new();

@@ -564,15 +564,30 @@ mod tests {
         ))
     }
 
-    fn label_indexer() -> Indexer<Vec<String>> {
-        let indexer = Indexer::with_namespace_index();
-        let mut more: Indexers<Vec<String>> = HashMap::new();
-        more.insert(
+    /// The index "label": the object's value, a list of labels.
+    fn label_index() -> Indexers<Vec<String>> {
+        let mut indexers: Indexers<Vec<String>> = HashMap::new();
+        indexers.insert(
             "label".into(),
             Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
         );
-        indexer.add_indexers(more).unwrap();
+        indexers
+    }
+
+    fn label_indexer() -> Indexer<Vec<String>> {
+        let indexer = Indexer::with_namespace_index();
+        indexer.add_indexers(label_index()).unwrap();
         indexer
+    }
+
+    /// Comma-separated labels.
+    fn parse_labels(bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
+        let text = std::str::from_utf8(bytes)?;
+        Ok(text
+            .split(',')
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect())
     }
 
     fn sorted(keys: Vec<Arc<str>>) -> Vec<String> {
@@ -653,15 +668,11 @@ mod tests {
 
     impl Codec<Vec<String>> for LabelCodec {
         fn decode(&self, bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
-            let text = std::str::from_utf8(bytes)?;
-            if text.split(',').any(|l| l == "bad") {
+            let labels = parse_labels(bytes)?;
+            if labels.iter().any(|l| l == "bad") {
                 return Err("bad label".into());
             }
-            Ok(text
-                .split(',')
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect())
+            Ok(labels)
         }
         fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
             Ok(value.join(",").into_bytes())
@@ -696,12 +707,7 @@ mod tests {
     fn compact_store_answers_exactly_as_the_shared_one() {
         let shared = label_indexer();
         let compact = Indexer::compact(namespace_indexers(), LabelCodec);
-        let mut more: Indexers<Vec<String>> = HashMap::new();
-        more.insert(
-            "label".into(),
-            Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
-        );
-        compact.add_indexers(more).unwrap();
+        compact.add_indexers(label_index()).unwrap();
         let labels = ["x", "y", "z", "bad"];
         let mut rng = fastrand::Rng::with_seed(7);
         for step in 0..3_000i64 {
@@ -764,12 +770,7 @@ mod tests {
             if self.0.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err("broken".into());
             }
-            let text = std::str::from_utf8(bytes)?;
-            Ok(text
-                .split(',')
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect())
+            parse_labels(bytes)
         }
         fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
             let kept: Vec<&str> = value
@@ -785,12 +786,7 @@ mod tests {
     fn compact_indexes_follow_what_reads_see_even_when_the_codec_loses_or_fails() {
         let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ix = Indexer::compact(HashMap::new(), Lossy(broken.clone()));
-        let mut more: Indexers<Vec<String>> = HashMap::new();
-        more.insert(
-            "label".into(),
-            Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
-        );
-        ix.add_indexers(more).unwrap();
+        ix.add_indexers(label_index()).unwrap();
         ix.add(obj("ns/a", 1, &["x", "secret"]));
         assert_eq!(
             ix.get_by_key("ns/a").unwrap().value,
