@@ -13,6 +13,7 @@
 //! | `etcd_informer_decode_errors_total` | counter | `informer` | a value under the prefix does not decode (sampled every second) |
 //! | `etcd_informer_applied_revision` | gauge | `informer` | the cache reaches a new revision (sampled every second) |
 //! | `etcd_informer_revision_lag` | gauge | `informer` | revisions the reflector has read and the cache has not applied yet (sampled every second) |
+//! | `etcd_informer_seconds_since_proven_fresh` | gauge | `informer` | seconds since the source last proved the cache fresh: a list, an event, or an answered probe of the watch stream (sampled every second; alert above the source's idle timeout, 3 s by default) |
 //! | `etcd_informer_queue_depth` | gauge | `informer` | batches (RealFifo) or keys (DeltaFifo) queued between reflector and cache (sampled every second) |
 //! | `etcd_informer_handler_backlog` | gauge | `informer`, `handler` | notifications queued for a handler (or an event stream) and not delivered |
 //! | `etcd_informer_handler_delivered_total` | counter | `informer`, `handler` | a notification is delivered |
@@ -70,6 +71,11 @@ pub fn describe() {
         describe_gauge!(
             "etcd_informer_revision_lag",
             "Revisions the reflector has read that the cache has not applied yet."
+        );
+        describe_gauge!(
+            "etcd_informer_seconds_since_proven_fresh",
+            Unit::Seconds,
+            "Seconds since the source last proved an informer's cache fresh (a list, an event, an answered probe of its watch)."
         );
         describe_gauge!(
             "etcd_informer_queue_depth",
@@ -203,6 +209,7 @@ pub(crate) struct InformerMetrics {
     applied_revision: Gauge,
     revision_lag: Gauge,
     queue_depth: Gauge,
+    since_proven_fresh: Gauge,
 }
 
 impl InformerMetrics {
@@ -216,6 +223,7 @@ impl InformerMetrics {
             applied_revision: handle!(gauge, "etcd_informer_applied_revision", "informer" => informer.to_owned()),
             revision_lag: handle!(gauge, "etcd_informer_revision_lag", "informer" => informer.to_owned()),
             queue_depth: handle!(gauge, "etcd_informer_queue_depth", "informer" => informer.to_owned()),
+            since_proven_fresh: handle!(gauge, "etcd_informer_seconds_since_proven_fresh", "informer" => informer.to_owned()),
         }
     }
 
@@ -227,8 +235,19 @@ impl InformerMetrics {
         }
     }
 
-    /// Publishes what is sampled: revisions, queue depth and the source's decode errors.
-    pub(crate) fn sample(&self, applied: i64, last_synced: i64, queued: usize, decode_errors: u64) {
+    /// Publishes what is sampled: revisions, queue depth, the source's decode errors, and
+    /// seconds since the cache was last proven fresh (`None`: never yet).
+    pub(crate) fn sample(
+        &self,
+        applied: i64,
+        last_synced: i64,
+        queued: usize,
+        decode_errors: u64,
+        since_proven_fresh: Option<f64>,
+    ) {
+        if let Some(seconds) = since_proven_fresh {
+            self.since_proven_fresh.set(seconds);
+        }
         self.applied_revision.set(applied as f64);
         self.revision_lag
             .set(last_synced.saturating_sub(applied).max(0) as f64);

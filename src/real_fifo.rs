@@ -136,6 +136,11 @@ struct Inner<T> {
     batches: VecDeque<Batch<T>>,
     /// The revision being filled, not yet committed.
     open: Option<(i64, Vec<Delta<T>>)>,
+    /// The newest revision queued (a change, a relist or progress): a committed revision above
+    /// it brought only changes that were dropped (duplicates, deletes of keys the cache lacks,
+    /// such as a new key whose value does not decode), and is queued as progress so that the
+    /// cache's revision still reaches it.
+    queued: i64,
     /// Newest queued, unpopped state by key.
     pending: HashMap<Arc<str>, Pending<T>>,
     /// The newest queued relist until it is popped.
@@ -166,6 +171,7 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
             inner: Mutex::new(Inner {
                 batches: VecDeque::new(),
                 open: None,
+                queued: 0,
                 pending: HashMap::new(),
                 replace: None,
                 building: None,
@@ -214,6 +220,7 @@ impl<T> RealFifo<T> {
         if inner.open.as_ref().is_some_and(|(r, _)| *r != revision) {
             committed = Self::commit_locked(inner);
         }
+        inner.queued = revision;
         inner
             .open
             .get_or_insert_with(|| (revision, Vec::new()))
@@ -240,6 +247,8 @@ impl<T> RealFifo<T> {
         // Everything queued before is superseded by the list for the purpose of "newest".
         inner.pending.clear();
         inner.replace = Some(items.clone());
+        // A relist after a wipe goes back in revisions: it is the reference from now on.
+        inner.queued = revision;
         let initial = !inner.listed;
         inner.listed = true;
         inner.batches.push_back(Batch::Replace {
@@ -421,15 +430,21 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
         self.notify.notify_waiters();
     }
 
-    fn commit(&self, _revision: i64) {
-        if Self::commit_locked(&mut self.lock()) {
+    fn commit(&self, revision: i64) {
+        let mut inner = self.lock();
+        if Self::commit_locked(&mut inner) {
+            drop(inner);
             self.notify.notify_waiters();
+        } else if revision > inner.queued {
+            drop(inner);
+            self.progress(revision);
         }
     }
 
     fn progress(&self, revision: i64) {
         let mut inner = self.lock();
         Self::commit_locked(&mut inner);
+        inner.queued = inner.queued.max(revision);
         match inner.batches.back_mut() {
             Some(Batch::Progress(r)) => *r = (*r).max(revision),
             _ => inner.batches.push_back(Batch::Progress(revision)),
@@ -534,6 +549,24 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_revision_whose_changes_were_all_dropped_still_advances_the_cache() {
+        let (f, _ix) = fifo();
+        f.replace(vec![], 1, false);
+        let _ = pop(&f).await;
+        // A new key whose value does not decode reaches the queue as a delete of a key it
+        // never knew: dropped, yet etcd is at revision 2 and so is the cache.
+        assert!(!f.delete("undecodable", 2, None));
+        f.commit(2);
+        assert!(matches!(pop(&f).await, Batch::Progress(2)));
+        // Committing a revision already queued adds nothing.
+        f.add_if_newer(DeltaType::Added, obj("a", 3));
+        f.commit(3);
+        f.commit(3);
+        assert!(matches!(pop(&f).await, Batch::Changes { revision: 3, .. }));
+        assert!(f.is_empty());
     }
 
     #[tokio::test]

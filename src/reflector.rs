@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -62,6 +62,11 @@ pub trait Queue<T>: Send + Sync {
 /// recovery tens of seconds away, as a backoff that resets only after two quiet minutes
 /// (client-go's) does, while a list whose watch expires at once still backs off.
 pub const RELIST_STORM_WINDOW: Duration = Duration::from_secs(2);
+
+/// Rewrites each object before it is cached (client-go's `TransformFunc`), e.g. to drop fields
+/// the program never reads and save memory. Applied by the reflector to everything the source
+/// yields, so the source itself stays whole (its consistent reads and liveness included).
+pub type TransformFn<T> = Arc<dyn Fn(Object<T>) -> Object<T> + Send + Sync>;
 
 /// Called with every list or watch failure.
 pub type WatchErrorHandler = Arc<dyn Fn(&Error) + Send + Sync>;
@@ -203,6 +208,7 @@ pub struct Reflector<T, L> {
     relists: RelistMetrics,
     /// When the current watch was opened.
     watching_since: Option<Instant>,
+    transform: Option<TransformFn<T>>,
 }
 
 /// How many times a reflector listed, by reason.
@@ -223,8 +229,14 @@ pub struct Relists {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Health {
-    /// A list succeeded and the watch after it is open, with no failure since.
+    /// A list succeeded and the watch after it is open, with no failure since, and the watch
+    /// proved alive within the source's [liveness bound](ListerWatcher::liveness_bound): a
+    /// watch that has gone silent for longer is not connected, even if nothing failed.
     pub connected: bool,
+    /// When the source last proved the cache fresh: a list, or anything its watch stream
+    /// yielded (events, bookmarks, the etcd source's answered probes). `None` before the first
+    /// list. See [`seconds_since_proven_fresh`](Self::seconds_since_proven_fresh).
+    pub proven_fresh_at: Option<SystemTime>,
     /// Since when it is not connected (`None` while connected).
     pub disconnected_since: Option<SystemTime>,
     /// The last list or watch failure (or panic), and when it happened.
@@ -235,22 +247,54 @@ pub struct Health {
     pub restarts: u64,
 }
 
+impl Health {
+    /// Seconds since the source last proved the cache fresh ([`proven_fresh_at`]), as of now;
+    /// `None` before the first list. Alert when it passes the source's liveness bound (3 s for
+    /// the etcd source by default): the cache may have stopped following etcd.
+    ///
+    /// [`proven_fresh_at`]: Self::proven_fresh_at
+    pub fn seconds_since_proven_fresh(&self) -> Option<f64> {
+        let at = self.proven_fresh_at?;
+        Some(
+            SystemTime::now()
+                .duration_since(at)
+                .unwrap_or_default()
+                .as_secs_f64(),
+        )
+    }
+}
+
 /// A cloneable view of a running reflector: the revision it has synced to and its health.
 #[derive(Debug, Clone)]
 pub struct RevisionHandle {
     revision: Arc<AtomicI64>,
     health: Arc<Mutex<Health>>,
+    /// When the source last proved the cache fresh, in milliseconds since the Unix epoch (0:
+    /// never): kept apart from `health` so that recording it costs no lock per event.
+    proven_ms: Arc<AtomicU64>,
+    /// The source's [`ListerWatcher::liveness_bound`].
+    liveness_bound: Option<Duration>,
 }
 
 impl RevisionHandle {
-    fn new() -> Self {
+    fn new(liveness_bound: Option<Duration>) -> Self {
         RevisionHandle {
             revision: Arc::new(AtomicI64::new(0)),
             health: Arc::new(Mutex::new(Health {
                 disconnected_since: Some(SystemTime::now()),
                 ..Health::default()
             })),
+            proven_ms: Arc::default(),
+            liveness_bound,
         }
+    }
+
+    /// The source just proved the cache fresh.
+    fn proven(&self) {
+        let ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.proven_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The last revision the reflector has read up to and queued (0 before the first list):
@@ -261,7 +305,20 @@ impl RevisionHandle {
 
     /// The reflector's health now.
     pub fn health(&self) -> Health {
-        self.lock().clone()
+        let mut health = self.lock().clone();
+        let ms = self.proven_ms.load(Ordering::Relaxed);
+        if ms > 0 {
+            let proven = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+            health.proven_fresh_at = Some(proven);
+            if let Some(bound) = self.liveness_bound {
+                let silent = SystemTime::now().duration_since(proven).unwrap_or_default();
+                if health.connected && silent > bound {
+                    health.connected = false;
+                    health.disconnected_since = Some(proven + bound);
+                }
+            }
+        }
+        health
     }
 
     fn lock(&self) -> MutexGuard<'_, Health> {
@@ -321,13 +378,28 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
     /// [`RealFifo`](crate::RealFifo)).
     pub fn new(lw: L, fifo: Arc<dyn Queue<T>>, options: ReflectorOptions) -> Self {
         Reflector {
+            handle: RevisionHandle::new(lw.liveness_bound()),
             lw,
             fifo,
             relists: RelistMetrics::new(&options.name),
             options,
-            handle: RevisionHandle::new(),
             watching_since: None,
+            transform: None,
         }
+    }
+
+    /// Rewrites every listed and watched object with `transform` before it is queued.
+    #[must_use]
+    pub fn with_transform(mut self, transform: Option<TransformFn<T>>) -> Self {
+        self.transform = transform;
+        self
+    }
+
+    fn transformed(&self, obj: Object<T>) -> Arc<Object<T>> {
+        Arc::new(match &self.transform {
+            Some(transform) => transform(obj),
+            None => obj,
+        })
     }
 
     /// A handle to read the last synced revision and the health while the reflector runs.
@@ -378,7 +450,12 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         loop {
             // Pages go into the queue's next content as they arrive when it can take them so.
             let reuse_from = (reason != ListReason::StoreReplaced).then_some(highest_seen);
-            let sink = self.fifo.begin_replace(reuse_from);
+            // A transform needs each object whole before it is queued, so transformed lists
+            // are read whole.
+            let sink = match self.transform {
+                Some(_) => None,
+                None => self.fifo.begin_replace(reuse_from),
+            };
             let listed = match &sink {
                 Some(sink) => self
                     .lw
@@ -446,7 +523,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             if paged {
                 self.fifo.finish_replace(list.revision, replaced);
             } else {
-                let items = list.items.into_iter().map(Arc::new).collect();
+                let items = list
+                    .items
+                    .into_iter()
+                    .map(|o| self.transformed(o))
+                    .collect();
                 self.fifo.replace(items, list.revision, replaced);
             }
             // Whether a watch after this list stayed up (see `RELIST_STORM_WINDOW`).
@@ -454,6 +535,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             let mut revision = list.revision;
             highest_seen = revision;
             self.handle.revision.store(revision, Ordering::Release);
+            self.handle.proven();
             tracing::debug!(revision, "listed");
 
             // Watch until the revision expires. Re-watching from the last revision is cheap
@@ -532,14 +614,19 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 self.handle.failed("the watch ended".into());
                 return WatchEnd::Unavailable;
             };
+            if !matches!(event, WatchEvent::Error(_)) {
+                self.handle.proven();
+            }
             match event {
                 WatchEvent::Added(obj) => {
                     *revision = obj.mod_revision.max(*revision);
-                    self.fifo.add_if_newer(DeltaType::Added, Arc::new(obj));
+                    self.fifo
+                        .add_if_newer(DeltaType::Added, self.transformed(obj));
                 }
                 WatchEvent::Modified(obj) => {
                     *revision = obj.mod_revision.max(*revision);
-                    self.fifo.add_if_newer(DeltaType::Updated, Arc::new(obj));
+                    self.fifo
+                        .add_if_newer(DeltaType::Updated, self.transformed(obj));
                 }
                 WatchEvent::Deleted {
                     key,
@@ -547,7 +634,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     last,
                 } => {
                     *revision = r.max(*revision);
-                    self.fifo.delete(&key, r, last.map(Arc::new));
+                    self.fifo.delete(&key, r, last.map(|o| self.transformed(o)));
                 }
                 WatchEvent::Bookmark(r) => {
                     *revision = r.max(*revision);

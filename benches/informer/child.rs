@@ -1,7 +1,8 @@
 //! The memory scenario's child processes: the bench re-executed with `--child`.
 
 use etcd_informer::listwatch::{
-    BoxFuture, Error as LwError, ListResult, ListSink, Result as LwResult, WatchEvent, WatchStream,
+    BoxFuture, Error as LwError, Freshness, ListResult, ListSink, Result as LwResult, WatchEvent,
+    WatchStream,
 };
 
 use super::*;
@@ -142,6 +143,23 @@ impl ListerWatcher<ConfigMap> for Expiring {
             };
             Ok(Box::pin(tokio_stream::StreamExt::merge(stream, expiry)) as WatchStream<ConfigMap>)
         })
+    }
+
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, LwResult<Freshness>> {
+        self.inner.freshness(since, cached, at)
+    }
+
+    fn liveness_bound(&self) -> Option<std::time::Duration> {
+        self.inner.liveness_bound()
+    }
+
+    fn decode_errors(&self) -> u64 {
+        self.inner.decode_errors()
     }
 }
 

@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::delta_fifo::{Delta, DeltaFifo, PopError, Popped};
 use crate::listwatch::ListerWatcher;
-use crate::reflector::{Reflector, ReflectorOptions, RevisionHandle};
+use crate::reflector::{Reflector, ReflectorOptions, RevisionHandle, TransformFn};
 
 /// The error of a [`ProcessFn`]: the process function's own error, whatever its type (a `&str`
 /// or `String` converts with `.into()`). The controller logs it with its chain of sources.
@@ -71,6 +71,7 @@ pub struct ControllerConfig<T, L> {
 /// ```
 pub struct Controller<T, L> {
     config: ControllerConfig<T, L>,
+    transform: Option<TransformFn<T>>,
 }
 
 /// Retry delays for failed keys: 100 ms doubling to 30 s per key, cleared on success.
@@ -80,7 +81,18 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
     /// A controller from its configuration.
     pub fn new(config: ControllerConfig<T, L>) -> Self {
-        Controller { config }
+        Controller {
+            config,
+            transform: None,
+        }
+    }
+
+    /// Rewrites every object the source yields before it is queued (client-go's
+    /// `TransformFunc`; see [`Reflector::with_transform`]).
+    #[must_use]
+    pub fn with_transform(mut self, transform: Option<TransformFn<T>>) -> Self {
+        self.transform = transform;
+        self
     }
 
     /// Runs until the queue is closed (or the future is dropped). `on_start` receives the
@@ -97,8 +109,10 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Controller<T, L> {
             retry_on_error,
             reflector,
         } = self.config;
+        let transform = self.transform;
         let span = tracing::info_span!("controller", name = %reflector.name);
-        let reflector = Reflector::new(lister_watcher, queue.clone(), reflector);
+        let reflector =
+            Reflector::new(lister_watcher, queue.clone(), reflector).with_transform(transform);
         on_start(reflector.revision());
         let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
         let mut failures: HashMap<Arc<str>, Backoff> = HashMap::new();

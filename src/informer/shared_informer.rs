@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tracing::Instrument;
 
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
@@ -16,9 +16,7 @@ use super::handler::{DeletedObject, Event, ResourceEventHandler};
 use super::processor::{Listener, Processor};
 use crate::codec::Codec;
 use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
-use crate::listwatch::{
-    BoxFuture, Error as SourceError, Freshness, ListResult, ListerWatcher, WatchEvent, WatchStream,
-};
+use crate::listwatch::{Error as SourceError, Freshness, ListerWatcher};
 use crate::metrics::{EventKind, InformerMetrics};
 use crate::real_fifo::{Batch, RealFifo};
 use crate::reflector::{
@@ -27,9 +25,7 @@ use crate::reflector::{
 use crate::store::{Indexer, Indexers, StoreContent, StoreError, Txn};
 use crate::{Lister, Object};
 
-/// Rewrites each object before it is cached (client-go's `TransformFunc`), e.g. to drop fields
-/// the program never reads and save memory.
-pub type TransformFn<T> = Arc<dyn Fn(Object<T>) -> Object<T> + Send + Sync>;
+pub use crate::reflector::TransformFn;
 
 /// The backlog bound of an [`EventStream`] when [`InformerOptions::max_handler_backlog`] is
 /// `None`: a stream's consumer is async code that usually keeps up, so 1024 pending events is
@@ -343,6 +339,8 @@ struct Shared<T> {
     queue: Queue<T>,
     processor: Mutex<Processor<T>>,
     source: Arc<dyn ListerWatcher<T>>,
+    /// Applied by the reflector to everything the source yields.
+    transform: Option<TransformFn<T>>,
     started: AtomicBool,
     /// Set once `run` has ended: handlers get what is queued, then their threads end.
     stopped: AtomicBool,
@@ -451,10 +449,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             Processing::Atomic => Queue::Atomic(Arc::new(RealFifo::new(known))),
             Processing::DeltaFifo => Queue::DeltaFifo(Arc::new(DeltaFifo::new(Some(known)))),
         };
-        let source: Arc<dyn ListerWatcher<T>> = match options.transform {
-            Some(transform) => Arc::new(Transformed { source, transform }),
-            None => Arc::new(source),
-        };
+        let source: Arc<dyn ListerWatcher<T>> = Arc::new(source);
         let default_resync = clamp_resync(options.resync_period);
         SharedIndexInformer {
             shared: Arc::new(Shared {
@@ -462,6 +457,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 queue,
                 processor: Mutex::new(Processor::new(&options.name)),
                 source,
+                transform: options.transform,
                 started: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
                 default_resync,
@@ -724,6 +720,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                     reflector,
                 };
                 Controller::new(config)
+                    .with_transform(self.shared.transform.clone())
                     .run_with(|handle| {
                         let _ = revision.set(handle);
                     })
@@ -731,7 +728,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             }
             Queue::Atomic(fifo) => {
                 let span = tracing::info_span!("controller", name = %self.shared.name);
-                let reflector = Reflector::new(source, fifo.clone(), reflector);
+                let reflector = Reflector::new(source, fifo.clone(), reflector)
+                    .with_transform(self.shared.transform.clone());
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
                 async {
@@ -1234,6 +1232,7 @@ async fn sample_metrics<T: Send + Sync + 'static>(shared: Weak<Shared<T>>) {
             informer.last_synced_revision(),
             queued,
             decode_errors,
+            informer.health().reflector.seconds_since_proven_fresh(),
         );
     }
 }
@@ -1317,51 +1316,5 @@ impl<T: Send + Sync + 'static> Stream for EventStream<T> {
 impl<T: Send + Sync + 'static> Drop for EventStream<T> {
     fn drop(&mut self) {
         self.informer.remove_event_handler(&self.registration);
-    }
-}
-
-/// A source whose objects pass through a transform.
-struct Transformed<L, T> {
-    source: L,
-    transform: TransformFn<T>,
-}
-
-impl<T: Send + Sync + 'static, L: ListerWatcher<T>> ListerWatcher<T> for Transformed<L, T> {
-    fn decode_errors(&self) -> u64 {
-        self.source.decode_errors()
-    }
-
-    fn list(&self) -> BoxFuture<'_, crate::listwatch::Result<ListResult<T>>> {
-        Box::pin(async move {
-            let mut list = self.source.list().await?;
-            list.items = list
-                .items
-                .into_iter()
-                .map(|o| (self.transform)(o))
-                .collect();
-            Ok(list)
-        })
-    }
-
-    fn watch(&self, after: i64) -> BoxFuture<'_, crate::listwatch::Result<WatchStream<T>>> {
-        Box::pin(async move {
-            let stream = self.source.watch(after).await?;
-            let transform = self.transform.clone();
-            let mapped = stream.map(move |event| match event {
-                WatchEvent::Added(o) => WatchEvent::Added(transform(o)),
-                WatchEvent::Modified(o) => WatchEvent::Modified(transform(o)),
-                WatchEvent::Deleted {
-                    key,
-                    revision,
-                    last,
-                } => WatchEvent::Deleted {
-                    key,
-                    revision,
-                    last: last.map(|o| transform(o)),
-                },
-                other => other,
-            });
-            Ok(Box::pin(mapped) as WatchStream<T>)
-        })
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::time::Instant;
 
 use etcd_client::proto::PbKeyValue;
 use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
@@ -14,6 +15,7 @@ use tokio::sync::{mpsc, OnceCell};
 use tokio_stream::Stream;
 use tracing::Instrument;
 
+use super::hedged::{hedged, Hedged, HEDGE_AFTER};
 use super::{
     BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result, WatchEvent,
     WatchStream,
@@ -46,8 +48,8 @@ pub const MAX_DECODING_MESSAGE_SIZE: usize = 1 << 30;
 ///   a stream is open: etcd-client has it off, so a half-open connection would otherwise stay
 ///   forever. Not more often: etcd's gRPC proxy (like any Go gRPC server with the default
 ///   policy) closes connections that ping more often than every 5 minutes ("too many pings"),
-///   and a silent watch is caught sooner by the etcd source's own liveness check (a cheap read
-///   after half of [`EtcdOptions::idle_timeout`] of silence);
+///   and a silent watch is caught sooner by the etcd source's own probe on the watch stream
+///   ([`EtcdOptions::progress_interval`], [`EtcdOptions::idle_timeout`]);
 /// - a 5 s connect timeout, so an unreachable endpoint is reported, not waited on;
 /// - automatic re-authentication of reads when etcd has forgotten the auth token (etcd drops
 ///   simple tokens after `--auth-token-ttl`, 300 s by default); watches re-authenticate in
@@ -119,12 +121,18 @@ pub struct EtcdOptions {
     /// Accept a prefix that does not end with `/` (then `/a` also matches `/ab`); the empty
     /// prefix then watches the whole keyspace.
     pub raw_prefix: bool,
-    /// How often an idle watch asks etcd for a progress notification, to prove it is alive.
+    /// A watch that has heard nothing on its stream for this long (default 1 s) probes it: it
+    /// creates a second watch on the same stream and cancels it, which etcd members and etcd's
+    /// gRPC proxy both answer at once (etcd versions whose progress revisions can be trusted are
+    /// also asked for a progress notification). Each answer is reported as a
+    /// [`WatchEvent::Bookmark`] at the revision already delivered: the stream proved alive.
     pub progress_interval: Duration,
-    /// A watch that hears nothing (no event, no progress answer) for half of this asks etcd
-    /// with a cheap read on the same connection instead (etcd's gRPC proxy never answers
-    /// progress requests); if that read gets no answer either within the other half, the watch
-    /// is dead: it fails as [`Error::Unavailable`] and the reflector watches again.
+    /// A watch that has heard nothing on its own stream for this long (default 3 s), its probe
+    /// included, is on a member that stopped answering: it fails as [`Error::Unavailable`] and
+    /// the reflector watches again (opening the new stream on whichever member answers first).
+    /// Only the stream counts: a read answered by another member proves nothing about the
+    /// member holding the watch. It is also how long an informer stays healthy without proof
+    /// ([`ListerWatcher::liveness_bound`]).
     pub idle_timeout: Duration,
     /// Events buffered between the etcd stream and the reflector.
     pub watch_buffer: usize,
@@ -154,28 +162,28 @@ impl EtcdOptions {
         self
     }
 
-    /// Sets the whether to ask etcd for the previous value of each changed key (`prev_kv`).
+    /// Sets whether to ask etcd for the previous value of each changed key (`prev_kv`).
     #[must_use]
     pub fn with_prev_kv(mut self, prev_kv: bool) -> Self {
         self.prev_kv = prev_kv;
         self
     }
 
-    /// Sets the whether a prefix not ending with `/` is accepted (`raw_prefix`).
+    /// Sets whether a prefix not ending with `/` is accepted (`raw_prefix`).
     #[must_use]
     pub fn with_raw_prefix(mut self, raw_prefix: bool) -> Self {
         self.raw_prefix = raw_prefix;
         self
     }
 
-    /// Sets the how often an idle watch asks for a progress notification (`progress_interval`).
+    /// Sets how long a silent watch waits before it probes its stream (`progress_interval`).
     #[must_use]
     pub fn with_progress_interval(mut self, progress_interval: Duration) -> Self {
         self.progress_interval = progress_interval;
         self
     }
 
-    /// Sets the how long a silent watch lasts before it is probed and then dropped (`idle_timeout`).
+    /// Sets how long a watch may hear nothing on its stream before it is dropped (`idle_timeout`).
     #[must_use]
     pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
         self.idle_timeout = idle_timeout;
@@ -205,8 +213,9 @@ impl Default for EtcdOptions {
             page_timeout: Duration::from_secs(60),
             prev_kv: false,
             raw_prefix: false,
-            progress_interval: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(20),
+            // A hung member is noticed within 3 s, a probe's answer takes milliseconds.
+            progress_interval: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(3),
             watch_buffer: 1024,
             on_decode_error: None,
         }
@@ -303,9 +312,6 @@ pub struct EtcdListerWatcher<T> {
     /// re-watch checks etcd still agrees (see [`Tally`]).
     tally: Arc<Mutex<Tally>>,
     trust_progress: Arc<OnceCell<bool>>,
-    /// Some watch of this source had a progress request answered: the endpoints are etcd
-    /// members, not a gRPC proxy (which never answers them).
-    progress_answered: Arc<AtomicBool>,
     token: TokenRenewal,
 }
 
@@ -333,7 +339,6 @@ impl<T> Clone for EtcdListerWatcher<T> {
             identity: self.identity.clone(),
             tally: self.tally.clone(),
             trust_progress: self.trust_progress.clone(),
-            progress_answered: self.progress_answered.clone(),
             token: self.token.clone(),
         }
     }
@@ -404,7 +409,6 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             identity: Arc::new(Mutex::new(Identity::default())),
             tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
-            progress_answered: Arc::default(),
             token: TokenRenewal::default(),
         })
     }
@@ -433,7 +437,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     /// holds no items).
     async fn list_inner(&self, sink: Option<Arc<dyn ListSink<T>>>) -> Result<ListResult<T>> {
         self.token.renew_if_refused(&self.client).await;
-        let mut kv = self
+        let kv = self
             .client
             .kv_client()
             .max_decoding_message_size(self.options.max_message_bytes);
@@ -453,29 +457,33 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 // each response carries etcd's *current* revision, never the one read at.
                 options = options.with_revision(revision);
             }
-            let got = tokio::time::timeout(
-                self.options.page_timeout,
-                kv.get(start.clone(), Some(options)),
-            )
-            .await
-            .map_err(|_| {
-                Error::unavailable(format!(
-                    "list of {} timed out after {:?} (page {pages})",
-                    self.prefix(),
-                    self.options.page_timeout
-                ))
-            })?;
+            // A page may take a while to send, so a second attempt goes out only once the
+            // first has been silent as long as a watch may be (a member that hangs).
+            let deadline = Instant::now() + self.options.page_timeout;
+            let got = hedged(self.options.idle_timeout, deadline, || {
+                let mut kv = kv.clone();
+                let (start, options) = (start.clone(), options.clone());
+                async move { kv.get(start, Some(options)).await }
+            })
+            .await;
             let mut resp = match got {
-                Ok(resp) => resp,
+                Hedged::Answered(resp) => resp,
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "list of {} timed out after {:?} (page {pages})",
+                        self.prefix(),
+                        self.options.page_timeout
+                    )))
+                }
                 // A page too big for one message (large values): retry it in smaller pages,
                 // rather than failing the same way on every relist forever.
-                Err(e) if page_size > 1 && is_message_too_large(&e) => {
+                Hedged::Failed(e) if page_size > 1 && is_message_too_large(&e) => {
                     page_size = (page_size / 4).max(1);
                     max_page = page_size;
                     tracing::warn!(prefix = %self.prefix(), page_size, error = %e, "list page too large; retrying with smaller pages");
                     continue;
                 }
-                Err(e) => return Err(self.failed(e, revision)),
+                Hedged::Failed(e) => return Err(self.failed(e, revision)),
             };
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
@@ -626,6 +634,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         let mut maintenance = self.client.maintenance_client();
         match tokio::time::timeout(Duration::from_secs(5), maintenance.status()).await {
             Ok(Ok(status)) => {
+                warn_of_known_watch_bugs(status.version());
                 let trust = progress_is_trustworthy(status.version());
                 let _ = self.trust_progress.set(trust);
                 trust
@@ -638,6 +647,11 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
 impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
     fn decode_errors(&self) -> u64 {
         EtcdListerWatcher::decode_errors(self)
+    }
+
+    /// [`EtcdOptions::idle_timeout`]: a live watch probes its stream well within it.
+    fn liveness_bound(&self) -> Option<Duration> {
+        Some(self.options.idle_timeout)
     }
 
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
@@ -659,25 +673,38 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             if self.options.prev_kv {
                 options = options.with_prev_key();
             }
-            let mut client = self
+            // A stream opened on a member that hangs never confirms its creation: another one
+            // goes out beside it, and the first confirmed wins.
+            let deadline = Instant::now() + self.options.idle_timeout;
+            let client = self
                 .client
                 .watch_client()
                 .max_decoding_message_size(self.options.max_message_bytes);
-            let stream = tokio::time::timeout(
-                self.options.idle_timeout,
-                client.watch(self.first_key(), Some(options)),
-            )
-            .await
-            .map_err(|_| {
-                Error::unavailable(format!(
-                    "starting the watch of {} took over {:?}",
-                    self.prefix(),
-                    self.options.idle_timeout
-                ))
-            })?;
-            let stream = match stream {
-                Ok(stream) => stream,
-                Err(e) => return Err(self.failed(e, after_revision)),
+            let key = self.first_key();
+            let opened = hedged(HEDGE_AFTER, deadline, || {
+                let mut client = client.clone();
+                let (key, options) = (key.clone(), options.clone());
+                async move {
+                    let (requests, mut responses) = client.watch(key, Some(options)).await?.split();
+                    match responses.message().await? {
+                        Some(created) => Ok((requests, responses, created)),
+                        None => Err(etcd_client::Error::WatchError(
+                            "etcd ended the watch stream before confirming it".into(),
+                        )),
+                    }
+                }
+            })
+            .await;
+            let (requests, responses, created) = match opened {
+                Hedged::Answered(opened) => opened,
+                Hedged::Failed(e) => return Err(self.failed(e, after_revision)),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "no member confirmed the watch of {} within {:?}",
+                        self.prefix(),
+                        self.options.idle_timeout
+                    )))
+                }
             };
             let (tx, rx) = mpsc::channel(self.options.watch_buffer);
             let task = WatchTask {
@@ -689,8 +716,9 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 tally: self.tally.clone(),
                 name: self.prefix(),
                 after: after_revision,
+                watch_id: created.watch_id(),
+                lag_confirmed: false,
                 trust_progress,
-                endpoints_answer_progress: self.progress_answered.clone(),
                 progress_interval: self.options.progress_interval,
                 idle_timeout: self.options.idle_timeout,
                 tx,
@@ -698,7 +726,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             };
             let span =
                 tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);
-            tokio::spawn(task.run(stream).instrument(span));
+            tokio::spawn(task.run(requests, responses, created).instrument(span));
             Ok(Box::pin(Responses {
                 rx,
                 current: VecDeque::new(),
@@ -729,21 +757,23 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             if let Some(at) = at {
                 options = options.with_revision(at);
             }
-            let resp = tokio::time::timeout(
+            let resp = match read(
+                &self.client,
+                &self.first_key(),
+                options,
                 self.options.page_timeout,
-                self.client.kv_client().get(self.first_key(), Some(options)),
             )
             .await
-            .map_err(|_| {
-                Error::unavailable(format!(
-                    "reading the revision of {} timed out after {:?}",
-                    self.prefix(),
-                    self.options.page_timeout
-                ))
-            })?;
-            let resp = match resp {
-                Ok(resp) => resp,
-                Err(e) => return Err(self.failed(e, at.unwrap_or(0))),
+            {
+                Hedged::Answered(resp) => resp,
+                Hedged::Failed(e) => return Err(self.failed(e, at.unwrap_or(0))),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "reading the revision of {} timed out after {:?}",
+                        self.prefix(),
+                        self.options.page_timeout
+                    )))
+                }
             };
             let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
             let undecodable = lock(&self.undecodable).len();
@@ -834,6 +864,11 @@ impl<T: 'static> Decoder<T> {
 }
 
 /// Reads one etcd watch stream and forwards its events.
+///
+/// Liveness is judged by this stream alone: a stream that has heard nothing for
+/// `progress_interval` probes itself (a watch created on the same stream and canceled once
+/// confirmed); one that has heard nothing for `idle_timeout`, the probe's answer included, is
+/// on a member that stopped answering and fails as unavailable.
 struct WatchTask<T> {
     client: Client,
     /// The watched range, for consistency checks.
@@ -845,9 +880,12 @@ struct WatchTask<T> {
     /// The prefix, for messages.
     name: String,
     after: i64,
+    /// The id etcd gave the prefix's watch; responses for other ids answer probes.
+    watch_id: i64,
+    /// A linearizable read showed that the cluster is past `after` while this member lags
+    /// behind it: the member's events catch up on their own.
+    lag_confirmed: bool,
     trust_progress: bool,
-    /// Shared by the source's watches (see [`EtcdListerWatcher`]'s field).
-    endpoints_answer_progress: Arc<AtomicBool>,
     progress_interval: Duration,
     idle_timeout: Duration,
     tx: mpsc::Sender<Vec<WatchEvent<T>>>,
@@ -858,53 +896,46 @@ const PUT: i32 = 0;
 const DELETE: i32 = 1;
 
 impl<T: Send + Sync + 'static> WatchTask<T> {
-    async fn run(mut self, stream: etcd_client::WatchStream) {
-        let (mut requests, mut responses) = stream.split();
-        let mut progress = tokio::time::interval(self.progress_interval);
-        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_heard = tokio::time::Instant::now();
-        // Only what this stream said: a read may be answered by another member of the
-        // client's endpoints, and proves nothing about the member this stream is on.
-        let mut heard_on_stream = last_heard;
-        // etcd (and its gRPC proxy) confirm a watch's creation at once: a stream that has not
-        // even done that is on a member that stopped answering.
-        let mut created = false;
-        let mut progress_answered = false;
+    async fn run(
+        mut self,
+        mut requests: etcd_client::WatchRequestSender,
+        mut responses: etcd_client::WatchResponseStream,
+        created: etcd_client::WatchResponse,
+    ) {
+        if let Err(e) = self.handle(created).await {
+            self.fail(e).await;
+            return;
+        }
+        // Checked often enough that a probe goes out soon after `progress_interval` of silence.
+        let mut tick = tokio::time::interval(self.progress_interval / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heard = Instant::now();
+        let mut probing = false;
         loop {
             let message = tokio::select! {
                 m = responses.message() => m,
-                _ = progress.tick() => {
-                    let silent = heard_on_stream.elapsed();
-                    let answers_progress = progress_answered
-                        || self.endpoints_answer_progress.load(Ordering::Relaxed);
-                    if (answers_progress || !created) && silent >= self.idle_timeout {
-                        // It (or another watch of these endpoints) answered progress requests,
-                        // or it never confirmed its creation: its member stopped answering
-                        // (paused, partitioned) while the others still serve reads.
+                _ = tick.tick() => {
+                    let silent = heard.elapsed();
+                    if silent >= self.idle_timeout {
                         self.fail(Error::unavailable(format!(
-                            "the watch of {} has been silent for {silent:?} (created: {created}, answered progress before: {progress_answered})",
+                            "the watch of {} heard nothing on its stream for {silent:?}, a probe of it included; its member stopped answering",
                             self.name
                         )))
                         .await;
                         return;
                     }
-                    if last_heard.elapsed() >= self.idle_timeout / 2 {
-                        // Silent (a quiet prefix behind a gRPC proxy, which never answers
-                        // progress requests, or a dead connection): ask with a read. With one
-                        // endpoint (the proxy) it shares the watch's connection.
-                        if let Err(e) = self.probe(self.idle_timeout / 2).await {
-                            self.fail(e).await;
+                    if silent >= self.progress_interval && !probing {
+                        probing = true;
+                        // The prefix itself, from now: a synced watch, answered at once.
+                        let probe = WatchOptions::new();
+                        let mut sent = requests.watch(self.range.0.clone(), Some(probe)).await;
+                        if sent.is_ok() && self.trust_progress {
+                            sent = requests.request_progress().await;
+                        }
+                        if sent.is_err() {
+                            self.fail(Error::unavailable(format!("the watch stream of {} closed", self.name))).await;
                             return;
                         }
-                        if !progress_answered {
-                            tracing::debug!("progress requests are not answered (gRPC proxy?); reads prove the watch's connection alive");
-                        }
-                        last_heard = tokio::time::Instant::now();
-                    }
-                    // A liveness probe: etcd answers on this stream once the watch is synced.
-                    if requests.request_progress().await.is_err() {
-                        self.fail(Error::unavailable(format!("the watch stream of {} closed", self.name))).await;
-                        return;
                     }
                     continue;
                 }
@@ -927,21 +958,39 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     return;
                 }
             };
-            heard_on_stream = tokio::time::Instant::now();
-            created = true;
-            if !response.created() && response.events().is_empty() && !progress_answered {
-                progress_answered = true;
-                self.endpoints_answer_progress
-                    .store(true, Ordering::Relaxed);
-            }
-            let handled = self.handle(response).await;
+            probing = false;
+            // etcd answers progress requests with watch id -1.
+            let probe_answer = response.watch_id() != self.watch_id && response.watch_id() != -1;
+            let handled = if probe_answer {
+                self.answered(&mut requests, &response).await
+            } else {
+                self.handle(response).await
+            };
             // Waiting for the reflector to take events is not silence from etcd.
-            last_heard = tokio::time::Instant::now();
+            heard = Instant::now();
             if let Err(e) = handled {
                 self.fail(e).await;
                 return;
             }
         }
+    }
+
+    /// A probe was answered: cancels it once created, and tells the reflector the stream is
+    /// alive with a bookmark at the revision already delivered.
+    async fn answered(
+        &mut self,
+        requests: &mut etcd_client::WatchRequestSender,
+        response: &etcd_client::WatchResponse,
+    ) -> Result<(), Error> {
+        if response.created() && !response.canceled() {
+            requests.cancel(response.watch_id()).await.map_err(|_| {
+                Error::unavailable(format!("the watch stream of {} closed", self.name))
+            })?;
+            if self.after > 0 {
+                self.send(vec![WatchEvent::Bookmark(self.after)]).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Forwards one response; an error ends the watch.
@@ -990,7 +1039,12 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             }
         }
         if header_revision != 0 && header_revision < self.after {
-            return Err(self.behind(header_revision).await);
+            if !self.lag_confirmed {
+                self.behind(header_revision).await?;
+                self.lag_confirmed = true;
+            }
+        } else {
+            self.lag_confirmed = false;
         }
         if response.created() {
             self.check_tally().await?;
@@ -1088,22 +1142,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             .with_range(self.range.1.clone())
             .with_count_only()
             .with_revision(self.after);
-        let mut kv = self.client.kv_client();
-        let read = tokio::time::timeout(
-            self.idle_timeout / 2,
-            kv.get(self.range.0.clone(), Some(options)),
-        )
-        .await
-        .map_err(|_| {
-            Error::unavailable(format!(
-                "counting the keys of {} at revision {} got no answer within {:?}",
-                self.name,
-                self.after,
-                self.idle_timeout / 2
-            ))
-        })?;
-        match read {
-            Ok(resp) if resp.count() != tally.keys => Err(Error::StoreReplaced {
+        let timeout = self.idle_timeout / 2;
+        match read(&self.client, &self.range.0, options, timeout).await {
+            Hedged::Answered(resp) if resp.count() != tally.keys => Err(Error::StoreReplaced {
                 revision: self.after + 1,
                 reason: format!(
                     "etcd counts {} keys under {} at revision {}, where the watch counted {}: the store was replaced",
@@ -1113,61 +1154,49 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     tally.keys
                 ),
             }),
-            Ok(_) => Ok(()),
-            Err(e) => Err(named(classify(e, self.after), &self.name)),
-        }
-    }
-
-    /// A cheap linearizable read through the client's endpoints: does etcd answer at all?
-    async fn probe(&self, timeout: Duration) -> Result<(), Error> {
-        let options = GetOptions::new()
-            .with_range(self.range.1.clone())
-            .with_count_only();
-        let mut kv = self.client.kv_client();
-        let read = kv.get(self.range.0.clone(), Some(options));
-        match tokio::time::timeout(timeout, read).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => {
-                let error = classify(e, self.after);
-                self.token.note(&error);
-                Err(named(error, &self.name))
-            }
-            Err(_) => Err(Error::unavailable(format!(
-                "the watch of {} heard nothing and a read got no answer within {timeout:?}; assuming the connection is dead",
-                self.name
+            Hedged::Answered(_) => Ok(()),
+            Hedged::Failed(e) => Err(named(classify(e, self.after), &self.name)),
+            Hedged::TimedOut => Err(Error::unavailable(format!(
+                "counting the keys of {} at revision {} got no answer within {timeout:?}",
+                self.name, self.after
             ))),
         }
     }
 
     /// The watch reports a revision below the one it started after: either this member lags
-    /// behind the cluster (retry), or the whole store went back in time (relist). A
-    /// linearizable read, answered only with the cluster's current revision, tells which.
-    async fn behind(&self, header_revision: i64) -> Error {
+    /// behind the cluster (its events catch up on their own: keep the stream), or the whole
+    /// store went back in time (relist). A linearizable read, answered only with the cluster's
+    /// current revision, tells which; without an answer, the watch is tried again.
+    async fn behind(&self, header_revision: i64) -> Result<(), Error> {
         // One key, no value: only the header's revision matters.
         let options = GetOptions::new()
             .with_range(self.range.1.clone())
             .with_limit(1)
             .with_keys_only();
-        let read = tokio::time::timeout(
-            self.progress_interval,
-            self.client
-                .kv_client()
-                .get(self.range.0.clone(), Some(options)),
-        )
-        .await;
-        match read {
-            Ok(Ok(resp)) if resp.header().map_or(0, |h| h.revision()) < self.after => Error::StoreReplaced {
-                revision: self.after + 1,
-                reason: format!(
-                    "etcd is at revision {}, below the watched revision {}: the store was wiped or restored",
-                    resp.header().map_or(0, |h| h.revision()),
-                    self.after
-                ),
-            },
-            _ => Error::transient(format!(
-                "the member serving the watch is at revision {header_revision}, behind the watched revision {}",
-                self.after
-            )),
+        match read(&self.client, &self.range.0, options, self.idle_timeout / 2).await {
+            Hedged::Answered(resp) => {
+                let cluster = resp.header().map_or(0, |h| h.revision());
+                if cluster < self.after {
+                    return Err(Error::StoreReplaced {
+                        revision: self.after + 1,
+                        reason: format!(
+                            "etcd is at revision {cluster}, below the watched revision {}: the store was wiped or restored",
+                            self.after
+                        ),
+                    });
+                }
+                tracing::debug!(
+                    member = header_revision,
+                    cluster,
+                    after = self.after,
+                    "the member serving the watch lags behind its cluster; its events will catch up"
+                );
+                Ok(())
+            }
+            _ => Err(Error::unavailable(format!(
+                "the member serving the watch of {} is at revision {header_revision}, behind the watched revision {}, and the cluster's revision could not be read",
+                self.name, self.after
+            ))),
         }
     }
 
@@ -1182,6 +1211,23 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
     async fn fail(&self, error: Error) {
         let _ = self.tx.send(vec![WatchEvent::Error(error)]).await;
     }
+}
+
+/// A small range read starting at `key`, hedged across members (see [`hedged`]) and bounded
+/// by `timeout`: reads that gate the watch must not wait on a member that hangs.
+async fn read(
+    client: &Client,
+    key: &[u8],
+    options: GetOptions,
+    timeout: Duration,
+) -> Hedged<etcd_client::GetResponse, etcd_client::Error> {
+    let kv = client.kv_client();
+    hedged(HEDGE_AFTER, Instant::now() + timeout, || {
+        let mut kv = kv.clone();
+        let (key, options) = (key.to_vec(), options.clone());
+        async move { kv.get(key, Some(options)).await }
+    })
+    .await
 }
 
 /// `full` without `prefix`, if it is UTF-8.
@@ -1326,14 +1372,12 @@ async fn store_changed(
         let options = GetOptions::new()
             .with_range(range.1.clone())
             .with_count_only();
-        // Bounded: the read may reach a member that stopped answering, and this runs on the
-        // watch's task, which must not hang with it. Unconfirmed, the store is not replaced.
-        let mut kv = client.kv_client();
-        let confirmed = tokio::time::timeout(timeout, kv.get(range.0.clone(), Some(options))).await;
-        let term = confirmed
-            .ok()
-            .and_then(Result::ok)
-            .and_then(|r| r.header().map(|h| h.raft_term()));
+        // Bounded: this runs on the watch's task, which must not hang with a member that
+        // stopped answering. Unconfirmed, the store is not replaced.
+        let term = match read(client, &range.0, options, timeout).await {
+            Hedged::Answered(r) => r.header().map(|h| h.raft_term()),
+            _ => None,
+        };
         if term.is_some_and(|t| t < known.raft_term) {
             return Some(format!(
                 "etcd's raft term went back from {} to {}: the store was wiped or restored",
@@ -1347,9 +1391,50 @@ async fn store_changed(
     None
 }
 
-/// Whether an etcd version reports progress revisions that can be trusted to advance the watch:
-/// RequestProgress could report a revision ahead of undelivered events before 3.4.25 / 3.5.8.
-fn progress_is_trustworthy(version: &str) -> bool {
+/// The watch bugs fixed after `version` (SEMANTICS.md, etcd rule 19), each with what the
+/// source does about it.
+fn known_watch_bugs(version: &str) -> Vec<&'static str> {
+    let (major, minor, patch) = parse_version(version);
+    let mut bugs = Vec::new();
+    let before = |m: u32, p: u32| (major, minor) == (3, m) && patch < p;
+    if before(4, 24) {
+        bugs.push("duplicated events (fixed in 3.4.24): dropped, every event at or below the revision delivered is skipped");
+    }
+    if before(4, 25) || before(5, 8) {
+        bugs.push("responses going back in time, progress out of step with the stream (fixed in 3.4.25 / 3.5.8): a member behind the watched revision is checked, progress never advances the cache");
+    }
+    if before(4, 31) {
+        bugs.push("events lost after a compaction (fixed in 3.4.31): not detectable on the stream; the key tally at each re-watch and every relist repair the cache");
+    }
+    if before(4, 36) {
+        bugs.push("a missing delete when a watch opens at the compaction revision (fixed in 3.4.36): not detectable on the stream; the next relist repairs it");
+    }
+    if before(4, 38) {
+        bugs.push("a watch on a future revision returning old events (fixed in 3.4.38): dropped, as duplicates");
+    }
+    bugs
+}
+
+/// Warns once per process and etcd version of the watch bugs that version has.
+fn warn_of_known_watch_bugs(version: &str) {
+    static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let bugs = known_watch_bugs(version);
+    if bugs.is_empty()
+        || !lock(&WARNED)
+            .get_or_insert_with(HashSet::new)
+            .insert(version.to_string())
+    {
+        return;
+    }
+    tracing::warn!(
+        etcd_version = version,
+        bugs = %bugs.join("; "),
+        "this etcd version has known watch bugs; see the README's \"etcd versions\" for what the informer does about each"
+    );
+}
+
+/// `major.minor.patch` of a version string; missing or unreadable parts are 0.
+fn parse_version(version: &str) -> (u32, u32, u32) {
     let mut parts = version.split('.').map(|p| {
         p.chars()
             .take_while(char::is_ascii_digit)
@@ -1357,11 +1442,17 @@ fn progress_is_trustworthy(version: &str) -> bool {
             .parse::<u32>()
             .unwrap_or(0)
     });
-    let (major, minor, patch) = (
+    (
         parts.next().unwrap_or(0),
         parts.next().unwrap_or(0),
         parts.next().unwrap_or(0),
-    );
+    )
+}
+
+/// Whether an etcd version reports progress revisions that can be trusted to advance the watch:
+/// RequestProgress could report a revision ahead of undelivered events before 3.4.25 / 3.5.8.
+fn progress_is_trustworthy(version: &str) -> bool {
+    let (major, minor, patch) = parse_version(version);
     match (major, minor) {
         (3, 4) => patch >= 25,
         (3, 5) => patch >= 8,
@@ -1389,5 +1480,15 @@ mod tests {
         assert!(progress_is_trustworthy("3.5.17"));
         assert!(progress_is_trustworthy("3.6.0"));
         assert!(!progress_is_trustworthy("garbage"));
+    }
+
+    #[test]
+    fn known_watch_bugs_by_version() {
+        assert_eq!(known_watch_bugs("3.4.23").len(), 5);
+        assert_eq!(known_watch_bugs("3.4.30").len(), 3);
+        assert_eq!(known_watch_bugs("3.4.38").len(), 0);
+        assert_eq!(known_watch_bugs("3.5.1").len(), 1);
+        assert!(known_watch_bugs("3.5.8").is_empty());
+        assert!(known_watch_bugs("3.6.0").is_empty());
     }
 }

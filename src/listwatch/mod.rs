@@ -15,6 +15,7 @@ use tokio_stream::Stream;
 use crate::Object;
 
 pub mod etcd;
+mod hedged;
 
 /// A boxed, sendable future, as returned by [`ListerWatcher`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -263,48 +264,53 @@ pub struct Freshness {
 /// them without waiting in between (etcd never splits a transaction across watch responses),
 /// so that the informer can apply each revision atomically. A source that cannot serve `R` any
 /// more reports [`Error::Expired`].
+///
+/// Every method is required, on purpose: a source that wraps another must decide for each one
+/// (forward it, or answer for itself), so that a forgotten method cannot silently turn
+/// consistent reads into errors or a stalled watch into a healthy-looking one. A source that
+/// lists whole can implement [`list_into`](Self::list_into) with [`list_whole_into`].
 pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// Every object, and the revision they were read at.
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>>;
     /// Lists as [`list`](Self::list) does, handing the objects to `sink` a page at a time as
     /// they are decoded, so that the cache is built while the source reads the next page;
-    /// returns the list's revision. After an error, what the sink received is discarded. The
-    /// default lists, then hands over everything as one page.
+    /// returns the list's revision. After an error, what the sink received is discarded.
     fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
     where
-        T: 'static,
-    {
-        Box::pin(async move {
-            let list = self.list().await?;
-            sink.begin(list.revision, list.items.len());
-            sink.page(list.items.into_iter().map(Arc::new).collect());
-            Ok(list.revision)
-        })
-    }
+        T: 'static;
     /// The changes after `after_revision` (exclusive).
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>>;
     /// Whether a cache that holds `cached` objects and every change up to `since` is the
     /// source's content at `at` (or, with `None`, at the source's current revision, read
-    /// linearizably). Behind the informer's consistent reads. Sources that cannot tell return
-    /// an error (the default).
+    /// linearizably). Behind the informer's consistent reads. A source that cannot tell
+    /// returns an error that says so.
     fn freshness(
         &self,
         since: i64,
         cached: usize,
         at: Option<i64>,
-    ) -> BoxFuture<'_, Result<Freshness>> {
-        let _ = (since, cached, at);
-        Box::pin(async {
-            Err(Error::transient(
-                "this source cannot read its current revision",
-            ))
-        })
-    }
+    ) -> BoxFuture<'_, Result<Freshness>>;
+    /// How long a live watch of this source can go without yielding anything: a source that
+    /// proves its stream alive at least this often (with events, or bookmarks at the revision
+    /// already delivered) returns the bound, and an informer that hears nothing for longer
+    /// reports itself unhealthy. `None`: silence says nothing about the source (an in-memory
+    /// source, closures).
+    fn liveness_bound(&self) -> Option<std::time::Duration>;
     /// How many values failed to decode so far (0 for sources that do not decode), for the
     /// informer's `etcd_informer_decode_errors_total` [metric](crate::metrics).
-    fn decode_errors(&self) -> u64 {
-        0
-    }
+    fn decode_errors(&self) -> u64;
+}
+
+/// [`ListerWatcher::list_into`] for a source that reads its list whole: lists, then hands
+/// everything to `sink` as one page.
+pub async fn list_whole_into<T, L: ListerWatcher<T> + ?Sized>(
+    source: &L,
+    sink: Arc<dyn ListSink<T>>,
+) -> Result<i64> {
+    let list = source.list().await?;
+    sink.begin(list.revision, list.items.len());
+    sink.page(list.items.into_iter().map(Arc::new).collect());
+    Ok(list.revision)
 }
 
 impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
@@ -331,6 +337,9 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
     ) -> BoxFuture<'_, Result<Freshness>> {
         (**self).freshness(since, cached, at)
     }
+    fn liveness_bound(&self) -> Option<std::time::Duration> {
+        (**self).liveness_bound()
+    }
 }
 
 impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
@@ -356,6 +365,9 @@ impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         (**self).freshness(since, cached, at)
+    }
+    fn liveness_bound(&self) -> Option<std::time::Duration> {
+        (**self).liveness_bound()
     }
 }
 
@@ -391,7 +403,28 @@ where
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin((self.list)())
     }
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
+    where
+        T: 'static,
+    {
+        Box::pin(list_whole_into(self, sink))
+    }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         Box::pin((self.watch)(after_revision))
+    }
+    /// Closures cannot read the source's current revision: consistent reads of an informer
+    /// over a `ListWatch` fail with this error.
+    fn freshness(&self, _: i64, _: usize, _: Option<i64>) -> BoxFuture<'_, Result<Freshness>> {
+        Box::pin(async {
+            Err(Error::transient(
+                "a ListWatch made of closures cannot read its source's current revision; implement ListerWatcher::freshness for consistent reads",
+            ))
+        })
+    }
+    fn liveness_bound(&self) -> Option<std::time::Duration> {
+        None
+    }
+    fn decode_errors(&self) -> u64 {
+        0
     }
 }

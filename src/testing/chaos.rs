@@ -56,7 +56,9 @@ use tokio::time::Instant;
 
 use super::etcd::{EtcdCluster, HarnessError};
 use crate::codec::TextCodec;
-use crate::listwatch::{BoxFuture, Freshness, ListResult, ListerWatcher, Result as LwResult};
+use crate::listwatch::{
+    BoxFuture, Freshness, ListResult, ListSink, ListerWatcher, Result as LwResult,
+};
 use crate::{
     Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, Object, ResourceEventHandlerFuncs,
     SharedIndexInformer, WatchStream,
@@ -597,8 +599,18 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for CountingLists<L> {
         self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list()
     }
+    fn list_into(&self, sink: Arc<dyn ListSink<String>>) -> BoxFuture<'_, LwResult<i64>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list_into(sink)
+    }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
         self.inner.watch(after_revision)
+    }
+    fn liveness_bound(&self) -> Option<Duration> {
+        self.inner.liveness_bound()
+    }
+    fn decode_errors(&self) -> u64 {
+        self.inner.decode_errors()
     }
     fn freshness(
         &self,

@@ -5,7 +5,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::listwatch::{
-    BoxFuture, Error, Freshness, ListResult, ListerWatcher, Result, WatchEvent, WatchStream,
+    list_whole_into, BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result,
+    WatchEvent, WatchStream,
 };
 use crate::Object;
 
@@ -238,6 +239,19 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
             }),
         };
         Box::pin(async move { result })
+    }
+
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
+        Box::pin(list_whole_into(self, sink))
+    }
+
+    /// In memory: a quiet watch is a live one.
+    fn liveness_bound(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    fn decode_errors(&self) -> u64 {
+        0
     }
 
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {

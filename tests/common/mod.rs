@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use etcd_informer::listwatch::{BoxFuture, ListResult, Result as LwResult};
+use etcd_informer::listwatch::{BoxFuture, Freshness, ListResult, ListSink, Result as LwResult};
 use etcd_informer::testing::etcd::test_etcd;
 use etcd_informer::{
     connect, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchStream,
@@ -107,9 +107,27 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
         self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list()
     }
+    fn list_into(&self, sink: Arc<dyn ListSink<String>>) -> BoxFuture<'_, LwResult<i64>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list_into(sink)
+    }
     fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
         self.watches.fetch_add(1, Ordering::SeqCst);
         self.inner.watch(after)
+    }
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, LwResult<Freshness>> {
+        self.inner.freshness(since, cached, at)
+    }
+    fn liveness_bound(&self) -> Option<Duration> {
+        self.inner.liveness_bound()
+    }
+    fn decode_errors(&self) -> u64 {
+        self.inner.decode_errors()
     }
 }
 
