@@ -405,3 +405,111 @@ async fn runner_reads_its_own_writes() {
     let value = typed.get("counter").await.unwrap().unwrap().value;
     assert_eq!(value, "1000", "every reconcile's write succeeded");
 }
+
+/// Every informer option, alone and together, through both consistent reads: a write is waited
+/// for, a consistent lister answers while etcd moves ahead on another prefix, and a last write
+/// that does not decode (a new key the cache must treat as absent) is still reached. A source
+/// wrapper that dropped `freshness`, or a revision whose only change was dropped, fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_reads_work_with_every_informer_option() {
+    use etcd_informer::store::namespace_indexers;
+    let client = shared_client().await;
+    let noise = unique_prefix("option-noise");
+    let mut kv = client.kv_client();
+    let upper: etcd_informer::informer::TransformFn<String> =
+        Arc::new(|o: etcd_informer::Object<String>| o.map(|v| v.to_uppercase()));
+    let by_value = || {
+        let mut indexers = namespace_indexers::<String>();
+        indexers.insert(
+            "value".to_owned(),
+            Arc::new(|o: &etcd_informer::Object<String>| vec![o.value.clone()]),
+        );
+        indexers
+    };
+    type Configure = fn(InformerOptions<String>) -> InformerOptions<String>;
+    let compact: Configure = |o| o.with_compact_cache(TextCodec);
+    let resync: Configure = |o| o.with_resync_period(Duration::from_secs(1));
+    let nothing: Configure = |o| o;
+    for processing in [Processing::Atomic, Processing::DeltaFifo] {
+        for (name, transform, indexed, configure) in [
+            ("defaults", false, false, nothing),
+            ("transform", true, false, nothing),
+            ("compact cache", false, false, compact),
+            ("indexers", false, true, nothing),
+            ("resync", false, false, resync),
+            (
+                "all of them",
+                true,
+                true,
+                (|o| {
+                    o.with_compact_cache(TextCodec)
+                        .with_resync_period(Duration::from_secs(1))
+                }) as Configure,
+            ),
+        ] {
+            let what = format!("{processing:?}, {name}");
+            let prefix = unique_prefix("options");
+            kv.put(format!("{prefix}ns/a"), "a", None).await.unwrap();
+            let lw = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap();
+            let mut options = InformerOptions::default()
+                .with_name(what.clone())
+                .with_processing(processing);
+            if transform {
+                options = options.with_transform(Some(upper.clone()));
+            }
+            if indexed {
+                options = options.with_indexers(by_value());
+            }
+            let informer = SharedIndexInformer::new(lw, configure(options));
+            tokio::spawn(informer.clone().run());
+            tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: synced"));
+            let expect = |v: &str| {
+                if transform {
+                    v.to_uppercase()
+                } else {
+                    v.to_owned()
+                }
+            };
+
+            // Read your write.
+            let written = kv.put(format!("{prefix}ns/b"), "b", None).await.unwrap();
+            let written = written.header().unwrap().revision();
+            informer
+                .wait_for_revision(written, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                informer.lister().get("ns/b").map(|o| o.value.clone()),
+                Some(expect("b")),
+                "{what}"
+            );
+
+            // etcd moves ahead elsewhere: the quiet prefix is proven current.
+            kv.put(format!("{noise}x"), "x", None).await.unwrap();
+            let lister = informer
+                .consistent_lister(Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(lister.len(), 2, "{what}");
+
+            // The last write to the prefix is a new key whose value does not decode.
+            let bad = kv
+                .put(format!("{prefix}ns/undecodable"), vec![0xff, 0xfe], None)
+                .await
+                .unwrap();
+            let bad = bad.header().unwrap().revision();
+            informer
+                .wait_for_revision(bad, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: the undecodable last write: {e}"));
+            informer
+                .consistent_lister(Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: after the undecodable write: {e}"));
+            assert_eq!(informer.lister().len(), 2, "{what}");
+            informer.stop();
+        }
+    }
+}

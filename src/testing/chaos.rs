@@ -1131,15 +1131,7 @@ impl Chaos {
     /// The member serving the informer's watch: the one whose metrics count a watcher (the
     /// driver itself watches nothing). `None` if none does, e.g. between two watches.
     async fn watching_member(&self) -> Option<usize> {
-        let endpoints = self.cluster.endpoints();
-        tokio::task::spawn_blocking(move || {
-            endpoints
-                .iter()
-                .position(|e| watchers(e).is_some_and(|n| n > 0))
-        })
-        .await
-        .ok()
-        .flatten()
+        self.cluster.watching_member().await
     }
 
     // -- Checks
@@ -1244,26 +1236,6 @@ impl Chaos {
             tokio::time::sleep(POLL).await;
         }
     }
-}
-
-/// etcd's `etcd_debugging_mvcc_watcher_total` gauge at `endpoint` (`http://127.0.0.1:PORT`),
-/// read from its `/metrics` page with a bare HTTP/1.0 request (blocking, 1 s timeouts).
-fn watchers(endpoint: &str) -> Option<u64> {
-    use std::io::{Read, Write};
-    const GAUGE: &str = "etcd_debugging_mvcc_watcher_total ";
-    let addr: std::net::SocketAddr = endpoint.strip_prefix("http://")?.parse().ok()?;
-    let timeout = Duration::from_secs(1);
-    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-    conn.set_read_timeout(Some(timeout)).ok()?;
-    conn.set_write_timeout(Some(timeout)).ok()?;
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .ok()?;
-    let mut page = String::new();
-    conn.read_to_string(&mut page).ok()?;
-    page.lines()
-        .find_map(|l| l.strip_prefix(GAUGE))
-        .and_then(|n| n.trim().parse::<f64>().ok())
-        .map(|n| n as u64)
 }
 
 /// One line per key whose `(mod_revision, value)` differs between the cache and etcd.

@@ -144,6 +144,21 @@ impl EtcdCluster {
         }
     }
 
+    /// The member serving a watch (the first whose [`EtcdMember::watchers`] is not 0): with one
+    /// informer and no other watcher, the informer's member. `None` if none does, e.g. between
+    /// two watches.
+    pub async fn watching_member(&self) -> Option<usize> {
+        let endpoints = self.endpoints();
+        tokio::task::spawn_blocking(move || {
+            endpoints
+                .iter()
+                .position(|e| member::watchers_at(e).is_some_and(|n| n > 0))
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     /// Freezes member `i` with SIGSTOP.
     pub fn pause_member(&self, i: usize) -> Result<(), HarnessError> {
         self.members[i].pause()

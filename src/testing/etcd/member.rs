@@ -121,6 +121,12 @@ impl EtcdMember {
         !exited
     }
 
+    /// etcd's `etcd_debugging_mvcc_watcher_total` gauge: the watches this member serves (read
+    /// from its `/metrics` page, blocking, 1 s timeouts); `None` if it does not answer.
+    pub fn watchers(&self) -> Option<u64> {
+        watchers_at(&self.endpoint)
+    }
+
     /// Whether the process is stopped with [`pause`](Self::pause).
     pub fn is_paused(&self) -> bool {
         let state = lock(&self.state);
@@ -427,4 +433,24 @@ pub(super) async fn start_members(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// [`EtcdMember::watchers`] of the member at `endpoint` (`http://127.0.0.1:PORT`), with a bare
+/// HTTP/1.0 request.
+pub(super) fn watchers_at(endpoint: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    const GAUGE: &str = "etcd_debugging_mvcc_watcher_total ";
+    let addr: std::net::SocketAddr = endpoint.strip_prefix("http://")?.parse().ok()?;
+    let timeout = Duration::from_secs(1);
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    conn.set_read_timeout(Some(timeout)).ok()?;
+    conn.set_write_timeout(Some(timeout)).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut page = String::new();
+    conn.read_to_string(&mut page).ok()?;
+    page.lines()
+        .find_map(|l| l.strip_prefix(GAUGE))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .map(|n| n as u64)
 }
