@@ -32,7 +32,7 @@ async fn survives_every_fault(endpoints: Endpoints) {
     let mut chaos = Chaos::start(ChaosConfig::new(seed, endpoints))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    for fault in fault_schedule(seed, rounds) {
+    for fault in fault_schedule(seed, rounds, endpoints) {
         let report = chaos.round(fault).await.unwrap_or_else(|e| panic!("{e}"));
         eprintln!("{report}");
         report.check().unwrap_or_else(|e| panic!("{e}"));

@@ -503,7 +503,11 @@ async fn hung_member_among_all_endpoints_is_left_for_a_live_one() {
             // A hung leader stalls writes until the others elect a new one.
             let key = format!("{prefix}ns0/round{round}-{i}");
             let mut tries = 0;
-            while let Err(e) = writers[live].kv_client().put(key.as_str(), "v2", None).await {
+            while let Err(e) = writers[live]
+                .kv_client()
+                .put(key.as_str(), "v2", None)
+                .await
+            {
                 tries += 1;
                 assert!(tries < 100, "the live members take no write: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;

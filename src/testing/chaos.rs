@@ -12,12 +12,14 @@
 //! | [`PauseResume`](Fault::PauseResume) | the target member is SIGSTOPped for [`ChaosConfig::pause`] while the others take writes |
 //! | [`Compaction`](Fault::Compaction) | the target member is SIGSTOPped past the watch's idle timeout; the others take writes and are compacted to their current revision, so the informer's revision is gone when it comes back (unless its new watch is served before the resumed member applies the compaction: a relist is likely, not certain) |
 //! | [`WipeCluster`](Fault::WipeCluster) | every member is wiped and the cluster recreated ([`EtcdCluster::wipe`]); new keys are written, fewer than the old store's revision |
+//! | [`HungMember`](Fault::HungMember) | all endpoints only: the member serving the watch is SIGSTOPped and stays hung while the others take writes, until the cache equals etcd through them; then it is resumed. Its time runs from the hang |
 //!
 //! The target is the informer's member (0) with one endpoint; with all three, mostly the member
 //! serving the informer's watch (the one whose `/metrics` count a watcher), sometimes another
 //! one. Writes always go through members other than the target.
 //!
-//! Every round then measures the time from the end of the fault until the cache equals etcd
+//! Every round then measures the time from the end of the fault (the start, for a hung member)
+//! until the cache equals etcd
 //! exactly (every key, value and `mod_revision`, etcd read linearizably) and checks the history
 //! the handler recorded:
 //!
@@ -36,7 +38,7 @@
 //!
 //! # async fn demo() -> Result<(), etcd_informer::testing::chaos::ChaosError> {
 //! let mut chaos = Chaos::start(ChaosConfig::new(7, Endpoints::One)).await?;
-//! for fault in fault_schedule(7, 1) {
+//! for fault in fault_schedule(7, 1, Endpoints::One) {
 //!     let report = chaos.round(fault).await?; // fails if the cache never converges
 //!     println!("{report}");
 //!     report.check()?; // fails on a history violation
@@ -86,16 +88,29 @@ pub enum Fault {
     Compaction,
     /// Wipe and recreate the whole cluster, then write fewer revisions than it had.
     WipeCluster,
+    /// SIGSTOP the member serving the watch and keep it hung until the cache equals etcd
+    /// through the others (all endpoints only).
+    HungMember,
 }
 
 impl Fault {
     /// Every fault kind.
-    pub const ALL: [Fault; 4] = [
+    pub const ALL: [Fault; 5] = [
         Fault::KillRestart,
         Fault::PauseResume,
         Fault::Compaction,
         Fault::WipeCluster,
+        Fault::HungMember,
     ];
+
+    /// The fault kinds that make sense with `endpoints`: a hung member can only be left for
+    /// another one when the informer has the others.
+    pub fn for_endpoints(endpoints: Endpoints) -> &'static [Fault] {
+        match endpoints {
+            Endpoints::One => &Self::ALL[..4],
+            Endpoints::All => &Self::ALL,
+        }
+    }
 }
 
 impl fmt::Display for Fault {
@@ -105,6 +120,7 @@ impl fmt::Display for Fault {
             Fault::PauseResume => "pause-resume",
             Fault::Compaction => "compaction",
             Fault::WipeCluster => "wipe-cluster",
+            Fault::HungMember => "hung-member",
         })
     }
 }
@@ -127,9 +143,12 @@ impl fmt::Display for Endpoints {
     }
 }
 
-/// `rounds_per_fault` rounds of every fault kind, in an order shuffled by `seed`.
-pub fn fault_schedule(seed: u64, rounds_per_fault: usize) -> Vec<Fault> {
-    let mut faults: Vec<Fault> = (0..rounds_per_fault).flat_map(|_| Fault::ALL).collect();
+/// `rounds_per_fault` rounds of every fault kind that makes sense with `endpoints`
+/// ([`Fault::for_endpoints`]), in an order shuffled by `seed`.
+pub fn fault_schedule(seed: u64, rounds_per_fault: usize, endpoints: Endpoints) -> Vec<Fault> {
+    let mut faults: Vec<Fault> = (0..rounds_per_fault)
+        .flat_map(|_| Fault::for_endpoints(endpoints).iter().copied())
+        .collect();
     fastrand::Rng::with_seed(seed ^ 0x5eed_fa17).shuffle(&mut faults);
     faults
 }
@@ -816,6 +835,10 @@ impl Chaos {
         let watching = self.watching_member().await;
         let target = match (fault, self.config.endpoints) {
             (Fault::WipeCluster, _) => None,
+            (Fault::HungMember, _) => match watching {
+                Some(m) => Some(m),
+                None => Some(self.rng.usize(0..MEMBERS)),
+            },
             (_, Endpoints::One) => Some(0),
             // Mostly the member serving the informer's watch, sometimes another one.
             (_, Endpoints::All) => match watching {
@@ -879,9 +902,28 @@ impl Chaos {
                 self.write_ops(n, &writers, true).await;
                 end
             }
+            Fault::HungMember => {
+                if self.config.endpoints == Endpoints::One {
+                    return Err(self.etcd_error(
+                        &fault.to_string(),
+                        "a hung member can only be left with all endpoints".into(),
+                    ));
+                }
+                self.harness(fault, self.cluster.pause_member(target.unwrap_or(0)))?;
+                let hung = Instant::now();
+                let n = self.rng.usize(5..15);
+                self.write_ops(n, &writers, false).await;
+                self.delete_some(&writers).await;
+                hung
+            }
         };
         let phase = fault.to_string();
-        let (etcd, converged_after) = self.converge(fault_end, &writers, &phase).await?;
+        let converged = self.converge(fault_end, &writers, &phase).await;
+        if fault == Fault::HungMember {
+            // Hung until now, whether the cache converged or not.
+            self.harness(fault, self.cluster.resume_member(target.unwrap_or(0)))?;
+        }
+        let (etcd, converged_after) = converged?;
         let violations = self.check_history(&etcd).await;
         let history = lock(&self.history);
         let events = &history[events_before..];
@@ -1436,8 +1478,9 @@ mod tests {
 
     #[test]
     fn schedules_are_seeded_and_cover_every_fault() {
-        let s = fault_schedule(3, 2);
-        assert_eq!(s, fault_schedule(3, 2));
+        let s = fault_schedule(3, 2, Endpoints::All);
+        assert_eq!(s, fault_schedule(3, 2, Endpoints::All));
+        assert!(!fault_schedule(3, 2, Endpoints::One).contains(&Fault::HungMember));
         assert_eq!(s.len(), 8);
         for f in Fault::ALL {
             assert_eq!(s.iter().filter(|x| **x == f).count(), 2);
