@@ -143,6 +143,11 @@ struct Inner<T> {
     queued: i64,
     /// Newest queued, unpopped state by key.
     pending: HashMap<Arc<str>, Pending<T>>,
+    /// Relists queued and popped so far: while a relist is still queued, every pending entry
+    /// came after it (queuing it cleared the others), so a batch popped from before it must
+    /// not retire any of them, whatever their revisions (a wiped store starts them over).
+    replaces_queued: u64,
+    replaces_popped: u64,
     /// The newest queued relist until it is popped.
     replace: Option<Arc<StoreContent<T>>>,
     /// The relist being read, page by page.
@@ -173,6 +178,8 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
                 open: None,
                 queued: 0,
                 pending: HashMap::new(),
+                replaces_queued: 0,
+                replaces_popped: 0,
                 replace: None,
                 building: None,
                 resync_queued: false,
@@ -246,6 +253,7 @@ impl<T> RealFifo<T> {
         Self::commit_locked(&mut inner);
         // Everything queued before is superseded by the list for the purpose of "newest".
         inner.pending.clear();
+        inner.replaces_queued += 1;
         inner.replace = Some(items.clone());
         // A relist after a wipe goes back in revisions: it is the reference from now on.
         inner.queued = revision;
@@ -274,7 +282,9 @@ impl<T> RealFifo<T> {
                 if let Some(batch) = inner.batches.pop_front() {
                     let is_replace = matches!(batch, Batch::Replace { .. });
                     match &batch {
-                        Batch::Changes { revision, deltas } => {
+                        Batch::Changes { revision, deltas }
+                            if inner.replaces_popped == inner.replaces_queued =>
+                        {
                             for d in deltas {
                                 let key = d.object.key();
                                 if inner.pending.get(key).is_some_and(|(r, _)| r <= revision) {
@@ -282,7 +292,10 @@ impl<T> RealFifo<T> {
                                 }
                             }
                         }
+                        // Queued before a relist that is still queued: see `replaces_queued`.
+                        Batch::Changes { .. } => {}
                         Batch::Replace { items, .. } => {
+                            inner.replaces_popped += 1;
                             if inner
                                 .replace
                                 .as_ref()
@@ -560,6 +573,7 @@ mod tests {
         // never knew: dropped, yet etcd is at revision 2 and so is the cache.
         assert!(!f.delete("undecodable", 2, None));
         f.commit(2);
+        assert_eq!(f.len(), 1, "revision 2 is queued as progress");
         assert!(matches!(pop(&f).await, Batch::Progress(2)));
         // Committing a revision already queued adds nothing.
         f.add_if_newer(DeltaType::Added, obj("a", 3));
@@ -567,6 +581,41 @@ mod tests {
         f.commit(3);
         assert!(matches!(pop(&f).await, Batch::Changes { revision: 3, .. }));
         assert!(f.is_empty());
+    }
+
+    /// Correctness review, finding 3: a batch queued before a relist of a wiped store must not
+    /// retire what came after the relist, though its revision is higher.
+    #[tokio::test]
+    async fn a_batch_from_before_a_store_replacement_cannot_hide_a_later_delete() {
+        let (f, _ix) = fifo();
+        f.replace(vec![], 1, false);
+        let _ = pop(&f).await;
+        // The consumer lags: revision 995 touching K is still queued.
+        assert!(f.add_if_newer(DeltaType::Added, obj("k", 995)));
+        f.commit(995);
+        // The store is wiped; its relist at 10 lacks K; K is created at 11.
+        f.replace(vec![], 10, true);
+        assert!(f.add_if_newer(DeltaType::Added, obj("k", 11)));
+        f.commit(11);
+        assert!(matches!(
+            pop(&f).await,
+            Batch::Changes { revision: 995, .. }
+        ));
+        // K's delete at 12 still finds K (pending at 11) and is queued.
+        assert!(f.delete("k", 12, None), "the delete of k was dropped");
+        f.commit(12);
+        assert!(matches!(pop(&f).await, Batch::Replace { revision: 10, .. }));
+        assert!(matches!(pop(&f).await, Batch::Changes { revision: 11, .. }));
+        match pop(&f).await {
+            Batch::Changes {
+                revision: 12,
+                deltas,
+            } => {
+                assert_eq!(deltas[0].kind, DeltaType::Deleted);
+                assert_eq!(deltas[0].object.mod_revision, 11);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

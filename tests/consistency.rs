@@ -15,8 +15,8 @@ use etcd_informer::client::TypedClient;
 use etcd_informer::runner::{Action, Runner};
 use etcd_informer::testing::etcd::{unique_prefix, EtcdServer};
 use etcd_informer::{
-    connect, ConsistencyError, EtcdListerWatcher, InformerOptions, Processing, SharedIndexInformer,
-    TextCodec,
+    connect, ConsistencyError, EtcdListerWatcher, EtcdOptions, InformerOptions, Processing,
+    SharedIndexInformer, TextCodec,
 };
 
 async fn synced_informer(
@@ -450,7 +450,14 @@ async fn consistent_reads_work_with_every_informer_option() {
             let what = format!("{processing:?}, {name}");
             let prefix = unique_prefix("options");
             kv.put(format!("{prefix}ns/a"), "a", None).await.unwrap();
-            let lw = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap();
+            // Probes far apart, so that their bookmarks cannot stand in for the revision an
+            // undecodable write brought.
+            let quiet = EtcdOptions::default()
+                .with_progress_interval(Duration::from_secs(30))
+                .with_idle_timeout(Duration::from_secs(60));
+            let lw =
+                EtcdListerWatcher::with_options(client.clone(), prefix.as_str(), TextCodec, quiet)
+                    .unwrap();
             let mut options = InformerOptions::default()
                 .with_name(what.clone())
                 .with_processing(processing);
@@ -512,4 +519,52 @@ async fn consistent_reads_work_with_every_informer_option() {
             informer.stop();
         }
     }
+}
+
+/// Correctness review, finding 4: the freshness proof must be about the revisions it names.
+/// The cache is at S holding A, and U does not decode; A is deleted at D and U rewritten to a
+/// decodable value after it, both already read by the watch. Asked whether a cache holding one
+/// object at S is etcd at D, the source must say no: A is gone there. (It used to count the
+/// watch's current undecodable keys, 0 by then, against etcd's 1 key at S+1, and say yes.)
+#[tokio::test]
+async fn freshness_is_proven_at_the_revisions_it_names_not_at_the_watchs() {
+    use etcd_informer::{ListerWatcher, WatchEvent};
+    use tokio_stream::StreamExt;
+    let client = shared_client().await;
+    let prefix = unique_prefix("two-moments");
+    let mut kv = client.kv_client();
+    kv.put(format!("{prefix}a"), "a", None).await.unwrap();
+    kv.put(format!("{prefix}u"), vec![0xff, 0xfe], None)
+        .await
+        .unwrap();
+    let lw = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap();
+    let list = lw.list().await.unwrap();
+    let s = list.revision;
+    assert_eq!(list.items.len(), 1, "u does not decode");
+    let mut watch = lw.watch(s).await.unwrap();
+    let deleted = kv.delete(format!("{prefix}a"), None).await.unwrap();
+    // Other tests write to the shared etcd too: the delete's own revision, not S+1.
+    let deleted = deleted.header().unwrap().revision();
+    let rewritten = kv.put(format!("{prefix}u"), "u", None).await.unwrap();
+    let rewritten = rewritten.header().unwrap().revision();
+    // The watch has read both changes.
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the watch delivers")
+            .expect("the watch goes on");
+        if let WatchEvent::Added(o) | WatchEvent::Modified(o) = &event {
+            if o.mod_revision == rewritten {
+                break;
+            }
+        }
+    }
+    let fresh = lw.freshness(s, 1, Some(deleted)).await.unwrap();
+    assert!(
+        !fresh.unchanged,
+        "a cache holding a at {s} is not etcd at {deleted}"
+    );
+    // And what is true is still proven: nothing changed on this prefix since the rewrite.
+    let fresh = lw.freshness(rewritten, 1, None).await.unwrap();
+    assert!(fresh.unchanged, "{fresh:?}");
 }

@@ -138,6 +138,10 @@ pub struct EtcdOptions {
     pub watch_buffer: usize,
     /// Called with every value that does not decode (after it is logged and counted).
     pub on_decode_error: Option<DecodeErrorHandler>,
+    /// Whether etcd's progress revisions may advance the watch (as bookmarks): `None` (the
+    /// default) decides by the server's version (3.4.25+, 3.5.8+); `Some` forces it, for tests
+    /// and for builds of etcd with the fix backported.
+    pub trust_progress: Option<bool>,
 }
 
 impl EtcdOptions {
@@ -197,6 +201,14 @@ impl EtcdOptions {
         self
     }
 
+    /// Forces whether progress revisions are trusted, instead of deciding by the server's
+    /// version (`trust_progress`).
+    #[must_use]
+    pub fn with_trust_progress(mut self, trust_progress: Option<bool>) -> Self {
+        self.trust_progress = trust_progress;
+        self
+    }
+
     /// Sets the handler called with every value that does not decode (`on_decode_error`).
     #[must_use]
     pub fn with_on_decode_error(mut self, on_decode_error: Option<DecodeErrorHandler>) -> Self {
@@ -218,6 +230,7 @@ impl Default for EtcdOptions {
             idle_timeout: Duration::from_secs(3),
             watch_buffer: 1024,
             on_decode_error: None,
+            trust_progress: None,
         }
     }
 }
@@ -233,6 +246,7 @@ impl fmt::Debug for EtcdOptions {
             .field("progress_interval", &self.progress_interval)
             .field("idle_timeout", &self.idle_timeout)
             .field("watch_buffer", &self.watch_buffer)
+            .field("trust_progress", &self.trust_progress)
             .finish_non_exhaustive()
     }
 }
@@ -272,6 +286,10 @@ pub enum ConfigError {
 ///
 /// Keys are relative to the prefix and must be UTF-8 (others are reported like bad values).
 ///
+/// Not `Clone`: a source keeps what it learned of the store (its identity, the key tally) to
+/// check each re-watch, and two informers sharing one would corrupt each other's checks. Give
+/// each informer its own source (sharing the `Client` is fine), or share the informer.
+///
 /// Usually handed to a [`SharedIndexInformer`](crate::SharedIndexInformer); used alone, it lists
 /// and watches:
 ///
@@ -304,8 +322,6 @@ pub struct EtcdListerWatcher<T> {
     codec: Arc<dyn Codec<T>>,
     options: EtcdOptions,
     decode_errors: Arc<AtomicU64>,
-    /// The keys under the prefix whose current value does not decode (absent from the cache).
-    undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
     /// The store last seen; see [`Identity`].
     identity: Arc<Mutex<Identity>>,
     /// How many keys the prefix held at a revision, by the list and the events since; a
@@ -324,24 +340,6 @@ pub struct EtcdListerWatcher<T> {
 struct Tally {
     revision: i64,
     keys: i64,
-}
-
-impl<T> Clone for EtcdListerWatcher<T> {
-    fn clone(&self) -> Self {
-        EtcdListerWatcher {
-            client: self.client.clone(),
-            prefix: self.prefix.clone(),
-            range_end: self.range_end.clone(),
-            codec: self.codec.clone(),
-            options: self.options.clone(),
-            decode_errors: self.decode_errors.clone(),
-            undecodable: self.undecodable.clone(),
-            identity: self.identity.clone(),
-            tally: self.tally.clone(),
-            trust_progress: self.trust_progress.clone(),
-            token: self.token.clone(),
-        }
-    }
 }
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
@@ -405,7 +403,6 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             codec: Arc::new(codec),
             options,
             decode_errors: Arc::new(AtomicU64::new(0)),
-            undecodable: Arc::new(Mutex::new(HashSet::new())),
             identity: Arc::new(Mutex::new(Identity::default())),
             tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
@@ -527,13 +524,13 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             let decoder = self.decoder();
             let sink = sink.clone();
             decoding.push(tokio::task::spawn_blocking(move || {
-                let mut undecodable = Vec::new();
+                let mut undecodable = 0;
                 let Some(sink) = sink else {
                     let mut objects = Vec::with_capacity(kvs.len());
                     for kv in kvs {
                         match decoder.object(&kv) {
                             Some(obj) => objects.push(obj),
-                            None => undecodable.push(kv.key),
+                            None => undecodable += 1,
                         }
                     }
                     let decoded = objects.len();
@@ -546,7 +543,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                         .and_then(|key| sink.cached(key, kv.mod_revision));
                     match cached.or_else(|| decoder.object(&kv).map(Arc::new)) {
                         Some(obj) => objects.push(obj),
-                        None => undecodable.push(kv.key),
+                        None => undecodable += 1,
                     }
                 }
                 let decoded = objects.len();
@@ -559,7 +556,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         }
         let mut items = Vec::new();
         let mut decoded = 0;
-        let mut undecodable = HashSet::new();
+        let mut undecodable = 0;
         for page in decoding {
             let (page, count, bad) = page.await.map_err(|e| {
                 Error::transient(format!("decoding a page of {} failed: {e}", self.prefix()))
@@ -570,13 +567,12 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 items.extend(page);
             }
             decoded += count;
-            undecodable.extend(bad);
+            undecodable += bad;
         }
         *lock(&self.tally) = Tally {
             revision,
-            keys: (decoded + undecodable.len()) as i64,
+            keys: (decoded + undecodable) as i64,
         };
-        *lock(&self.undecodable) = undecodable;
         tracing::debug!(prefix = %self.prefix(), revision, pages, items = decoded, "listed");
         Ok(ListResult { items, revision })
     }
@@ -628,6 +624,9 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     /// Whether this etcd's progress revisions can advance the watch; asked once (a failed
     /// question is asked again next time rather than remembered as "no").
     async fn trust_progress(&self) -> bool {
+        if let Some(forced) = self.options.trust_progress {
+            return forced;
+        }
         if let Some(trust) = self.trust_progress.get() {
             return *trust;
         }
@@ -711,11 +710,11 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 client: self.client.clone(),
                 range: self.range(),
                 decoder: self.decoder(),
-                undecodable: self.undecodable.clone(),
                 identity: self.identity.clone(),
                 tally: self.tally.clone(),
                 name: self.prefix(),
                 after: after_revision,
+                delivered: after_revision,
                 watch_id: created.watch_id(),
                 lag_confirmed: false,
                 trust_progress,
@@ -736,13 +735,16 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
 
     /// One linearizable (or pinned) range read of the prefix, keys only, filtered to keys
     /// modified after `since`: etcd's header revision, the number of keys under the prefix, and
-    /// whether any changed. Correct on every etcd version (no progress notification needed),
-    /// through the gRPC proxy too. Deletes show in the count; keys that do not decode are
-    /// counted as the cache lacks them.
+    /// whether any was written. If none was, only deletes can have changed the prefix, and each
+    /// lowers its count: a second read counts the prefix at `since`, and equal counts prove
+    /// nothing changed. Both are etcd's own figures, so keys that do not decode need no
+    /// bookkeeping, and the proof is about the two revisions it names, whatever the watch has
+    /// read meanwhile. Correct on every etcd version (no progress notification needed), through
+    /// the gRPC proxy too. `cached` is not needed.
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        _cached: usize,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         Box::pin(async move {
@@ -776,9 +778,32 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 }
             };
             let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
-            let undecodable = lock(&self.undecodable).len();
-            let unchanged = resp.kvs().is_empty()
-                && usize::try_from(resp.count()).is_ok_and(|n| n == cached + undecodable);
+            if !resp.kvs().is_empty() || revision <= since || since == 0 {
+                return Ok(Freshness {
+                    revision,
+                    unchanged: resp.kvs().is_empty() && since > 0,
+                });
+            }
+            let options = GetOptions::new()
+                .with_range(self.range_end.clone())
+                .with_count_only()
+                .with_revision(since);
+            let first = self.first_key();
+            let unchanged = match read(&self.client, &first, options, self.options.page_timeout)
+                .await
+            {
+                Hedged::Answered(then) => then.count() == resp.count(),
+                // `since` compacted away: no proof; the caller waits for the cache instead.
+                Hedged::Failed(e) if classify_code(&e) == Some(tonic::Code::OutOfRange) => false,
+                Hedged::Failed(e) => return Err(self.failed(e, since)),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "counting the keys of {} at revision {since} timed out after {:?}",
+                        self.prefix(),
+                        self.options.page_timeout
+                    )))
+                }
+            };
             Ok(Freshness {
                 revision,
                 unchanged,
@@ -874,12 +899,13 @@ struct WatchTask<T> {
     /// The watched range, for consistency checks.
     range: (Vec<u8>, Vec<u8>),
     decoder: Decoder<T>,
-    undecodable: Arc<Mutex<HashSet<Vec<u8>>>>,
     identity: Arc<Mutex<Identity>>,
     tally: Arc<Mutex<Tally>>,
     /// The prefix, for messages.
     name: String,
     after: i64,
+    /// The newest revision sent to the reflector (or `after`): what a probe's bookmark says.
+    delivered: i64,
     /// The id etcd gave the prefix's watch; responses for other ids answer probes.
     watch_id: i64,
     /// A linearizable read showed that the cluster is past `after` while this member lags
@@ -976,7 +1002,8 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
     }
 
     /// A probe was answered: cancels it once created, and tells the reflector the stream is
-    /// alive with a bookmark at the revision already delivered.
+    /// alive with a bookmark at the revision already delivered (etcd delivers a revision's
+    /// events in one response, so nothing of it is left behind).
     async fn answered(
         &mut self,
         requests: &mut etcd_client::WatchRequestSender,
@@ -986,8 +1013,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             requests.cancel(response.watch_id()).await.map_err(|_| {
                 Error::unavailable(format!("the watch stream of {} closed", self.name))
             })?;
-            if self.after > 0 {
-                self.send(vec![WatchEvent::Bookmark(self.after)]).await?;
+            if self.delivered > 0 {
+                self.send(vec![WatchEvent::Bookmark(self.delivered)])
+                    .await?;
             }
         }
         Ok(())
@@ -1052,7 +1080,16 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         let events = std::mem::take(&mut response.0.events);
         if events.is_empty() {
             if !response.created() && self.trust_progress && header_revision > self.after {
+                // Nothing under the prefix changed up to the bookmark: the key tally holds there
+                // too, so the next re-watch still checks it.
+                {
+                    let mut tally = lock(&self.tally);
+                    if tally.revision == self.after {
+                        tally.revision = header_revision;
+                    }
+                }
                 self.after = header_revision;
+                self.delivered = self.delivered.max(header_revision);
                 self.send(vec![WatchEvent::Bookmark(header_revision)])
                     .await?;
             }
@@ -1063,7 +1100,6 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         let out = {
             let mut out = Vec::with_capacity(events.len());
             let mut tally = lock(&self.tally);
-            let mut undecodable = lock(&self.undecodable);
             for event in events {
                 let Some(kv) = event.kv else { continue };
                 let revision = kv.mod_revision;
@@ -1083,11 +1119,6 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     PUT => Some(self.decoder.object(&kv)),
                     _ => None,
                 };
-                if matches!(decoded, Some(None)) {
-                    undecodable.insert(kv.key.clone());
-                } else if !undecodable.is_empty() {
-                    undecodable.remove(&kv.key);
-                }
                 let forwarded = match (event.r#type, decoded) {
                     (PUT, Some(decoded)) => match decoded {
                         Some(obj) if obj.version == 1 => WatchEvent::Added(obj),
@@ -1125,6 +1156,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             }
             out
         };
+        if let Some(last) = out.last().and_then(WatchEvent::revision) {
+            self.delivered = self.delivered.max(last);
+        }
         if !out.is_empty() {
             self.send(out).await?;
         }
@@ -1253,6 +1287,14 @@ fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
     }
     // All 0xff (or empty): every key from the prefix on.
     vec![0]
+}
+
+/// The gRPC status code of an error etcd (or the transport) returned, if it has one.
+fn classify_code(e: &etcd_client::Error) -> Option<tonic::Code> {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => Some(status.code()),
+        _ => None,
+    }
 }
 
 /// Whether a response exceeded a gRPC message size limit (the client's or etcd's).

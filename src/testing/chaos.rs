@@ -1481,7 +1481,7 @@ mod tests {
         let s = fault_schedule(3, 2, Endpoints::All);
         assert_eq!(s, fault_schedule(3, 2, Endpoints::All));
         assert!(!fault_schedule(3, 2, Endpoints::One).contains(&Fault::HungMember));
-        assert_eq!(s.len(), 8);
+        assert_eq!(s.len(), 10);
         for f in Fault::ALL {
             assert_eq!(s.iter().filter(|x| **x == f).count(), 2);
         }
