@@ -14,6 +14,12 @@
 //! | [`WipeCluster`](Fault::WipeCluster) | every member is wiped and the cluster recreated ([`EtcdCluster::wipe`]); new keys are written, fewer than the old store's revision |
 //! | [`HungMember`](Fault::HungMember) | all endpoints only: the member serving the watch is SIGSTOPped and stays hung while the others take writes, until the cache equals etcd through them; then it is resumed. Its time runs from the hang |
 //!
+//! On etcd 3.5.0 to 3.5.2 a kill waits until its member has applied every write and its
+//! backend has committed: those versions can bring a member killed during an apply back with
+//! its revisions off from the cluster's for good (etcd-io/etcd#13766, fixed in 3.5.3), which no
+//! client can repair. The soak met it on 3.5.1: after a kill, the one-endpoint cache held every
+//! key written since at a `mod_revision` one below what the other members answered.
+//!
 //! The target is the informer's member (0) with one endpoint; with all three, mostly the member
 //! serving the informer's watch (the one whose `/metrics` count a watcher), sometimes another
 //! one. Writes always go through members other than the target.
@@ -669,6 +675,10 @@ pub struct Chaos {
     round: usize,
     /// Confirmed and given-up writes of the current round.
     writes: (usize, usize),
+    /// The cluster runs etcd 3.5.0 to 3.5.2, whose members can come back from a SIGKILL
+    /// during an apply with their revisions off from the cluster's for good (etcd-io/etcd#13766,
+    /// fixed in 3.5.3): a kill waits until its member is quiet (see [`Chaos::quiesce`]).
+    kill_corrupts: bool,
 }
 
 impl fmt::Debug for Chaos {
@@ -773,7 +783,14 @@ impl Chaos {
             values: 0,
             round: 0,
             writes: (0, 0),
+            kill_corrupts: false,
         };
+        if let Ok(status) = chaos.clients[0].status().await {
+            chaos.kill_corrupts = kills_corrupt(status.version());
+            if chaos.kill_corrupts {
+                tracing::warn!(version = status.version(), "etcd 3.5.0-3.5.2 can corrupt a member killed during an apply (etcd-io/etcd#13766): kills wait until their member is quiet");
+            }
+        }
         // A population to list, written before the informer starts (with one endpoint, through
         // the other members, as every write).
         let all: Vec<usize> = (0..MEMBERS).collect();
@@ -856,6 +873,9 @@ impl Chaos {
         let fault_end = match fault {
             Fault::KillRestart => {
                 let t = target.unwrap_or(0);
+                if self.kill_corrupts {
+                    self.quiesce(t, &writers, fault).await?;
+                }
                 self.cluster.kill_member(t);
                 let n = self.rng.usize(10..25);
                 self.write_ops(n, &writers, false).await;
@@ -1170,6 +1190,37 @@ impl Chaos {
         ))
     }
 
+    /// Waits until member `t` has applied every write (its serializable revision is the
+    /// cluster's), then for etcd's backend to commit (every 100 ms), so that a SIGKILL cannot
+    /// land inside an apply; see `kill_corrupts`.
+    async fn quiesce(&self, t: usize, writers: &[usize], fault: Fault) -> Result<(), ChaosError> {
+        let cluster = self.etcd_revision(writers, fault).await?;
+        let deadline = Instant::now() + WRITE_DEADLINE;
+        loop {
+            let options = GetOptions::new().with_serializable().with_count_only();
+            let mut kv = self.clients[t].kv_client();
+            let applied = kv
+                .get(self.config.prefix.as_str(), Some(options))
+                .await
+                .map_or(0, |r| r.header().map_or(0, |h| h.revision()));
+            if applied >= cluster {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(self.etcd_error(
+                    &fault.to_string(),
+                    format!(
+                        "member {t} did not apply revision {cluster} within {WRITE_DEADLINE:?}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        // The backend's commit cannot be observed; its interval is 100 ms.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(())
+    }
+
     /// The member serving the informer's watch: the one whose metrics count a watcher (the
     /// driver itself watches nothing). `None` if none does, e.g. between two watches.
     async fn watching_member(&self) -> Option<usize> {
@@ -1278,6 +1329,18 @@ impl Chaos {
             tokio::time::sleep(POLL).await;
         }
     }
+}
+
+/// Whether an etcd version can corrupt a member killed during an apply (etcd-io/etcd#13766:
+/// 3.5.0 to 3.5.2).
+fn kills_corrupt(version: &str) -> bool {
+    let mut parts = version
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(u32::MAX));
+    matches!(
+        (parts.next(), parts.next(), parts.next()),
+        (Some(3), Some(5), Some(0..=2))
+    )
 }
 
 /// One line per key whose `(mod_revision, value)` differs between the cache and etcd.
@@ -1486,5 +1549,6 @@ mod tests {
             assert_eq!(s.iter().filter(|x| **x == f).count(), 2);
         }
         assert_eq!(epoch_of("e12-r3-w4"), 12);
+        assert!(kills_corrupt("3.5.1") && !kills_corrupt("3.5.3") && !kills_corrupt("3.4.23"));
     }
 }
