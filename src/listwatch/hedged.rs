@@ -87,13 +87,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
+    type Attempt = std::pin::Pin<Box<dyn Future<Output = Result<usize, &'static str>> + Send>>;
+
     /// Attempt `n` answers after `delays[n]` (or never, past the list) with `n`.
-    fn attempts(
-        delays: &'static [Option<u64>],
-    ) -> (
-        Arc<AtomicUsize>,
-        impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Result<usize, &'static str>> + Send>>,
-    ) {
+    fn attempts(delays: &'static [Option<u64>]) -> (Arc<AtomicUsize>, impl FnMut() -> Attempt) {
         let sent = Arc::new(AtomicUsize::new(0));
         let counter = sent.clone();
         (sent, move || {

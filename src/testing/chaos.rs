@@ -300,6 +300,10 @@ pub struct RoundReport {
     pub watching: Option<usize>,
     /// From the end of the fault until the cache equalled etcd.
     pub converged_after: Duration,
+    /// After a restart or a wipe with one endpoint: from the end of the fault until the
+    /// informer's member first answered a linearizable read (before that, no client of it can
+    /// catch up). `None` for other faults and modes.
+    pub member_answered_after: Option<Duration>,
     /// Writes (puts, deletes, transactions) that etcd confirmed.
     pub writes: usize,
     /// Writes given up after 10 s of retries (their outcome is unknown, which the
@@ -342,7 +346,7 @@ impl fmt::Display for RoundReport {
         };
         write!(
             f,
-            "seed {} {} round {} {} ({target}): converged {:?} after the fault ended; \
+            "seed {} {} round {} {} ({target}): converged {:?} after the fault ended{}; \
              {} writes ({} given up), {} relists, {} watch errors, {} events ({} tombstones), \
              {} violations",
             self.seed,
@@ -350,6 +354,13 @@ impl fmt::Display for RoundReport {
             self.round,
             self.fault,
             self.converged_after,
+            match self.member_answered_after {
+                Some(answered) => format!(
+                    " ({:?} after its member answered a linearizable read at {answered:?})",
+                    self.converged_after.saturating_sub(answered)
+                ),
+                None => String::new(),
+            },
             self.writes,
             self.failed_writes,
             self.relists,
@@ -938,7 +949,31 @@ impl Chaos {
             }
         };
         let phase = fault.to_string();
+        // With one endpoint the informer can catch up only once its member answers a
+        // linearizable read again: when that happens is measured beside the convergence.
+        let answered = (self.config.endpoints == Endpoints::One
+            && matches!(fault, Fault::KillRestart | Fault::WipeCluster))
+        .then(|| {
+            let mut kv = self.clients[0].kv_client();
+            let prefix = self.config.prefix.clone();
+            tokio::spawn(async move {
+                loop {
+                    let options = GetOptions::new().with_count_only();
+                    if kv.get(prefix.as_str(), Some(options)).await.is_ok() {
+                        return fault_end.elapsed();
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            })
+        });
         let converged = self.converge(fault_end, &writers, &phase).await;
+        let member_answered_after = match answered {
+            Some(task) => tokio::time::timeout(self.config.deadline, task)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => None,
+        };
         if fault == Fault::HungMember {
             // Hung until now, whether the cache converged or not.
             self.harness(fault, self.cluster.resume_member(target.unwrap_or(0)))?;
@@ -967,6 +1002,7 @@ impl Chaos {
             target,
             watching,
             converged_after,
+            member_answered_after,
             writes: self.writes.0,
             failed_writes: self.writes.1,
             relists: self.lists.load(Ordering::SeqCst) - lists_before,
