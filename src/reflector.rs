@@ -56,7 +56,8 @@ pub trait Queue<T>: Send + Sync {
 }
 
 /// A relist is part of a storm when the watch opened after the previous list did not stay up
-/// this long: then it waits for [`ReflectorOptions::backoff`], doubling each time. A relist
+/// this long and expired without etcd becoming unreachable in between: then it waits for
+/// [`ReflectorOptions::backoff`], doubling each time. A relist
 /// after a watch that did stay up (a member restarted, a compaction while the informer was
 /// away) happens at once and starts the backoff over: a fault every few seconds must not push
 /// recovery tens of seconds away, as a backoff that resets only after two quiet minutes
@@ -543,10 +544,14 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // protected, so relists that come close together back off.
             loop {
                 let end = self.watch(&mut revision, &mut resync).await;
+                // A watch that ended because etcd could not be reached was not expired by the
+                // list before it: a relist after the outage (its revision compacted meanwhile,
+                // its store wiped) is a recovery, not a storm.
                 watch_stayed_up |= self
                     .watching_since
                     .take()
-                    .is_some_and(|t| t.elapsed() >= RELIST_STORM_WINDOW);
+                    .is_some_and(|t| t.elapsed() >= RELIST_STORM_WINDOW)
+                    || matches!(end, WatchEnd::Unavailable);
                 match end {
                     WatchEnd::Expired { store_replaced } => {
                         reason = if store_replaced {

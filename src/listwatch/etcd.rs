@@ -457,11 +457,16 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             // A page may take a while to send, so a second attempt goes out only once the
             // first has been silent as long as a watch may be (a member that hangs).
             let deadline = Instant::now() + self.options.page_timeout;
-            let got = hedged(self.options.idle_timeout, deadline, || {
-                let mut kv = kv.clone();
-                let (start, options) = (start.clone(), options.clone());
-                async move { kv.get(start, Some(options)).await }
-            })
+            let got = hedged(
+                self.options.idle_timeout,
+                deadline,
+                member_unreachable,
+                || {
+                    let mut kv = kv.clone();
+                    let (start, options) = (start.clone(), options.clone());
+                    async move { kv.get(start, Some(options)).await }
+                },
+            )
             .await;
             let mut resp = match got {
                 Hedged::Answered(resp) => resp,
@@ -680,7 +685,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 .watch_client()
                 .max_decoding_message_size(self.options.max_message_bytes);
             let key = self.first_key();
-            let opened = hedged(HEDGE_AFTER, deadline, || {
+            let opened = hedged(HEDGE_AFTER, deadline, member_unreachable, || {
                 let mut client = client.clone();
                 let (key, options) = (key.clone(), options.clone());
                 async move {
@@ -1256,11 +1261,16 @@ async fn read(
     timeout: Duration,
 ) -> Hedged<etcd_client::GetResponse, etcd_client::Error> {
     let kv = client.kv_client();
-    hedged(HEDGE_AFTER, Instant::now() + timeout, || {
-        let mut kv = kv.clone();
-        let (key, options) = (key.to_vec(), options.clone());
-        async move { kv.get(key, Some(options)).await }
-    })
+    hedged(
+        HEDGE_AFTER,
+        Instant::now() + timeout,
+        member_unreachable,
+        || {
+            let mut kv = kv.clone();
+            let (key, options) = (key.to_vec(), options.clone());
+            async move { kv.get(key, Some(options)).await }
+        },
+    )
     .await
 }
 
@@ -1287,6 +1297,19 @@ fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
     }
     // All 0xff (or empty): every key from the prefix on.
     vec![0]
+}
+
+/// Whether an error says the member could not be reached (another one may answer).
+fn member_unreachable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable
+                || (status.code() == tonic::Code::Unknown
+                    && std::error::Error::source(status).is_some())
+        }
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
 }
 
 /// The gRPC status code of an error etcd (or the transport) returned, if it has one.

@@ -21,6 +21,10 @@ pub(crate) const HEDGE_AFTER: Duration = Duration::from_millis(250);
 /// The most attempts in flight at once.
 const MAX_IN_FLIGHT: usize = 4;
 
+/// How many attempts may fail before the request fails: a member that is down refuses at once,
+/// and the next attempt may reach a live one.
+const MAX_FAILED: usize = 3;
+
 /// How a hedged request ended.
 #[derive(Debug)]
 pub(crate) enum Hedged<R, E> {
@@ -33,16 +37,19 @@ pub(crate) enum Hedged<R, E> {
 }
 
 /// Runs `attempt`, and another one each time `hedge` passes without an answer (at most
-/// [`MAX_IN_FLIGHT`] at once), until one answers or `deadline`. The first success wins and the
-/// other attempts are dropped (a dropped etcd request or watch stream is canceled). An error
-/// ends the request only when no other attempt is still waiting: the caller's retry policy
-/// decides what comes next.
-pub(crate) async fn hedged<R, E, F, Fut>(
+/// [`MAX_IN_FLIGHT`] at once) or an attempt fails in a way another member might not
+/// (`elsewhere`: a refused connection, say; at most [`MAX_FAILED`] times), until one answers or
+/// `deadline`. The first success wins and the other attempts are dropped (a dropped etcd request
+/// or watch stream is canceled). Otherwise the last error ends the request once no other
+/// attempt is waiting: the caller's retry policy decides what comes next.
+pub(crate) async fn hedged<R, E, F, Fut, G>(
     hedge: Duration,
     deadline: Instant,
+    elsewhere: G,
     mut attempt: F,
 ) -> Hedged<R, E>
 where
+    G: Fn(&E) -> bool,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<R, E>> + Send + 'static,
     R: Send + 'static,
@@ -50,6 +57,7 @@ where
 {
     let mut running = JoinSet::new();
     let mut last_error = None;
+    let mut failed = 0;
     loop {
         if running.len() < MAX_IN_FLIGHT {
             running.spawn(attempt());
@@ -59,7 +67,15 @@ where
             tokio::select! {
                 done = running.join_next(), if !running.is_empty() => match done {
                     Some(Ok(Ok(answer))) => return Hedged::Answered(answer),
-                    Some(Ok(Err(e))) => last_error = Some(e),
+                    Some(Ok(Err(e))) => {
+                        failed += 1;
+                        let again = failed < MAX_FAILED && elsewhere(&e);
+                        last_error = Some(e);
+                        if again {
+                            // Another member may answer: try it now rather than at the hedge.
+                            break;
+                        }
+                    }
                     // A panicking attempt is a bug in the attempt; the others may still answer.
                     Some(Err(join)) => tracing::warn!(error = %join, "a hedged attempt panicked"),
                     None => {}
@@ -113,7 +129,7 @@ mod tests {
         let (sent, attempt) = attempts(&[Some(10)]);
         let deadline = Instant::now() + Duration::from_secs(3);
         assert!(matches!(
-            hedged(HEDGE_AFTER, deadline, attempt).await,
+            hedged(HEDGE_AFTER, deadline, |_| true, attempt).await,
             Hedged::Answered(0)
         ));
         assert_eq!(sent.load(Ordering::SeqCst), 1);
@@ -126,7 +142,7 @@ mod tests {
         let start = Instant::now();
         let deadline = start + Duration::from_secs(3);
         assert!(matches!(
-            hedged(HEDGE_AFTER, deadline, attempt).await,
+            hedged(HEDGE_AFTER, deadline, |_| true, attempt).await,
             Hedged::Answered(2)
         ));
         assert_eq!(sent.load(Ordering::SeqCst), 3);
@@ -143,7 +159,7 @@ mod tests {
         let start = Instant::now();
         let deadline = start + Duration::from_secs(2);
         assert!(matches!(
-            hedged::<usize, &str, _, _>(HEDGE_AFTER, deadline, attempt).await,
+            hedged::<usize, &str, _, _, _>(HEDGE_AFTER, deadline, |_| true, attempt).await,
             Hedged::TimedOut
         ));
         assert_eq!(start.elapsed(), Duration::from_secs(2));
@@ -153,20 +169,40 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_error_ends_it_only_when_nothing_else_waits() {
         let deadline = Instant::now() + Duration::from_secs(3);
-        let failed = hedged(HEDGE_AFTER, deadline, || async { Err::<(), _>("refused") }).await;
+        let tried = Arc::new(AtomicUsize::new(0));
+        let failed = hedged(
+            HEDGE_AFTER,
+            deadline,
+            |_| true,
+            || {
+                tried.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>("refused") }
+            },
+        )
+        .await;
         assert!(matches!(failed, Hedged::Failed("refused")));
+        assert_eq!(
+            tried.load(Ordering::SeqCst),
+            MAX_FAILED,
+            "a refusal is tried again at once"
+        );
         // The first attempt hangs, the second fails, the third answers.
         let n = Arc::new(AtomicUsize::new(0));
-        let answered = hedged(HEDGE_AFTER, deadline, || {
-            let n = n.fetch_add(1, Ordering::SeqCst);
-            async move {
-                match n {
-                    0 => std::future::pending().await,
-                    1 => Err("refused"),
-                    _ => Ok(n),
+        let answered = hedged(
+            HEDGE_AFTER,
+            deadline,
+            |_| false,
+            || {
+                let n = n.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match n {
+                        0 => std::future::pending().await,
+                        1 => Err("refused"),
+                        _ => Ok(n),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await;
         assert!(matches!(answered, Hedged::Answered(2)), "{answered:?}");
     }
