@@ -360,7 +360,10 @@ impl GrpcProxy {
             .unwrap()
             .port();
         let endpoint = format!("127.0.0.1:{port}");
-        let child = tokio::process::Command::new("etcd")
+        // The same etcd as the rest of the suite (ETCD_BIN), so the proxy's version is tested.
+        let bin =
+            etcd_informer::testing::etcd::find_etcd_binary().unwrap_or_else(|e| panic!("{e}"));
+        let child = tokio::process::Command::new(bin)
             .args([
                 "grpc-proxy",
                 "start",
@@ -371,7 +374,7 @@ impl GrpcProxy {
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .expect("etcd grpc-proxy (Debian package etcd-server)");
+            .expect("etcd grpc-proxy (ETCD_BIN, or the Debian package etcd-server)");
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(&endpoint).await.is_err() {
             assert!(Instant::now() < deadline, "the gRPC proxy did not start");

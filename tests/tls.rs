@@ -99,13 +99,16 @@ impl TlsEtcd {
             args.push(format!("--trusted-ca-file={ca_file}"));
             args.push("--client-cert-auth".to_string());
         }
-        let child = tokio::process::Command::new("etcd")
+        // The same etcd as the rest of the suite (ETCD_BIN), so TLS is tested on each version.
+        let bin =
+            etcd_informer::testing::etcd::find_etcd_binary().unwrap_or_else(|e| panic!("{e}"));
+        let child = tokio::process::Command::new(bin)
             .args(&args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .expect("etcd (Debian package etcd-server: bash .ci/install-prerequisites)");
+            .expect("etcd (ETCD_BIN, or the Debian package etcd-server: bash .ci/install-prerequisites)");
         let deadline = Instant::now() + Duration::from_secs(20);
         while tokio::net::TcpStream::connect(&endpoint).await.is_err() {
             assert!(Instant::now() < deadline, "etcd with TLS did not start");

@@ -1,9 +1,12 @@
 //! Per-handler delivery. Each handler has its own buffer. Handlers that keep up share one
 //! delivery thread per informer (a [`Worker`]): one wake-up per event for all of them rather than
-//! one per handler, which on a small machine is most of what fanout costs. A handler that takes
-//! longer than [`STUCK_AFTER`] over one notification keeps that thread to itself and the others
-//! move to a new one, so a slow or stuck handler delays the others by at most that, once. An
-//! [`EventStream`](super::EventStream) drains its buffer itself, with no thread.
+//! one per handler, which on a small machine is most of what fanout costs. A handler that holds
+//! the others back keeps that thread to itself and the others move to a new one: one that takes
+//! longer than [`STUCK_AFTER`] over one notification, or one that took most of the thread's
+//! time for [`STUCK_AFTER`] while another handler had notifications waiting (a handler a little
+//! slower than the rest, call after call). So a slow or stuck handler delays the others by about
+//! [`STUCK_AFTER`], once, whatever its speed. An [`EventStream`](super::EventStream) drains its
+//! buffer itself, with no thread.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -156,6 +159,11 @@ struct WorkerState<T> {
     next: usize,
     sleeping: bool,
     busy: Option<(u64, std::time::Instant)>,
+    /// Time each member spent in its handler since the watchdog last looked.
+    spent: HashMap<u64, Duration>,
+    /// The member that took most of the thread's time while others waited, and for how many
+    /// watchdog looks in a row.
+    hogging: Option<(u64, u32)>,
     /// Serves the one handler that got stuck on it; ends with it.
     dedicated: bool,
     /// No handler joins any more: end once the members are gone.
@@ -174,6 +182,8 @@ impl<T: Send + Sync + 'static> Worker<T> {
                 next: 0,
                 sleeping: false,
                 busy: None,
+                spent: HashMap::new(),
+                hogging: None,
                 dedicated: false,
                 shutdown: false,
             }),
@@ -213,12 +223,14 @@ impl<T: Send + Sync + 'static> Worker<T> {
                 state.sleeping = false;
                 continue;
             };
-            state.busy = Some((listener.id, std::time::Instant::now()));
+            let started = std::time::Instant::now();
+            state.busy = Some((listener.id, started));
             drop(state);
             listener.deliver(event, &*handler);
             drop(handler);
             state = self.lock();
             state.busy = None;
+            *state.spent.entry(listener.id).or_default() += started.elapsed();
         }
     }
 
@@ -283,15 +295,56 @@ trait Watched: Send + Sync {
     fn check(&self, stuck_since: std::time::Instant);
 }
 
+impl<T: Send + Sync + 'static> Worker<T> {
+    /// The member that holds the others back, if one does: one busy in a single notification
+    /// since before `stuck_since`, or one that took most of the thread's time since the last
+    /// look, while another member had notifications waiting, for [`STUCK_AFTER`] in a row.
+    /// Only the member being dispatched (or, when none is, any) can be named: the one being
+    /// dispatched never moves.
+    fn holding_back(state: &mut WorkerState<T>, stuck_since: std::time::Instant) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut spent = std::mem::take(&mut state.spent);
+        if let Some((busy, since)) = state.busy {
+            if since <= stuck_since {
+                return Some(busy);
+            }
+            *spent.entry(busy).or_default() += now.duration_since(since);
+        }
+        let total: Duration = spent.values().sum();
+        let top = spent
+            .iter()
+            .max_by_key(|(_, d)| **d)
+            .map(|(id, d)| (*id, *d));
+        let hog = top.filter(|(id, d)| {
+            *d * 2 > total
+                && *d >= STUCK_AFTER / 4
+                && state.members.iter().any(|l| l.id != *id && l.backlog() > 0)
+        });
+        state.hogging = match (hog, state.hogging) {
+            (Some((id, _)), Some((was, looks))) if id == was => Some((id, looks + 1)),
+            (Some((id, _)), _) => Some((id, 1)),
+            (None, _) => None,
+        };
+        let (id, looks) = state.hogging?;
+        // The watchdog looks every STUCK_AFTER / 2.
+        let movable = state.busy.is_none_or(|(busy, _)| busy == id);
+        (looks >= 2 && movable).then_some(id)
+    }
+}
+
 impl<T: Send + Sync + 'static> Watched for Worker<T> {
     fn check(&self, stuck_since: std::time::Instant) {
         let mut state = self.lock();
-        let Some((busy, since)) = state.busy else {
-            return;
-        };
-        if state.dedicated || since > stuck_since || state.members.len() < 2 {
+        if state.dedicated || state.members.len() < 2 {
+            state.spent.clear();
             return;
         }
+        let Some(busy) = Self::holding_back(&mut state, stuck_since) else {
+            return;
+        };
+        let since = state
+            .busy
+            .map_or_else(std::time::Instant::now, |(_, since)| since);
         let (stuck, others): (Vec<_>, Vec<_>) = state.members.drain(..).partition(|l| l.id == busy);
         let name = stuck
             .first()

@@ -358,6 +358,59 @@ async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
     .await;
 }
 
+/// Correctness review, finding 1: handlers that each keep up with their own events but one of
+/// which is slower than the rest, call after call (under the 20 ms that counts as stuck), must
+/// not hold the others to its pace. `slow_ms` per add for one handler, nothing for `fast`
+/// others; `puts` writes paced 1 ms apart; returns how long after the last put the last fast
+/// handler had every add.
+async fn fast_handlers_keep_their_pace_beside(slow_ms: u64, fast: usize, puts: usize) -> Duration {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| {
+            std::thread::sleep(Duration::from_millis(slow_ms))
+        }))
+        .unwrap();
+    let done: Arc<Mutex<Vec<Option<std::time::Instant>>>> = Arc::new(Mutex::new(vec![None; fast]));
+    for h in 0..fast {
+        let (seen, done) = (Arc::new(AtomicUsize::new(0)), done.clone());
+        informer
+            .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| {
+                if seen.fetch_add(1, Ordering::SeqCst) + 1 == puts {
+                    done.lock().unwrap()[h] = Some(std::time::Instant::now());
+                }
+            }))
+            .unwrap();
+    }
+    informer.wait_for_cache_sync().await;
+    for i in 0..puts {
+        source.put(&format!("k{i}"), "v".into());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let last_put = std::time::Instant::now();
+    eventually("every fast handler got every add", || {
+        done.lock().unwrap().iter().all(Option::is_some)
+    })
+    .await;
+    let last = done.lock().unwrap().iter().flatten().max().copied().unwrap();
+    last.saturating_duration_since(last_put)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_the_other_does_not_set_its_pace() {
+    // 300 adds at 15 ms each would keep a handler sharing its thread busy 4.5 s past the last put.
+    let behind = fast_handlers_keep_their_pace_beside(15, 1, 300).await;
+    println!("the fast handler finished {behind:?} after the last put");
+    assert!(behind < Duration::from_millis(250), "{behind:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_handler_among_eleven_does_not_set_the_pace_of_ten() {
+    let behind = fast_handlers_keep_their_pace_beside(5, 10, 200).await;
+    println!("the ten fast handlers finished {behind:?} after the last put");
+    assert!(behind < Duration::from_millis(250), "{behind:?}");
+}
+
 #[tokio::test]
 async fn bounded_backlog_keeps_final_state_of_every_key() {
     let source: FakeSource<String> = FakeSource::new();
