@@ -12,7 +12,7 @@
 //!   each in turn (default both);
 //! - `--quick`: the test suite's short timings (probes after 500 ms of silence, protective
 //!   backoff 50 ms to 1 s) instead of the library's defaults (probes after 1 s, idle timeout
-//!   3 s, client-go's 800 ms to 30 s), which are what the figures in RELIABILITY.md are
+//!   2 s, client-go's 800 ms to 30 s), which are what the figures in RELIABILITY.md are
 //!   measured with.
 //!
 //! Prints a line per round, then, per fault kind and endpoint mode, the rounds run, the median,

@@ -13,7 +13,7 @@
 //! | `etcd_informer_decode_errors_total` | counter | `informer` | a value under the prefix does not decode (sampled every second) |
 //! | `etcd_informer_applied_revision` | gauge | `informer` | the cache reaches a new revision (sampled every second) |
 //! | `etcd_informer_revision_lag` | gauge | `informer` | revisions the reflector has read and the cache has not applied yet (sampled every second) |
-//! | `etcd_informer_seconds_since_proven_fresh` | gauge | `informer` | seconds since the source last proved the cache fresh: a list, an event, or an answered probe of the watch stream (sampled every second; alert above the source's idle timeout, 3 s by default) |
+//! | `etcd_informer_seconds_since_proven_fresh` | gauge | `informer` | seconds since the source last proved the cache fresh: a list, an event, or an answered probe of the watch stream (sampled every second; alert above the source's idle timeout, 2 s by default) |
 //! | `etcd_informer_queue_depth` | gauge | `informer` | batches (RealFifo) or keys (DeltaFifo) queued between reflector and cache (sampled every second) |
 //! | `etcd_informer_handler_backlog` | gauge | `informer`, `handler` | notifications queued for a handler (or an event stream) and not delivered |
 //! | `etcd_informer_handler_delivered_total` | counter | `informer`, `handler` | a notification is delivered |

@@ -250,7 +250,7 @@ pub struct Health {
 
 impl Health {
     /// Seconds since the source last proved the cache fresh ([`proven_fresh_at`]), as of now;
-    /// `None` before the first list. Alert when it passes the source's liveness bound (3 s for
+    /// `None` before the first list. Alert when it passes the source's liveness bound (2 s for
     /// the etcd source by default): the cache may have stopped following etcd.
     ///
     /// [`proven_fresh_at`]: Self::proven_fresh_at

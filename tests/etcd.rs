@@ -503,19 +503,22 @@ async fn hung_member_among_all_endpoints_is_left_for_a_live_one() {
             // A hung leader stalls writes until the others elect a new one.
             let key = format!("{prefix}ns0/round{round}-{i}");
             let mut tries = 0;
-            while let Err(e) = writers[live]
-                .kv_client()
-                .put(key.as_str(), "v2", None)
-                .await
-            {
-                tries += 1;
-                assert!(tries < 100, "the live members take no write: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            loop {
+                let mut kv = writers[live].kv_client();
+                let put = kv.put(key.as_str(), "v2", None);
+                match tokio::time::timeout(Duration::from_secs(1), put).await {
+                    Ok(Ok(_)) => break,
+                    other => {
+                        tries += 1;
+                        assert!(tries < 30, "the live members take no write: {other:?}");
+                    }
+                }
             }
         }
+        let written = started.elapsed();
         let took = converges(&r.informer, &writers[live], prefix, Duration::from_secs(10)).await;
         let since_hang = started.elapsed();
-        eprintln!("round {round}: member {hung} hung; the cache equalled etcd after {since_hang:?} (converge poll {took:?})");
+        eprintln!("round {round}: member {hung} hung; writes done after {written:?}, the cache equalled etcd after {since_hang:?} ({took:?} after the writes)");
         cluster.resume_member(hung).unwrap();
     }
     assert_eq!(

@@ -127,7 +127,7 @@ pub struct EtcdOptions {
     /// also asked for a progress notification). Each answer is reported as a
     /// [`WatchEvent::Bookmark`] at the revision already delivered: the stream proved alive.
     pub progress_interval: Duration,
-    /// A watch that has heard nothing on its own stream for this long (default 3 s), its probe
+    /// A watch that has heard nothing on its own stream for this long (default 2 s), its probe
     /// included, is on a member that stopped answering: it fails as [`Error::Unavailable`] and
     /// the reflector watches again (opening the new stream on whichever member answers first).
     /// Only the stream counts: a read answered by another member proves nothing about the
@@ -225,9 +225,10 @@ impl Default for EtcdOptions {
             page_timeout: Duration::from_secs(60),
             prev_kv: false,
             raw_prefix: false,
-            // A hung member is noticed within 3 s, a probe's answer takes milliseconds.
+            // A hung member is noticed within 2 s: a probe goes out after 1 s of silence and is
+            // answered within milliseconds; a live stream never stays silent longer.
             progress_interval: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(3),
+            idle_timeout: Duration::from_secs(2),
             watch_buffer: 1024,
             on_decode_error: None,
             trust_progress: None,
