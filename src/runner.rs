@@ -326,7 +326,8 @@ impl Runner {
                 informer: registrar.name().to_owned(),
                 synced: Box::new(move || synced.has_synced()),
                 unregister: Some(Box::new(move || {
-                    informer.remove_event_handler(&registration);
+                    // Runs from `Drop`, maybe on a runtime thread: never waits for the handler.
+                    informer.detach(&registration);
                 })),
             })
         });

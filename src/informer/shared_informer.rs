@@ -623,7 +623,34 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     ///
     /// Returns whether the handler was registered with this informer: a registration of
     /// another informer, or one removed already, is left alone (client-go's no-op).
+    ///
+    /// It blocks the calling thread while it waits: from async code, use
+    /// [`remove_event_handler_async`](Self::remove_event_handler_async).
     pub fn remove_event_handler(&self, registration: &HandlerRegistration<T>) -> bool {
+        let removed = self.detach(registration);
+        if removed {
+            registration.listener.stop_thread_and_wait(REMOVE_PATIENCE);
+        }
+        removed
+    }
+
+    /// [`remove_event_handler`](Self::remove_event_handler) for async code: the wait for a
+    /// notification in progress happens on a blocking thread, never on the runtime's.
+    pub async fn remove_event_handler_async(&self, registration: &HandlerRegistration<T>) -> bool {
+        let removed = self.detach(registration);
+        if removed {
+            let listener = registration.listener.clone();
+            let waited = tokio::task::spawn_blocking(move || {
+                listener.stop_thread_and_wait(REMOVE_PATIENCE);
+            });
+            let _ = waited.await;
+        }
+        removed
+    }
+
+    /// Unregisters a handler and stops its delivery without waiting for a notification in
+    /// progress; for `Drop` impls, which may run on a runtime thread and must not block it.
+    pub(crate) fn detach(&self, registration: &HandlerRegistration<T>) -> bool {
         if !std::ptr::eq(registration.informer.as_ptr(), Arc::as_ptr(&self.shared)) {
             return false;
         }
@@ -636,7 +663,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         // Not under the processor lock: the handler may be calling into the informer.
         drop(processor);
         if removed {
-            registration.listener.stop_thread_and_wait(REMOVE_PATIENCE);
+            registration.listener.stop_thread();
         }
         removed
     }
@@ -1315,6 +1342,8 @@ impl<T: Send + Sync + 'static> Stream for EventStream<T> {
 
 impl<T: Send + Sync + 'static> Drop for EventStream<T> {
     fn drop(&mut self) {
-        self.informer.remove_event_handler(&self.registration);
+        // Never blocks: a stream has no delivery thread to wait for, and a drop may run on a
+        // runtime thread.
+        self.informer.detach(&self.registration);
     }
 }

@@ -411,6 +411,39 @@ async fn one_slow_handler_among_eleven_does_not_set_the_pace_of_ten() {
     assert!(behind < Duration::from_millis(250), "{behind:?}");
 }
 
+/// Correctness review, finding 6: removing a handler from async code while it is inside a
+/// notification must not block the runtime's thread (one thread here: a blocked thread would
+/// stop the timer below).
+#[tokio::test(flavor = "current_thread")]
+async fn removing_a_busy_handler_from_async_code_leaves_the_runtime_running() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    let gate = Arc::new(Gate::default());
+    let g = gate.clone();
+    let entered = Arc::new(AtomicUsize::new(0));
+    let e = entered.clone();
+    let reg = informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| {
+            e.fetch_add(1, Ordering::SeqCst);
+            g.pass();
+        }))
+        .unwrap();
+    informer.wait_for_cache_sync().await;
+    source.put("a", "v".into());
+    eventually("the handler is inside its call", || entered.load(Ordering::SeqCst) == 1).await;
+    let removal = informer.remove_event_handler_async(&reg);
+    tokio::pin!(removal);
+    // The runtime goes on while the removal waits for the handler.
+    let ticked = tokio::select! {
+        _ = &mut removal => false,
+        _ = tokio::time::sleep(Duration::from_millis(50)) => true,
+    };
+    assert!(ticked, "the removal returned while the handler was still inside its call");
+    gate.open();
+    assert!(removal.await, "it was registered");
+    assert_eq!(informer.handler_count(), 0);
+}
+
 #[tokio::test]
 async fn bounded_backlog_keeps_final_state_of_every_key() {
     let source: FakeSource<String> = FakeSource::new();
