@@ -309,6 +309,28 @@ async fn lightweight_controller_serves_metrics_that_move() {
         );
         assert_eq!(backlog.len(), 1, "{informer}:\n{text}");
     }
+    // Sampled every second once listed; a live watch is proven at least every idle timeout
+    // (2 s), probes of a quiet one included.
+    for informer in [&specs, &pods] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = scrape(&addr);
+            let stale = values(
+                &text,
+                "etcd_informer_seconds_since_proven_fresh",
+                &[informer],
+            );
+            if stale.len() == 1 {
+                assert!(stale[0] < 4.0, "{informer}: {stale:?}\n{text}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{informer}: no freshness gauge\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     let depth = values(
         &text,
         "etcd_informer_workqueue_depth",
