@@ -544,14 +544,17 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // protected, so relists that come close together back off.
             loop {
                 let end = self.watch(&mut revision, &mut resync).await;
+                let was_up = self.watching_since.take().map(|t| t.elapsed());
                 // A watch that ended because etcd could not be reached was not expired by the
                 // list before it: a relist after the outage (its revision compacted meanwhile,
                 // its store wiped) is a recovery, not a storm.
-                watch_stayed_up |= self
-                    .watching_since
-                    .take()
-                    .is_some_and(|t| t.elapsed() >= RELIST_STORM_WINDOW)
+                watch_stayed_up |= was_up.is_some_and(|up| up >= RELIST_STORM_WINDOW)
                     || matches!(end, WatchEnd::Unavailable);
+                // A watch that stayed up a while ends a run of failures: the next outage is
+                // retried at once again, however recent the last one was.
+                if was_up.is_some_and(|up| up >= RELIST_STORM_WINDOW / 2) {
+                    reconnect.reset();
+                }
                 match end {
                     WatchEnd::Expired { store_replaced } => {
                         reason = if store_replaced {
