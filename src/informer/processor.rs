@@ -28,6 +28,23 @@ const SHRINK_ABOVE: usize = 1024;
 /// another thread.
 pub(crate) const STUCK_AFTER: Duration = Duration::from_millis(20);
 
+/// Records the handlers due at a resync tick in `syncing`. While an earlier resync may still be
+/// queued (`drained` false), the set grows instead of being replaced: the queue merges resyncs
+/// into one, so a handler due at the earlier tick and not at this one would otherwise never get
+/// the resync it was due (correctness review, finding 5). A handler may then get one a tick
+/// early; none misses one.
+pub(crate) fn merge_due(syncing: &mut Vec<u64>, due: Vec<u64>, drained: bool) {
+    if drained {
+        *syncing = due;
+        return;
+    }
+    for id in due {
+        if !syncing.contains(&id) {
+            syncing.push(id);
+        }
+    }
+}
+
 /// The registered handlers.
 ///
 /// Invariant: `syncing` holds the ids of the listeners whose resync was due at the last resync
@@ -817,6 +834,19 @@ fn compact<T>(queue: &mut VecDeque<Event<T>>) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_resync_still_queued_keeps_every_handler_due_for_it() {
+        // Tick 2: A (1 s) and B (2 s) are due; the resync is queued.
+        let mut syncing = Vec::new();
+        super::merge_due(&mut syncing, vec![1, 2], true);
+        // Tick 3, the resync not popped yet: only A is due, B must stay.
+        super::merge_due(&mut syncing, vec![1], false);
+        assert_eq!(syncing, [1, 2]);
+        // Once it was delivered, the next tick's set stands alone.
+        super::merge_due(&mut syncing, vec![1], true);
+        assert_eq!(syncing, [1]);
+    }
+
     use super::*;
     use crate::informer::handler::DeletedObject;
     use crate::Object;

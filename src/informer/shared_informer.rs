@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::handler::{DeletedObject, Event, ResourceEventHandler};
-use super::processor::{Listener, Processor};
+use super::processor::{merge_due, Listener, Processor};
 use crate::codec::Codec;
 use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
 use crate::listwatch::{Error as SourceError, Freshness, ListerWatcher};
@@ -884,6 +884,13 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
 
     /// Picks the handlers whose resync is due; the reflector resyncs only if there are any.
     fn should_resync(&self) -> bool {
+        // Before the processor lock: popping holds the queue's lock, then takes the processor's.
+        // Only the reflector, which is asking, queues resyncs, so an empty queue stays free of
+        // them until it answers.
+        let drained = match &self.shared.queue {
+            Queue::Atomic(q) => q.is_empty(),
+            Queue::DeltaFifo(q) => q.is_empty(),
+        };
         let mut processor = self.processor();
         let now = Instant::now();
         let due: Vec<u64> = processor
@@ -896,7 +903,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             // Keep the set of the last resync: its Sync deltas may still be queued.
             return false;
         }
-        processor.syncing = due;
+        merge_due(&mut processor.syncing, due, drained);
         true
     }
 
