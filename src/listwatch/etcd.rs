@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::time::Instant;
 
 use etcd_client::proto::PbKeyValue;
 use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
 use tokio::sync::{mpsc, OnceCell};
+use tokio::time::Instant;
 use tokio_stream::Stream;
 use tracing::Instrument;
 
