@@ -543,6 +543,11 @@ impl<T> DeltaFifo<T> {
 }
 
 impl<T: Send + Sync + 'static> Queue<T> for DeltaFifo<T> {
+    /// Always: the DeltaFIFO holds one slot per key, so it is bounded by the prefix's size.
+    fn room(&self) -> crate::listwatch::BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
     fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool {
         DeltaFifo::add_if_newer(self, kind, obj)
     }

@@ -126,8 +126,16 @@ impl<T> fmt::Debug for Batch<T> {
 pub struct RealFifo<T> {
     inner: Mutex<Inner<T>>,
     notify: Notify,
+    /// Notified when a batch is taken, for a producer waiting for room.
+    taken: Notify,
+    /// The most batches queued before [`Queue::room`] makes the reflector wait.
+    max_batches: usize,
     known: Arc<dyn Store<T>>,
 }
+
+/// How many revisions a [`RealFifo`] holds before the reflector waits for the consumer (see
+/// [`RealFifo::with_max_batches`]).
+pub const MAX_BATCHES: usize = 4096;
 
 /// The revision of a key's newest queued change, and its state then (`None`: deleted).
 type Pending<T> = (i64, Option<Arc<Object<T>>>);
@@ -188,12 +196,22 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
                 closed: false,
             }),
             notify: Notify::new(),
+            taken: Notify::new(),
+            max_batches: MAX_BATCHES,
             known,
         }
     }
 }
 
 impl<T> RealFifo<T> {
+    /// The same queue holding at most `max` revisions (at least 1) before the reflector waits
+    /// (default [`MAX_BATCHES`]). A relist is queued whatever the count.
+    #[must_use]
+    pub fn with_max_batches(mut self, max: usize) -> Self {
+        self.max_batches = max.max(1);
+        self
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -315,6 +333,8 @@ impl<T> RealFifo<T> {
                     if is_replace {
                         inner.synced = true;
                     }
+                    drop(inner);
+                    self.taken.notify_waiters();
                     return Ok(result);
                 }
                 if inner.closed {
@@ -452,6 +472,23 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
             drop(inner);
             self.progress(revision);
         }
+    }
+
+    fn room(&self) -> crate::listwatch::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            loop {
+                let taken = self.taken.notified();
+                tokio::pin!(taken);
+                taken.as_mut().enable();
+                {
+                    let inner = self.lock();
+                    if inner.batches.len() < self.max_batches || inner.closed {
+                        return;
+                    }
+                }
+                taken.await;
+            }
+        })
     }
 
     fn progress(&self, revision: i64) {
@@ -616,6 +653,25 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Correctness review, finding 6: a consumer that falls behind makes the producer wait
+    /// instead of growing the queue.
+    #[tokio::test]
+    async fn a_full_queue_makes_the_producer_wait_for_room() {
+        let ix = Indexer::default();
+        let f = RealFifo::new(Arc::new(ix.clone())).with_max_batches(2);
+        f.replace(vec![], 1, false);
+        f.add_if_newer(DeltaType::Added, obj("a", 2));
+        f.commit(2);
+        let room = f.room();
+        tokio::pin!(room);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(20), &mut room).await;
+        assert!(waited.is_err(), "two batches queued: no room");
+        let _ = pop(&f).await;
+        tokio::time::timeout(std::time::Duration::from_secs(1), room)
+            .await
+            .expect("room once a batch is taken");
     }
 
     #[tokio::test]

@@ -13,7 +13,9 @@ use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
 
 use crate::delta_fifo::DeltaType;
-use crate::listwatch::{Error, ListResult, ListSink, ListerWatcher, WatchEvent, WatchStream};
+use crate::listwatch::{
+    BoxFuture, Error, ListResult, ListSink, ListerWatcher, WatchEvent, WatchStream,
+};
 use crate::metrics::{RelistMetrics, RelistReason};
 use crate::Object;
 
@@ -53,6 +55,10 @@ pub trait Queue<T>: Send + Sync {
     fn commit(&self, revision: i64);
     /// Nothing changed up to `revision` beyond what is queued (a trusted bookmark).
     fn progress(&self, revision: i64);
+    /// Resolves once the queue can take another revision. The reflector waits on it after
+    /// each revision, so a consumer that falls behind slows the watch (and, through the watch's
+    /// bounded buffer, etcd's stream) instead of growing the queue without bound.
+    fn room(&self) -> BoxFuture<'_, ()>;
 }
 
 /// A relist is part of a storm when the watch opened after the previous list did not stay up
@@ -662,6 +668,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 matches!(&ready, Some(Some(e)) if e.revision() == Some(*revision));
             if !more_of_this_revision {
                 self.fifo.commit(*revision);
+                self.fifo.room().await;
             }
         }
     }
