@@ -13,7 +13,7 @@
 //! DeltaFIFO mode).
 //!
 //! The benchmark starts its own throwaway etcd (the crate's test harness) with its data directory
-//! on `/dev/shm`, or uses `ETCD_ENDPOINTS` if set (under a unique prefix it deletes afterwards).
+//! on `/dev/shm`, or uses `--endpoints A,B` (else `ETCD_ENDPOINTS`) if given (under a unique prefix it deletes afterwards).
 //! It loads N ConfigMap-like JSON objects (`{namespace, name, labels (3), data}`) under
 //! `<prefix><namespace>/<name>` in 10 namespaces, with concurrent transactions of 128 puts each.
 //!
@@ -204,13 +204,18 @@ async fn main() {
         std::process::exit(0);
     }
 
-    // etcd: ETCD_ENDPOINTS, else a throwaway server on /dev/shm.
-    let external: Option<Vec<String>> = std::env::var("ETCD_ENDPOINTS").ok().map(|l| {
-        l.split(',')
-            .map(|e| e.trim().to_owned())
-            .filter(|e| !e.is_empty())
-            .collect()
-    });
+    // etcd: --endpoints, else ETCD_ENDPOINTS, else a throwaway server on /dev/shm. The
+    // children get the same endpoints.
+    let external: Option<Vec<String>> = if args.endpoints.is_empty() {
+        std::env::var("ETCD_ENDPOINTS").ok().map(|l| {
+            l.split(',')
+                .map(|e| e.trim().to_owned())
+                .filter(|e| !e.is_empty())
+                .collect()
+        })
+    } else {
+        Some(args.endpoints.clone())
+    };
     let mut server = None;
     let endpoints = match external.filter(|e| !e.is_empty()) {
         Some(e) => e,
