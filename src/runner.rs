@@ -76,6 +76,8 @@ struct Watched {
     informer: String,
     register: Register,
     wait_for: WaitFor,
+    /// The revision the informer's cache is at.
+    revision: Box<dyn Fn() -> i64 + Send + Sync>,
     /// The key's cached object.
     get: Get,
     /// A `Lister<T>`.
@@ -310,6 +312,7 @@ impl Runner {
     ) -> Self {
         let map = Arc::new(map);
         let waiter = informer.clone();
+        let at = informer.clone();
         let registrar = informer.clone();
         let lister = informer.lister();
         let getter = informer.lister();
@@ -338,6 +341,7 @@ impl Runner {
                 let informer = waiter.clone();
                 Box::pin(async move { informer.wait_for_revision(revision, timeout).await })
             }),
+            revision: Box::new(move || at.revision()),
             get: Box::new(move |key| getter.get(key).map(|o| o as AnyObject)),
             lister: Box::new(lister),
         }));
@@ -474,6 +478,7 @@ impl Runner {
                 runner: this.name.clone(),
                 watched: this.watched.iter().cloned().collect(),
                 written: this.written.clone(),
+                prune_written_at: Mutex::new(PRUNE_WRITTEN),
                 timeout: this.reconcile_timeout,
                 metrics: this.metrics.clone(),
             });
@@ -577,9 +582,14 @@ struct Workers {
     runner: Arc<str>,
     watched: Arc<[Arc<Watched>]>,
     written: Arc<Mutex<HashMap<String, i64>>>,
+    /// Past this many records in `written`, the applied ones are pruned.
+    prune_written_at: Mutex<usize>,
     timeout: Option<Duration>,
     metrics: Arc<RunnerMetrics>,
 }
+
+/// The fewest write records kept before those applied everywhere are pruned.
+const PRUNE_WRITTEN: usize = 1024;
 
 /// How one reconcile ended.
 enum Outcome {
@@ -642,9 +652,7 @@ impl Workers {
                 match action {
                     Action::Done => {}
                     Action::RequeueAfter(delay) => queue.add_after(key, delay),
-                    Action::Wrote(revision) => {
-                        lock(&self.written).insert(key, revision);
-                    }
+                    Action::Wrote(revision) => self.wrote(key, revision),
                 }
                 ReconcileResult::Ok
             }
@@ -667,6 +675,32 @@ impl Workers {
         self.metrics.reconciled(result, started.elapsed());
     }
 
+    /// Records `key`'s write at `revision`, for its next reconcile to wait for. A key that is
+    /// never queued again would keep its record for good: past [`PRUNE_WRITTEN`] records, those
+    /// every informer has applied are forgotten (amortized: the bound doubles with what stays).
+    fn wrote(&self, key: String, revision: i64) {
+        let mut written = lock(&self.written);
+        written.insert(key, revision);
+        let mut prune_at = lock(&self.prune_written_at);
+        if written.len() < *prune_at {
+            return;
+        }
+        let applied = self
+            .watched
+            .iter()
+            .map(|w| (w.revision)())
+            .min()
+            .unwrap_or(i64::MAX);
+        written.retain(|_, r| *r > applied);
+        *prune_at = (written.len() * 2).max(PRUNE_WRITTEN);
+    }
+
+    /// How many writes are remembered for read-your-writes (keys not reconciled since).
+    #[cfg(test)]
+    fn remembered_writes(&self) -> usize {
+        lock(&self.written).len()
+    }
+
     /// Waits until every informer has applied `key`'s last recorded write, then forgets it.
     async fn read_your_writes(&self, key: &str) -> Result<(), ConsistencyError> {
         let Some(revision) = lock(&self.written).get(key).copied() else {
@@ -685,4 +719,48 @@ impl Workers {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::testing::FakeSource;
+
+    /// Correctness review, finding 6: keys written once and never reconciled again must not be
+    /// remembered for good.
+    #[tokio::test]
+    async fn writes_applied_everywhere_are_forgotten() {
+        let source = FakeSource::<String>::new();
+        let informer = SharedIndexInformer::new(source.clone(), Default::default());
+        tokio::spawn(informer.clone().run());
+        informer.wait_for_cache_sync().await;
+        let runner = Runner::new("prune").watch(&informer);
+        let workers = Workers {
+            queue: runner.queue.clone(),
+            reconcile: Arc::new(|_| Box::pin(async { Ok(Action::Done) })),
+            runner: runner.name.clone(),
+            watched: runner.watched.iter().cloned().collect(),
+            written: runner.written.clone(),
+            prune_written_at: Mutex::new(PRUNE_WRITTEN),
+            timeout: None,
+            metrics: runner.metrics.clone(),
+        };
+        // 10,000 keys, each written once at a revision the cache then reaches.
+        for i in 0..10_000 {
+            let revision = source.put(&format!("k{i}"), "v".into());
+            workers.wrote(format!("k{i}"), revision);
+            if i % 100 == 99 {
+                informer
+                    .wait_for_revision(revision, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+            }
+        }
+        assert!(
+            workers.remembered_writes() <= 2 * PRUNE_WRITTEN,
+            "{} writes remembered",
+            workers.remembered_writes()
+        );
+        informer.stop();
+    }
 }
