@@ -1323,11 +1323,15 @@ fn classify_code(e: &etcd_client::Error) -> Option<tonic::Code> {
 
 /// Whether a response exceeded a gRPC message size limit (the client's or etcd's).
 fn is_message_too_large(e: &etcd_client::Error) -> bool {
-    let message = e.to_string();
-    message.contains("message length too large")
-        || message.contains("larger than max")
-        || message.contains("ResourceExhausted")
-        || message.contains("resource exhausted")
+    use tonic::Code;
+    match classify_code(e) {
+        // etcd's send limit, or ours as etcd reports it.
+        Some(Code::ResourceExhausted) => true,
+        // Our decoder's limit. etcd uses the same code for a compacted or a future revision,
+        // which its text tells apart.
+        Some(Code::OutOfRange) => !e.to_string().contains("revision"),
+        _ => false,
+    }
 }
 
 /// Sorts etcd's errors by what recovers from them, on their gRPC status code: a compacted
@@ -1380,17 +1384,29 @@ fn named(mut error: Error, prefix: &str) -> Error {
 struct TokenRenewal(Arc<AtomicBool>);
 
 impl TokenRenewal {
-    /// Remembers to renew the token if `error` says etcd refused it.
+    /// Remembers to renew the token if `error` says etcd refused it: by its gRPC status code
+    /// when etcd sent one (Unauthenticated for a forgotten token, PermissionDenied, which etcd
+    /// 3.4 answers a watch with an expired token); by the text of a watch's cancel reason,
+    /// which is all etcd gives there.
     fn note(&self, error: &Error) {
-        let message = error.to_string();
-        let refused = [
-            "invalid auth token",
-            "permission denied",
-            "Unauthenticated",
-            "user name is empty",
-        ]
-        .iter()
-        .any(|m| message.contains(m));
+        use tonic::Code;
+        let refused = match error.etcd_error() {
+            Some(etcd_client::Error::GRpcStatus(status)) => matches!(
+                status.code(),
+                Code::Unauthenticated | Code::PermissionDenied
+            ),
+            Some(_) => false,
+            None => {
+                let message = error.to_string();
+                [
+                    "invalid auth token",
+                    "permission denied",
+                    "user name is empty",
+                ]
+                .iter()
+                .any(|m| message.contains(m))
+            }
+        };
         if refused {
             self.0.store(true, Ordering::Relaxed);
         }
