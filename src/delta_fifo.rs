@@ -543,9 +543,9 @@ impl<T> DeltaFifo<T> {
 }
 
 impl<T: Send + Sync + 'static> Queue<T> for DeltaFifo<T> {
-    /// Always: the DeltaFIFO holds one slot per key, so it is bounded by the prefix's size.
-    fn room(&self) -> crate::listwatch::BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
+    /// Always room: the DeltaFIFO holds one slot per key, so it is bounded by the prefix's size.
+    fn room(&self) -> Option<crate::listwatch::BoxFuture<'_, ()>> {
+        None
     }
 
     fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool {

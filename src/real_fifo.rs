@@ -474,8 +474,14 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
         }
     }
 
-    fn room(&self) -> crate::listwatch::BoxFuture<'_, ()> {
-        Box::pin(async move {
+    fn room(&self) -> Option<crate::listwatch::BoxFuture<'_, ()>> {
+        {
+            let inner = self.lock();
+            if inner.batches.len() < self.max_batches || inner.closed {
+                return None;
+            }
+        }
+        Some(Box::pin(async move {
             loop {
                 let taken = self.taken.notified();
                 tokio::pin!(taken);
@@ -488,7 +494,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
                 }
                 taken.await;
             }
-        })
+        }))
     }
 
     fn progress(&self, revision: i64) {
@@ -664,10 +670,9 @@ mod tests {
         f.replace(vec![], 1, false);
         f.add_if_newer(DeltaType::Added, obj("a", 2));
         f.commit(2);
-        let room = f.room();
-        tokio::pin!(room);
+        let mut room = f.room().expect("two batches queued: no room");
         let waited = tokio::time::timeout(std::time::Duration::from_millis(20), &mut room).await;
-        assert!(waited.is_err(), "two batches queued: no room");
+        assert!(waited.is_err(), "no room until a batch is taken");
         let _ = pop(&f).await;
         tokio::time::timeout(std::time::Duration::from_secs(1), room)
             .await

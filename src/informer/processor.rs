@@ -176,8 +176,6 @@ struct WorkerState<T> {
     next: usize,
     sleeping: bool,
     busy: Option<(u64, std::time::Instant)>,
-    /// Time each member spent in its handler since the watchdog last looked.
-    spent: HashMap<u64, Duration>,
     /// The member that took most of the thread's time while others waited, and for how many
     /// watchdog looks in a row.
     hogging: Option<(u64, u32)>,
@@ -199,7 +197,6 @@ impl<T: Send + Sync + 'static> Worker<T> {
                 next: 0,
                 sleeping: false,
                 busy: None,
-                spent: HashMap::new(),
                 hogging: None,
                 dedicated: false,
                 shutdown: false,
@@ -245,9 +242,11 @@ impl<T: Send + Sync + 'static> Worker<T> {
             drop(state);
             listener.deliver(event, &*handler);
             drop(handler);
+            listener
+                .spent_nanos
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             state = self.lock();
             state.busy = None;
-            *state.spent.entry(listener.id).or_default() += started.elapsed();
         }
     }
 
@@ -319,19 +318,28 @@ impl<T: Send + Sync + 'static> Worker<T> {
     /// Only the member being dispatched (or, when none is, any) can be named: the one being
     /// dispatched never moves.
     fn holding_back(state: &mut WorkerState<T>, stuck_since: std::time::Instant) -> Option<u64> {
-        let now = std::time::Instant::now();
-        let mut spent = std::mem::take(&mut state.spent);
         if let Some((busy, since)) = state.busy {
             if since <= stuck_since {
                 return Some(busy);
             }
-            *spent.entry(busy).or_default() += now.duration_since(since);
         }
-        let total: Duration = spent.values().sum();
-        let top = spent
+        // Time each member spent in its handler since the last look; the call in progress
+        // counts from its start or the last look, whichever is later.
+        let now = std::time::Instant::now();
+        let window_start = now.checked_sub(STUCK_AFTER / 2).unwrap_or(now);
+        let spent: Vec<(u64, Duration)> = state
+            .members
             .iter()
-            .max_by_key(|(_, d)| **d)
-            .map(|(id, d)| (*id, *d));
+            .map(|l| {
+                let mut d = Duration::from_nanos(l.spent_nanos.swap(0, Ordering::Relaxed));
+                if let Some((_, since)) = state.busy.filter(|(busy, _)| *busy == l.id) {
+                    d += now.duration_since(since.max(window_start));
+                }
+                (l.id, d)
+            })
+            .collect();
+        let total: Duration = spent.iter().map(|(_, d)| *d).sum();
+        let top = spent.iter().max_by_key(|(_, d)| *d).copied();
         let hog = top.filter(|(id, d)| {
             *d * 2 > total
                 && *d >= STUCK_AFTER / 4
@@ -353,7 +361,6 @@ impl<T: Send + Sync + 'static> Watched for Worker<T> {
     fn check(&self, stuck_since: std::time::Instant) {
         let mut state = self.lock();
         if state.dedicated || state.members.len() < 2 {
-            state.spent.clear();
             return;
         }
         let Some(busy) = Self::holding_back(&mut state, stuck_since) else {
@@ -477,6 +484,8 @@ pub(crate) struct Listener<T> {
     worker: Mutex<Option<Arc<Worker<T>>>>,
     initial_pending: AtomicUsize,
     delivered: AtomicU64,
+    /// Nanoseconds spent in the handler since its worker's watchdog last looked.
+    spent_nanos: AtomicU64,
     panics: AtomicU64,
     max_backlog: Option<usize>,
     metrics: HandlerMetrics,
@@ -541,6 +550,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
             worker: Mutex::new(None),
             initial_pending: AtomicUsize::new(0),
             delivered: AtomicU64::new(0),
+            spent_nanos: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             max_backlog,
             metrics,
