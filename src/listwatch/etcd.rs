@@ -1302,11 +1302,16 @@ fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
 
 /// Whether an error says the member could not be reached (another one may answer).
 fn member_unreachable(e: &etcd_client::Error) -> bool {
+    classify_code(e) == Some(tonic::Code::Unavailable) || broken_connection(e)
+}
+
+/// Whether the error was made on our side from a broken or refused connection: a transport or
+/// I/O error, or a status of code Unknown carrying such an error as its source (one etcd sent
+/// carries none).
+fn broken_connection(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::GRpcStatus(status) => {
-            status.code() == tonic::Code::Unavailable
-                || (status.code() == tonic::Code::Unknown
-                    && std::error::Error::source(status).is_some())
+            status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some()
         }
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
@@ -1343,21 +1348,14 @@ fn classify(e: etcd_client::Error, revision: i64) -> Error {
     use tonic::Code;
     let message = e.to_string();
     let error = match &e {
+        _ if broken_connection(&e) => Error::unavailable(message),
         etcd_client::Error::GRpcStatus(status) => match status.code() {
             Code::OutOfRange if message.contains("compacted") => Error::expired(revision, message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
                 Error::unavailable(message)
             }
-            // A status made on our side from a broken connection (an h2 or I/O error) carries
-            // that error as its source; one etcd sent does not.
-            Code::Unknown if std::error::Error::source(status).is_some() => {
-                Error::unavailable(message)
-            }
             _ => Error::transient(message),
         },
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
-            Error::unavailable(message)
-        }
         _ if message.contains("required revision has been compacted") => {
             Error::expired(revision, message)
         }
