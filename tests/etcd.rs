@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    cache_state, converges, etcd_state, eventually, recorder, shared_client, Counting, Log,
+    cache_state, converges, etcd_state, eventually, put_accepted, recorder, shared_client,
+    Counting, Log,
 };
 use etcd_client::Client;
 use etcd_informer::listwatch::etcd::ConfigError;
@@ -435,11 +436,8 @@ async fn cluster_member_stopped_or_paused_informer_keeps_up() {
     // Stop one member; write through another; the informer catches up within bounded time.
     cluster.stop_member(0).await.unwrap();
     let writer = connect([cluster.member_endpoint(1)]).await.unwrap();
-    writer
-        .kv_client()
-        .put(format!("{prefix}ns0/after-stop"), "v2", None)
-        .await
-        .unwrap();
+    let key = format!("{prefix}ns0/after-stop");
+    put_accepted(&writer, &key, "v2", Duration::from_secs(30)).await;
     converges(&r.informer, &writer, prefix, Duration::from_secs(30)).await;
 
     // Pause another member (SIGSTOP): the cluster keeps quorum with the remaining two? No:
@@ -447,20 +445,8 @@ async fn cluster_member_stopped_or_paused_informer_keeps_up() {
     cluster.restart_member(0).await.unwrap();
     cluster.pause_member(1).unwrap();
     let writer = connect([cluster.member_endpoint(2)]).await.unwrap();
-    let mut kv = writer.kv_client();
-    let mut written = false;
-    for _ in 0..100 {
-        if kv
-            .put(format!("{prefix}ns0/after-pause"), "v3", None)
-            .await
-            .is_ok()
-        {
-            written = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(written, "cluster accepts writes with one member paused");
+    let key = format!("{prefix}ns0/after-pause");
+    put_accepted(&writer, &key, "v3", Duration::from_secs(30)).await;
     converges(&r.informer, &writer, prefix, Duration::from_secs(30)).await;
     cluster.resume_member(1).unwrap();
 }
@@ -502,18 +488,7 @@ async fn hung_member_among_all_endpoints_is_left_for_a_live_one() {
         for i in 0..5 {
             // A hung leader stalls writes until the others elect a new one.
             let key = format!("{prefix}ns0/round{round}-{i}");
-            let mut tries = 0;
-            loop {
-                let mut kv = writers[live].kv_client();
-                let put = kv.put(key.as_str(), "v2", None);
-                match tokio::time::timeout(Duration::from_secs(1), put).await {
-                    Ok(Ok(_)) => break,
-                    other => {
-                        tries += 1;
-                        assert!(tries < 30, "the live members take no write: {other:?}");
-                    }
-                }
-            }
+            put_accepted(&writers[live], &key, "v2", Duration::from_secs(30)).await;
         }
         let written = started.elapsed();
         let took = converges(&r.informer, &writers[live], prefix, Duration::from_secs(10)).await;
@@ -687,11 +662,8 @@ async fn leaderless_or_frozen_member_is_noticed_not_waited_on() {
     .await;
     cluster.resume_member(0).unwrap();
     let writer = connect_member(cluster.member_endpoint(1)).await;
-    writer
-        .kv_client()
-        .put(format!("{prefix}ns/b"), "2", None)
-        .await
-        .unwrap();
+    let key = format!("{prefix}ns/b");
+    put_accepted(&writer, &key, "2", Duration::from_secs(30)).await;
     converges(&informer, &writer, prefix, Duration::from_secs(30)).await;
 }
 

@@ -45,6 +45,25 @@ pub async fn eventually(what: &str, within: Duration, cond: impl Fn() -> bool) -
     started.elapsed()
 }
 
+/// Puts `key` through `client`, retrying for up to `within` while the cluster refuses it (a
+/// member just stopped, paused or resumed: "no leader" comes back at once during an election).
+pub async fn put_accepted(client: &Client, key: &str, value: &str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let mut kv = client.kv_client();
+        match tokio::time::timeout(Duration::from_secs(1), kv.put(key, value, None)).await {
+            Ok(Ok(_)) => return,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the cluster took no put of {key} within {within:?}: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// Every key under `prefix` as etcd has it now (values that are not UTF-8 read `<bytes>`).
 pub async fn etcd_state(client: &Client, prefix: &str) -> State {
     let resp = client
