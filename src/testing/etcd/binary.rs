@@ -1,6 +1,18 @@
 //! Finding the etcd binary, free ports, stale directories, log tails, and probing an endpoint.
 
-use super::*;
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+use super::{lock, HarnessError, DIR_PREFIX, LOG_FILE, LOG_TAIL_LINES, READINESS_KEY};
 
 /// Finds the etcd binary: `ETCD_BIN` if set (a path, or a name looked up on `PATH`), else
 /// `etcd` on `PATH`.

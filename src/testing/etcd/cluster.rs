@@ -1,6 +1,12 @@
 //! [`EtcdCluster`]: a static cluster of `n` members.
 
-use super::*;
+use std::time::Duration;
+
+use etcd_client::Client;
+
+use super::binary::{connect, find_etcd_binary};
+use super::member::{start_members, wait_ready, EtcdMember};
+use super::{member, HarnessError, ServerOptions, RESTART_ATTEMPTS};
 
 /// A static etcd cluster of `n` members on loopback, killed and deleted on drop.
 ///

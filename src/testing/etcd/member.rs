@@ -1,6 +1,23 @@
 //! One etcd process ([`EtcdMember`]) and starting a set of them as one cluster.
 
-use super::*;
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use tempfile::TempDir;
+
+use super::binary::{connect, log_tail, pick_ports, probe, reserved_ports, sweep_stale_dirs};
+use super::spawn::{send_signal, set_parent_death_signal, spawn_child};
+use super::{
+    lock, HarnessError, ServerOptions, DATA_SUBDIR, DIR_PREFIX, LOG_FILE, POLL_INTERVAL,
+    PORT_ATTEMPTS, READY_TIMEOUT, RESTART_ATTEMPTS, STOP_GRACE,
+};
 
 #[derive(Debug, Default)]
 pub(super) struct ProcState {

@@ -32,19 +32,10 @@
 //! etcd still dies, but its temporary directory stays; the next start removes such directories
 //! (they are named after the pid that created them, and only dead pids' directories go).
 
-use std::collections::HashSet;
-use std::ffi::{OsStr, OsString};
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use etcd_client::{Client, ConnectOptions};
-use tempfile::TempDir;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 /// How long a start or restart may take before it is reported as failed.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -203,8 +194,3 @@ pub use cluster::EtcdCluster;
 pub use member::EtcdMember;
 pub use server::EtcdServer;
 pub use shared::{test_etcd, test_etcd_with_env, unique_prefix, TestEtcd};
-
-// What the submodules share among themselves (each does `use super::*`).
-use binary::*;
-use member::*;
-use spawn::*;

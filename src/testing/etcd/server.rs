@@ -1,6 +1,12 @@
 //! [`EtcdServer`]: a single-member etcd.
 
-use super::*;
+use std::path::Path;
+
+use etcd_client::Client;
+
+use super::binary::find_etcd_binary;
+use super::member::{start_members, EtcdMember};
+use super::{HarnessError, ServerOptions};
 
 /// A single-member etcd on free loopback ports with a temporary data directory, killed and
 /// deleted on drop.

@@ -1,6 +1,15 @@
 //! [`test_etcd`]: the etcd shared by every test of one process, and [`unique_prefix`].
 
-use super::*;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use etcd_client::Client;
+
+use super::binary::{connect, resolve_etcd_binary};
+use super::member::EtcdMember;
+use super::server::EtcdServer;
+use super::{HarnessError, ServerOptions};
 
 /// Endpoints of the etcd shared by the tests of one process; see [`test_etcd`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,9 @@
 //! Spawning: every etcd is forked by one thread that lives as long as the process, so that
 //! `PR_SET_PDEATHSIG` fires only when the process exits (see the parent module's docs).
 
-use super::*;
+use std::io;
+use std::process::{Child, Command};
+use std::sync::{mpsc, OnceLock};
 
 pub(super) struct SpawnRequest {
     cmd: Command,
