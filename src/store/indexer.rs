@@ -3,46 +3,10 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::compact::PackedRepr;
 use super::table::{Shared, Storage, Table};
+use super::index::{namespace_indexers, Indexers, StoreError};
 use super::Store;
 use crate::codec::Codec;
 use crate::Object;
-
-/// The name of the namespace index (client-go's `cache.NamespaceIndex`).
-pub const NAMESPACE_INDEX: &str = "namespace";
-
-/// Computes the index values of an object; an object may have several (or none).
-pub type IndexFunc<T> = Arc<dyn Fn(&Object<T>) -> Vec<String> + Send + Sync>;
-
-/// Named index functions.
-pub type Indexers<T> = HashMap<String, IndexFunc<T>>;
-
-/// The namespace index function: the first path segment of the key (`tmp` for `tmp/demo`), as
-/// client-go's `MetaNamespaceIndexFunc`.
-pub fn namespace_index_func<T>(obj: &Object<T>) -> Vec<String> {
-    vec![obj.namespace().to_owned()]
-}
-
-/// Just the namespace index, under [`NAMESPACE_INDEX`].
-pub fn namespace_indexers<T: 'static>() -> Indexers<T> {
-    let mut indexers: Indexers<T> = HashMap::new();
-    indexers.insert(
-        NAMESPACE_INDEX.to_owned(),
-        Arc::new(namespace_index_func::<T>),
-    );
-    indexers
-}
-
-/// Errors of the indexer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// No index of that name is registered.
-    #[error("index {0:?} does not exist")]
-    IndexNotFound(String),
-    /// An index of that name is registered already.
-    #[error("index {0:?} already exists")]
-    IndexExists(String),
-}
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
 /// `threadSafeMap`).
@@ -555,6 +519,7 @@ impl<T: Send + Sync + 'static> Store<T> for Indexer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{namespace_index_func, NAMESPACE_INDEX};
 
     fn obj(key: &str, rev: i64, labels: &[&str]) -> Arc<Object<Vec<String>>> {
         Arc::new(Object::new(

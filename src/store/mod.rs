@@ -1,14 +1,15 @@
 //! The thread-safe store and its indexes: client-go's `Store`, `ThreadSafeStore` and `Indexer`.
 
 mod compact;
+mod index;
 mod indexer;
 mod table;
 
-pub(crate) use indexer::Txn;
-pub use indexer::{
-    namespace_index_func, namespace_indexers, IndexFunc, Indexer, Indexers, StoreContent,
-    StoreError, NAMESPACE_INDEX,
+pub use index::{
+    namespace_index_func, namespace_indexers, IndexFunc, Indexers, StoreError, NAMESPACE_INDEX,
 };
+pub(crate) use indexer::Txn;
+pub use indexer::{Indexer, StoreContent};
 
 use std::sync::Arc;
 
