@@ -9,92 +9,14 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::informer::DeletedObject;
-use crate::reflector::Queue;
+use crate::queue::Queue;
 use crate::store::Store;
 use crate::Object;
 
+pub use crate::queue::{Closed, Delta, DeltaType};
+
 /// Capacity (in keys) above which a drained queue releases its memory.
 const SHRINK_ABOVE: usize = 1024;
-
-/// What happened to an object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeltaType {
-    /// Created (a watch event).
-    Added,
-    /// Written again (a watch event).
-    Updated,
-    /// Deleted; see [`Delta::deleted`].
-    Deleted,
-    /// Present in a relist.
-    Replaced,
-    /// Re-delivered by a resync; the object did not change.
-    Sync,
-}
-
-impl fmt::Display for DeltaType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
-
-/// One change of one object.
-#[derive(Debug)]
-pub struct Delta<T> {
-    /// What happened.
-    pub kind: DeltaType,
-    /// The object after the change; for [`DeltaType::Deleted`], the last state known.
-    pub object: Arc<Object<T>>,
-    /// For a [`DeltaType::Deleted`] delta (`None` for the others), the delete as handlers see
-    /// it, holding `object`: [`DeletedObject::Deleted`] for a delete seen in the watch,
-    /// [`DeletedObject::FinalStateUnknown`] for one found by a relist (client-go's
-    /// `DeletedFinalStateUnknown`: the key is gone, and `object` is the last state the cache
-    /// knew, which may be older than the key's real final state).
-    pub deleted: Option<DeletedObject<T>>,
-}
-
-impl<T> Clone for Delta<T> {
-    fn clone(&self) -> Self {
-        Delta {
-            kind: self.kind,
-            object: self.object.clone(),
-            deleted: self.deleted.clone(),
-        }
-    }
-}
-
-impl<T> Delta<T> {
-    pub(crate) fn new(kind: DeltaType, object: Arc<Object<T>>) -> Self {
-        let deleted = (kind == DeltaType::Deleted).then(|| DeletedObject::Deleted(object.clone()));
-        Delta {
-            kind,
-            object,
-            deleted,
-        }
-    }
-
-    fn tombstone(object: Arc<Object<T>>) -> Self {
-        Delta {
-            kind: DeltaType::Deleted,
-            deleted: Some(DeletedObject::FinalStateUnknown(object.clone())),
-            object,
-        }
-    }
-
-    /// Whether this is a tombstone: a delete found by a relist rather than seen in the watch
-    /// ([`DeletedObject::FinalStateUnknown`] in [`deleted`](Self::deleted)).
-    pub fn is_final_state_unknown(&self) -> bool {
-        self.deleted
-            .as_ref()
-            .is_some_and(DeletedObject::is_final_state_unknown)
-    }
-}
-
-/// The error of [`RealFifo::pop`](crate::real_fifo::RealFifo::pop) once the queue is closed
-/// and empty ([`DeltaFifo::pop`] says [`Popped::Closed`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the DeltaFIFO is closed")]
-pub struct Closed;
 
 /// What one [`DeltaFifo::pop`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

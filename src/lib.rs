@@ -74,6 +74,7 @@ pub mod leader_election;
 pub mod lister;
 pub mod listwatch;
 pub mod metrics;
+pub mod queue;
 pub mod real_fifo;
 pub mod reflector;
 pub mod runner;

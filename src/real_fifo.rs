@@ -12,9 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use crate::delta_fifo::{Closed, Delta, DeltaType};
 use crate::listwatch::ListSink;
-use crate::reflector::Queue;
+use crate::queue::{Closed, Delta, DeltaType, Queue};
 use crate::store::{Store, StoreContent};
 use crate::Object;
 

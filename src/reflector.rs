@@ -12,55 +12,13 @@ use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
 
-use crate::delta_fifo::DeltaType;
-use crate::listwatch::{
-    BoxFuture, Error, ListResult, ListSink, ListerWatcher, WatchEvent, WatchStream,
-};
+use crate::listwatch::{Error, ListResult, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
+use crate::queue::{DeltaType, MAX_RESYNC_PERIOD};
 use crate::Object;
 
 pub use crate::backoff::Backoff;
-
-/// What a [`Reflector`] fills: client-go's `Queue` as the reflector sees it. Implemented by
-/// [`DeltaFifo`](crate::DeltaFifo) (one slot per key) and [`RealFifo`](crate::RealFifo) (every
-/// change in order, one batch per revision).
-pub trait Queue<T>: Send + Sync {
-    /// Queues a watched change unless the queue already knows the key at the same or a newer
-    /// revision (a duplicate). Returns whether it was queued.
-    fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<T>>) -> bool;
-    /// Queues a delete of `key` at `revision`, carrying the last state known (`last`, else the
-    /// queue's or the cache's). Dropped, returning false, when the key is unknown or already
-    /// newer.
-    fn delete(&self, key: &str, revision: i64, last: Option<Arc<Object<T>>>) -> bool;
-    /// Replaces the content with a list read at `revision`; keys it lacks become tombstones.
-    /// With `store_replaced` (revisions started over) every cached key is retired first.
-    fn replace(&self, list: Vec<Arc<Object<T>>>, revision: i64, store_replaced: bool);
-    /// Starts a relist read page by page: the source puts the pages into the returned sink as
-    /// they are decoded, and [`finish_replace`](Self::finish_replace) then queues them as
-    /// [`replace`](Self::replace) would. Cached objects may stand in for listed ones of the
-    /// same key and mod revision if the list is read at `reuse_from` or later (the same store);
-    /// `None`: never (the store was replaced, revisions started over). Returning `None` (the
-    /// default): the queue takes lists whole.
-    fn begin_replace(&self, reuse_from: Option<i64>) -> Option<Arc<dyn ListSink<T>>> {
-        let _ = reuse_from;
-        None
-    }
-    /// Queues the relist begun with [`begin_replace`](Self::begin_replace), read at `revision`.
-    fn finish_replace(&self, revision: i64, store_replaced: bool) {
-        let _ = (revision, store_replaced);
-    }
-    /// Re-delivers the cache to handlers without contacting the source.
-    fn resync(&self);
-    /// Every change up to `revision` is queued: the revision is complete.
-    fn commit(&self, revision: i64);
-    /// Nothing changed up to `revision` beyond what is queued (a trusted bookmark).
-    fn progress(&self, revision: i64);
-    /// `None` while the queue can take another revision; else a future that resolves once it
-    /// can. The reflector waits on it after each revision, so a consumer that falls behind
-    /// slows the watch (and, through the watch's bounded buffer, etcd's stream) instead of
-    /// growing the queue without bound.
-    fn room(&self) -> Option<BoxFuture<'_, ()>>;
-}
+pub use crate::queue::Queue;
 
 /// A relist is part of a storm when the watch opened after the previous list did not stay up
 /// this long and expired without etcd becoming unreachable in between: then it waits for
@@ -89,7 +47,7 @@ pub struct ReflectorOptions {
     /// A name for logs and spans (the prefix, for the etcd source).
     pub name: String,
     /// How often to ask whether to resync; zero disables resync; longer than
-    /// [`MAX_RESYNC_PERIOD`](crate::informer::MAX_RESYNC_PERIOD) is that.
+    /// [`MAX_RESYNC_PERIOD`] is that.
     pub resync_period: Duration,
     /// Asked on each resync tick; resync happens only when it says yes (always when `None`).
     pub should_resync: Option<ShouldResync>,
@@ -442,10 +400,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         // One resync schedule for the reflector's life, so frequent re-watches do not keep
         // pushing the next resync away; clamped so that a period of years cannot overflow the
         // clock.
-        let period = self
-            .options
-            .resync_period
-            .min(crate::informer::MAX_RESYNC_PERIOD);
+        let period = self.options.resync_period.min(MAX_RESYNC_PERIOD);
         let mut resync = (!period.is_zero()).then(|| {
             let mut interval = tokio::time::interval_at(Instant::now() + period, period);
             // After a long list or backoff, one late resync, not a burst of them (the burst's

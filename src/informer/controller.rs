@@ -8,8 +8,9 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
-use crate::delta_fifo::{Delta, DeltaFifo, PopError, Popped};
+use crate::delta_fifo::{DeltaFifo, PopError, Popped};
 use crate::listwatch::ListerWatcher;
+use crate::queue::Delta;
 use crate::reflector::{Reflector, ReflectorOptions, RevisionHandle, TransformFn};
 
 /// The error of a [`ProcessFn`]: the process function's own error, whatever its type (a `&str`

@@ -4,43 +4,7 @@ use std::sync::Arc;
 
 use crate::Object;
 
-/// The object a delete reports.
-#[derive(Debug)]
-pub enum DeletedObject<T> {
-    /// The watch saw the delete; this is the key's last state.
-    Deleted(Arc<Object<T>>),
-    /// A relist found the key gone (client-go's `DeletedFinalStateUnknown`): the object is the
-    /// last state the cache knew, and changes between it and the delete were missed.
-    FinalStateUnknown(Arc<Object<T>>),
-}
-
-impl<T> Clone for DeletedObject<T> {
-    fn clone(&self) -> Self {
-        match self {
-            DeletedObject::Deleted(o) => DeletedObject::Deleted(o.clone()),
-            DeletedObject::FinalStateUnknown(o) => DeletedObject::FinalStateUnknown(o.clone()),
-        }
-    }
-}
-
-impl<T> DeletedObject<T> {
-    /// The last known state of the deleted object.
-    pub fn object(&self) -> &Arc<Object<T>> {
-        match self {
-            DeletedObject::Deleted(o) | DeletedObject::FinalStateUnknown(o) => o,
-        }
-    }
-
-    /// The deleted key.
-    pub fn key(&self) -> &str {
-        self.object().key()
-    }
-
-    /// Whether this is a tombstone from a relist rather than a delete seen in the watch.
-    pub fn is_final_state_unknown(&self) -> bool {
-        matches!(self, DeletedObject::FinalStateUnknown(_))
-    }
-}
+pub use crate::queue::DeletedObject;
 
 /// One notification, as delivered by [`SharedIndexInformer::event_stream`](crate::SharedIndexInformer::event_stream).
 #[derive(Debug)]

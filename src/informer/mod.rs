@@ -6,6 +6,7 @@ mod handler;
 mod processor;
 mod shared_informer;
 
+pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
 pub(crate) use controller::AbortOnDrop;
 pub use controller::{Controller, ControllerConfig, ProcessError, ProcessFn};
 pub use factory::SharedInformerFactory;
@@ -13,7 +14,7 @@ pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandl
 pub use shared_informer::{
     ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerHealth,
     InformerOptions, Processing, SharedIndexInformer, TransformFn, DEFAULT_STREAM_BACKLOG,
-    MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD, REMOVE_PATIENCE,
+    REMOVE_PATIENCE,
 };
 
 use crate::listwatch::ListerWatcher;

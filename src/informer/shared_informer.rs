@@ -12,12 +12,13 @@ use tokio_stream::Stream;
 use tracing::Instrument;
 
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
-use super::handler::{DeletedObject, Event, ResourceEventHandler};
+use super::handler::{Event, ResourceEventHandler};
 use super::processor::{merge_due, Listener, Processor};
 use crate::codec::Codec;
-use crate::delta_fifo::{Delta, DeltaFifo, DeltaType};
+use crate::delta_fifo::DeltaFifo;
 use crate::listwatch::{Error as SourceError, Freshness, ListerWatcher};
 use crate::metrics::{EventKind, InformerMetrics};
+use crate::queue::{DeletedObject, Delta, DeltaType, MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
 use crate::real_fifo::{Batch, RealFifo};
 use crate::reflector::{
     Backoff, Health, Reflector, ReflectorOptions, RevisionHandle, WatchErrorHandler,
@@ -36,13 +37,6 @@ pub const DEFAULT_STREAM_BACKLOG: usize = 1024;
 /// How often an informer samples the gauges of its [metrics](crate::metrics) (revisions, queue
 /// depth, decode errors).
 const METRICS_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
-
-/// The shortest resync period honoured (client-go's `minimumResyncPeriod`).
-pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
-
-/// The longest resync period honoured: longer ones (up to `Duration::MAX`) mean "once a year",
-/// instead of overflowing the clock.
-pub const MAX_RESYNC_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How long [`SharedIndexInformer::remove_event_handler`] waits at most for the handler to
 /// return from a notification in progress.

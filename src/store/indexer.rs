@@ -2,8 +2,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::compact::PackedRepr;
-use super::table::{Shared, Storage, Table};
 use super::index::{namespace_indexers, Indexers, StoreError};
+use super::table::{Shared, Storage, Table};
 use super::Store;
 use crate::codec::Codec;
 use crate::Object;

@@ -25,7 +25,7 @@ pub(super) struct ProcState {
     pub(super) paused: bool,
 }
 
-/// One etcd process of an [`EtcdServer`] or [`EtcdCluster`]: fixed ports, a private temporary
+/// One etcd process of an [`EtcdServer`](super::EtcdServer) or [`EtcdCluster`](super::EtcdCluster): fixed ports, a private temporary
 /// directory holding the data directory and the log, and the process if it is running.
 #[derive(Debug)]
 pub struct EtcdMember {
