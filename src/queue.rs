@@ -175,3 +175,12 @@ pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 /// The longest resync period honoured: longer ones (up to `Duration::MAX`) mean "once a year",
 /// instead of overflowing the clock.
 pub const MAX_RESYNC_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `period` within [`MIN_RESYNC_PERIOD`] and [`MAX_RESYNC_PERIOD`]; zero (never) stays zero.
+pub(crate) fn clamp_resync(period: Duration) -> Duration {
+    if period.is_zero() {
+        period
+    } else {
+        period.clamp(MIN_RESYNC_PERIOD, MAX_RESYNC_PERIOD)
+    }
+}

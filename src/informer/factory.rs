@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 
-use super::shared_informer::{InformerOptions, SharedIndexInformer};
+use super::options::InformerOptions;
+use super::shared_informer::SharedIndexInformer;
 use crate::codec::Codec;
 use crate::listwatch::etcd::{ConfigError, EtcdListerWatcher, EtcdOptions};
 

@@ -1,21 +1,29 @@
 //! Informers: the controller loop, the single-handler `Informer` and the `SharedIndexInformer`.
 
+mod apply;
+mod consistency;
 mod controller;
+mod event_stream;
 mod factory;
 mod handler;
+mod health;
+mod options;
 mod processor;
+mod registration;
 mod shared_informer;
 
 pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
+pub use crate::reflector::TransformFn;
+pub use consistency::ConsistencyError;
 pub(crate) use controller::AbortOnDrop;
 pub use controller::{Controller, ControllerConfig, ProcessError, ProcessFn};
+pub use event_stream::EventStream;
 pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
-pub use shared_informer::{
-    ConsistencyError, EventStream, HandlerRegistration, InformerError, InformerHealth,
-    InformerOptions, Processing, SharedIndexInformer, TransformFn, DEFAULT_STREAM_BACKLOG,
-    REMOVE_PATIENCE,
-};
+pub use health::InformerHealth;
+pub use options::{InformerOptions, Processing, DEFAULT_STREAM_BACKLOG};
+pub use registration::{HandlerRegistration, REMOVE_PATIENCE};
+pub use shared_informer::{InformerError, SharedIndexInformer};
 
 use crate::listwatch::ListerWatcher;
 use crate::{Indexer, Lister};

@@ -1,0 +1,240 @@
+//! How what the queue pops becomes cache writes and handler events: a DeltaFIFO's deltas of
+//! one key, or a RealFIFO's batch of one revision, applied in one step under the store's
+//! lock.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::handler::Event;
+use super::processor::Processor;
+use super::shared_informer::SharedIndexInformer;
+use crate::metrics::{EventKind, InformerMetrics};
+use crate::queue::{DeletedObject, Delta, DeltaType};
+use crate::real_fifo::Batch;
+use crate::store::{StoreContent, Txn};
+use crate::Object;
+
+impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
+    /// Runs `apply` catching a panic (an index function, a bug): it is logged and recorded in
+    /// [`health`](Self::health), so it does not end `run` and the cache does not silently
+    /// stop; the changes of that batch may be partly applied.
+    pub(super) fn apply_guarded(&self, apply: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(apply)) {
+            let message = crate::reflector::panic_message(&*panic);
+            tracing::error!(informer = %self.shared.name, panic = %message, "applying a change to the cache panicked");
+            self.shared.apply_panics.fetch_add(1, Ordering::Relaxed);
+            if let Some(handle) = self.shared.revision.get() {
+                handle.failed(format!(
+                    "applying a change to the cache panicked: {message}"
+                ));
+            }
+        }
+    }
+
+    /// Applies one key's deltas to the cache, then tells the handlers (client-go's
+    /// `HandleDeltas`).
+    pub(super) fn handle_deltas(&self, deltas: &[Delta<T>], is_in_initial_list: bool) {
+        let processor = self.processor();
+        let events = self.shared.indexer.transaction(|txn| {
+            deltas
+                .iter()
+                .map(|d| apply_delta(txn, d, is_in_initial_list))
+                .collect::<Vec<_>>()
+        });
+        self.distribute(&processor, events);
+    }
+
+    /// Counts and hands the notifications of one apply to the handlers, in order.
+    fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, bool)>) {
+        for (event, is_sync) in events {
+            if !is_sync {
+                self.shared.metrics.event(event_kind(&event));
+            }
+            processor.distribute(event, is_sync);
+        }
+    }
+
+    /// Applies one batch to the cache under one store lock, sets the cache's revision, then
+    /// tells the handlers, in order.
+    pub(super) fn handle_batch(&self, batch: Batch<T>) {
+        let processor = self.processor();
+        let indexer = &self.shared.indexer;
+        let events = match batch {
+            Batch::Changes { revision, deltas } => indexer.transaction(|txn| {
+                let events: Vec<_> = deltas.iter().map(|d| apply_delta(txn, d, false)).collect();
+                txn.set_revision(revision.max(txn.revision()));
+                events
+            }),
+            Batch::Replace {
+                revision,
+                items,
+                store_replaced,
+                initial,
+            } => {
+                let items = Arc::try_unwrap(items).unwrap_or_else(|shared| (*shared).clone());
+                // Without handlers, only the metrics hear of the changes: no list of a million
+                // notifications to build and drop, and no cached object decoded.
+                let listening = !processor.listeners.is_empty();
+                let metrics = &self.shared.metrics;
+                indexer.transaction(|txn| {
+                    let mut events = Vec::new();
+                    let out = if listening {
+                        Replaced::Notify(&mut events)
+                    } else {
+                        Replaced::Count(metrics)
+                    };
+                    apply_replace(txn, items, store_replaced, initial, out);
+                    // After a wipe the revisions start over; otherwise never go back (a
+                    // consistent read may have proven a later revision already).
+                    let revision = if store_replaced {
+                        revision
+                    } else {
+                        revision.max(txn.revision())
+                    };
+                    txn.set_revision(revision);
+                    events
+                })
+            }
+            Batch::Resync => indexer.transaction(|txn| {
+                let mut events = Vec::new();
+                txn.for_each(&mut |o| {
+                    let event = Event::Updated {
+                        old: o.clone(),
+                        new: o,
+                    };
+                    events.push((event, true));
+                });
+                events
+            }),
+            Batch::Progress(revision) => {
+                indexer.advance_revision(revision);
+                Vec::new()
+            }
+        };
+        self.distribute(&processor, events);
+    }
+}
+
+/// Applies one delta to the store; returns the notification and whether it is a resync (for
+/// due handlers only).
+fn apply_delta<T>(
+    txn: &mut Txn<'_, T>,
+    d: &Delta<T>,
+    is_in_initial_list: bool,
+) -> (Event<T>, bool) {
+    match d.kind {
+        DeltaType::Deleted => {
+            txn.delete(d.object.key());
+            let deleted = d
+                .deleted
+                .clone()
+                .unwrap_or_else(|| DeletedObject::Deleted(d.object.clone()));
+            (Event::Deleted(deleted), false)
+        }
+        DeltaType::Added | DeltaType::Updated | DeltaType::Replaced | DeltaType::Sync => {
+            match txn.add(d.object.clone()) {
+                Some(old) => {
+                    let is_sync = d.kind == DeltaType::Sync
+                        || (d.kind == DeltaType::Replaced
+                            && old.mod_revision == d.object.mod_revision);
+                    let event = Event::Updated {
+                        old,
+                        new: d.object.clone(),
+                    };
+                    (event, is_sync)
+                }
+                None => {
+                    let event = Event::Added {
+                        object: d.object.clone(),
+                        is_in_initial_list,
+                    };
+                    (event, false)
+                }
+            }
+        }
+    }
+}
+
+fn event_kind<T>(event: &Event<T>) -> EventKind {
+    match event {
+        Event::Added { .. } => EventKind::Added,
+        Event::Updated { .. } => EventKind::Updated,
+        Event::Deleted(_) => EventKind::Deleted,
+    }
+}
+
+/// Where [`apply_replace`] reports what changed.
+enum Replaced<'a, T> {
+    /// To handlers: every notification, in order.
+    Notify(&'a mut Vec<(Event<T>, bool)>),
+    /// Only to the metrics: no notification is built, no cached object decoded.
+    Count(&'a InformerMetrics),
+}
+
+/// Replaces the store's content with a relist and reports the changes: adds, updates (resyncs
+/// where the revision is unchanged) and tombstones for the keys that vanished. After a wipe
+/// every cached key is retired and every listed one added.
+fn apply_replace<T>(
+    txn: &mut Txn<'_, T>,
+    items: StoreContent<T>,
+    store_replaced: bool,
+    initial: bool,
+    out: Replaced<'_, T>,
+) {
+    let mut old = txn.install(items);
+    match out {
+        Replaced::Notify(events) => {
+            let tombstone =
+                |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
+            if store_replaced {
+                old.for_each(&mut |o| events.push(tombstone(o)));
+            }
+            txn.for_each(&mut |new| {
+                let previous = if store_replaced || old.is_empty() {
+                    None
+                } else {
+                    old.take(new.key(), true)
+                };
+                events.push(match previous {
+                    Some((revision, Some(old))) => {
+                        let is_sync = revision == new.mod_revision;
+                        (Event::Updated { old, new }, is_sync)
+                    }
+                    _ => {
+                        let event = Event::Added {
+                            object: new,
+                            is_in_initial_list: initial,
+                        };
+                        (event, false)
+                    }
+                });
+            });
+            if !store_replaced {
+                old.for_each(&mut |o| events.push(tombstone(o)));
+            }
+        }
+        Replaced::Count(metrics) => {
+            let retired_first = if store_replaced { old.len() } else { 0 };
+            for _ in 0..retired_first {
+                metrics.event(EventKind::Deleted);
+            }
+            txn.for_each_revision(&mut |key, revision| {
+                let previous = if store_replaced || old.is_empty() {
+                    None
+                } else {
+                    old.take(key, false)
+                };
+                match previous {
+                    Some((old_revision, _)) if old_revision == revision => {}
+                    Some(_) => metrics.event(EventKind::Updated),
+                    None => metrics.event(EventKind::Added),
+                }
+            });
+            if !store_replaced {
+                for _ in 0..old.len() {
+                    metrics.event(EventKind::Deleted);
+                }
+            }
+        }
+    }
+}

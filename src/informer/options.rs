@@ -1,0 +1,185 @@
+//! How an informer is set up: [`InformerOptions`] and the [`Processing`] modes.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::Codec;
+use crate::reflector::{Backoff, TransformFn, WatchErrorHandler};
+use crate::store::Indexers;
+
+/// The backlog bound of an [`EventStream`](crate::EventStream) when [`InformerOptions::max_handler_backlog`] is
+/// `None`: a stream's consumer is async code that usually keeps up, so 1024 pending events is
+/// far more than it needs in bursts, and at about 100 bytes each it keeps a sleeping consumer
+/// to around 100 KB plus the objects (beyond that, events merge per key).
+pub const DEFAULT_STREAM_BACKLOG: usize = 1024;
+
+/// How an informer moves changes from the watch into its cache.
+///
+/// | | [`Atomic`](Processing::Atomic) (default) | [`DeltaFifo`](Processing::DeltaFifo) |
+/// | --- | --- | --- |
+/// | queue | [`RealFifo`](crate::RealFifo): every change in order, one batch per revision | [`DeltaFifo`](crate::DeltaFifo): one slot per key, changes coalesced |
+/// | a reader of the cache sees | etcd at [`SharedIndexInformer::revision`](crate::SharedIndexInformer::revision), never part of a transaction | each key at some revision; a transaction can be seen half applied |
+/// | handlers see across keys | etcd's order | first-changed key first |
+/// | [`revision`](crate::SharedIndexInformer::revision) | exact | a lower bound |
+///
+/// Atomic is the default because its guarantee is the stronger one at no measured cost
+/// (BENCHMARKS.md compares both). The DeltaFifo mode is the seed's and client-go's classic
+/// pipeline; the `reflector` and `controller` examples use a `DeltaFifo` by hand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Processing {
+    /// Revision-atomic, in-order processing (client-go's `RealFIFO` with batch pop).
+    #[default]
+    Atomic,
+    /// Per-key processing through a [`DeltaFifo`](crate::DeltaFifo).
+    DeltaFifo,
+}
+
+/// Options of a [`SharedIndexInformer`](crate::SharedIndexInformer).
+#[non_exhaustive]
+pub struct InformerOptions<T> {
+    /// A name for logs, spans and handler threads (the etcd prefix, usually).
+    pub name: String,
+    /// The resync period of handlers added without one; zero for none.
+    pub resync_period: Duration,
+    /// The indexes of the cache. The default has the namespace index.
+    pub indexers: Indexers<T>,
+    /// Applied to every object before it is cached.
+    pub transform: Option<TransformFn<T>>,
+    /// Past this many pending notifications a handler's backlog is merged per key, so it stays
+    /// bounded by the number of keys while every key's final state is still delivered. `None`:
+    /// every notification is delivered, however far behind the handler falls; an
+    /// [`event_stream`](crate::SharedIndexInformer::event_stream) is bounded anyway, at
+    /// [`DEFAULT_STREAM_BACKLOG`].
+    pub max_handler_backlog: Option<usize>,
+    /// Called with every list or watch failure.
+    pub watch_error_handler: Option<WatchErrorHandler>,
+    /// The reflector's protective backoff: relists close together, and retries after etcd
+    /// answered with an error (default: client-go's 800 ms doubling to 30 s, reset after 2 min).
+    pub backoff: Backoff,
+    /// The reflector's delays between attempts to reach an etcd that does not answer
+    /// (default [`Backoff::reconnect`]: 50 ms doubling to 1 s).
+    pub reconnect: Backoff,
+    /// How changes reach the cache; see [`Processing`].
+    pub processing: Processing,
+    /// `Some`: the cache is compact ([`Indexer::compact`](crate::Indexer::compact)): it keeps each object packed, its
+    /// value encoded by this codec, and decodes it on every read. Handlers still get the
+    /// decoded objects as they arrive; the cost is an encode and a decode per change, a decode
+    /// per read, and one more per update or delete (the old object handed to handlers). Reads
+    /// see values as they come back from the codec. Best with the default [`Processing`].
+    pub compact: Option<Arc<dyn Codec<T>>>,
+}
+
+impl<T> InformerOptions<T> {
+    /// Sets the name for logs, spans and handler threads (`name`).
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the default resync period of handlers (zero for none) (`resync_period`).
+    #[must_use]
+    pub fn with_resync_period(mut self, resync_period: Duration) -> Self {
+        self.resync_period = resync_period;
+        self
+    }
+
+    /// Sets the indexes of the cache (`indexers`).
+    #[must_use]
+    pub fn with_indexers(mut self, indexers: Indexers<T>) -> Self {
+        self.indexers = indexers;
+        self
+    }
+
+    /// Sets the function applied to every object before it is cached (`transform`).
+    #[must_use]
+    pub fn with_transform(mut self, transform: Option<TransformFn<T>>) -> Self {
+        self.transform = transform;
+        self
+    }
+
+    /// Sets the backlog past which a handler's notifications are merged per key (`max_handler_backlog`).
+    #[must_use]
+    pub fn with_max_handler_backlog(mut self, max_handler_backlog: Option<usize>) -> Self {
+        self.max_handler_backlog = max_handler_backlog;
+        self
+    }
+
+    /// Sets the handler called with every list or watch failure (`watch_error_handler`).
+    #[must_use]
+    pub fn with_watch_error_handler(
+        mut self,
+        watch_error_handler: Option<WatchErrorHandler>,
+    ) -> Self {
+        self.watch_error_handler = watch_error_handler;
+        self
+    }
+
+    /// Sets the reflector's protective backoff (`backoff`).
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets the reflector's delays between attempts to reach etcd (`reconnect`).
+    #[must_use]
+    pub fn with_reconnect(mut self, reconnect: Backoff) -> Self {
+        self.reconnect = reconnect;
+        self
+    }
+
+    /// Sets how changes reach the cache (`processing`).
+    #[must_use]
+    pub fn with_processing(mut self, processing: Processing) -> Self {
+        self.processing = processing;
+        self
+    }
+
+    /// Makes the cache compact, its values packed with `codec` (`compact`): a fifth to a
+    /// seventh of the memory for a decode on every read (BENCHMARKS.md).
+    ///
+    /// ```
+    /// use etcd_informer::codec::JsonCodec;
+    /// use etcd_informer::InformerOptions;
+    /// let options = InformerOptions::<serde_json::Value>::default()
+    ///     .with_compact_cache(JsonCodec::new());
+    /// assert!(options.compact.is_some());
+    /// ```
+    #[must_use]
+    pub fn with_compact_cache(mut self, codec: impl Codec<T>) -> Self {
+        self.compact = Some(Arc::new(codec));
+        self
+    }
+}
+
+impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
+    fn default() -> Self {
+        InformerOptions {
+            name: "informer".into(),
+            resync_period: Duration::ZERO,
+            indexers: crate::store::namespace_indexers(),
+            transform: None,
+            max_handler_backlog: None,
+            watch_error_handler: None,
+            backoff: Backoff::default(),
+            reconnect: Backoff::reconnect(),
+            processing: Processing::default(),
+            compact: None,
+        }
+    }
+}
+
+impl<T> fmt::Debug for InformerOptions<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InformerOptions")
+            .field("name", &self.name)
+            .field("resync_period", &self.resync_period)
+            .field("indexers", &self.indexers.keys().collect::<Vec<_>>())
+            .field("max_handler_backlog", &self.max_handler_backlog)
+            .field("processing", &self.processing)
+            .field("compact", &self.compact.is_some())
+            .finish_non_exhaustive()
+    }
+}
