@@ -19,7 +19,7 @@ use crate::listwatch::BoxFuture;
 use crate::metrics::{ReconcileResult, RunnerMetrics};
 use crate::reflector::{panic_message, CatchUnwind};
 use crate::workqueue::{default_controller_rate_limiter, RateLimiter, WorkQueue, WorkQueueConfig};
-use crate::{Lister, Object};
+use crate::{lock, Lister, Object};
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -715,10 +715,6 @@ impl Workers {
         }
         Ok(())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(all(test, feature = "testing"))]

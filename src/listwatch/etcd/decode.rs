@@ -1,0 +1,93 @@
+//! From etcd's bytes to objects: keys relative to the prefix, values through the codec, and
+//! the report of what does not decode.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use etcd_client::proto::PbKeyValue;
+
+use super::options::DecodeErrorHandler;
+use crate::codec::{Codec, DecodeError, DecodeErrorKind};
+use crate::Object;
+
+/// Turns etcd values into objects, reporting those that do not decode.
+pub(super) struct Decoder<T> {
+    pub(super) prefix: Arc<[u8]>,
+    pub(super) codec: Arc<dyn Codec<T>>,
+    pub(super) errors: Arc<AtomicU64>,
+    pub(super) on_error: Option<DecodeErrorHandler>,
+}
+
+impl<T: 'static> Decoder<T> {
+    /// The key relative to the prefix; a key that is not UTF-8 is reported.
+    pub(super) fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
+        let key = relative_key(&self.prefix, full);
+        if key.is_none() {
+            self.report(full, revision, DecodeErrorKind::KeyNotUtf8);
+        }
+        key
+    }
+
+    pub(super) fn object(&self, kv: &PbKeyValue) -> Option<Object<T>> {
+        let key = self.key(&kv.key, kv.mod_revision)?;
+        match self.codec.decode(&kv.value) {
+            Ok(value) => {
+                let mut obj = Object::new(key, kv.mod_revision, value);
+                obj.create_revision = kv.create_revision;
+                obj.version = kv.version;
+                obj.lease = kv.lease;
+                Some(obj)
+            }
+            Err(source) => {
+                self.report(&kv.key, kv.mod_revision, DecodeErrorKind::Value(source));
+                None
+            }
+        }
+    }
+
+    pub(super) fn report(&self, key: &[u8], revision: i64, kind: DecodeErrorKind) {
+        let error = DecodeError::new(key.to_vec(), revision, kind);
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(key = %error.escaped_key(), revision, %error, "undecodable key or value; treating the key as absent");
+        if let Some(h) = &self.on_error {
+            h(&error);
+        }
+    }
+}
+
+/// `full` without `prefix`, if it is UTF-8.
+pub(super) fn relative_key(prefix: &[u8], full: &[u8]) -> Option<Arc<str>> {
+    std::str::from_utf8(relative(prefix, full))
+        .ok()
+        .map(Arc::from)
+}
+
+/// `full` without `prefix`.
+pub(super) fn relative<'k>(prefix: &[u8], full: &'k [u8]) -> &'k [u8] {
+    full.strip_prefix(prefix).unwrap_or(full)
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
+pub(super) fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff (or empty): every key from the prefix on.
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_end_of_prefix() {
+        assert_eq!(prefix_range_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_range_end(b"a\xff"), b"b");
+        assert_eq!(prefix_range_end(b"\xff\xff"), vec![0]);
+    }
+}

@@ -1,0 +1,423 @@
+//! The etcd source: a [`ListerWatcher`] over a key prefix.
+
+mod auth;
+mod decode;
+mod identity;
+mod list;
+mod options;
+mod request;
+mod versions;
+mod watch;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, WatchOptions};
+use tokio::sync::{mpsc, OnceCell};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use self::auth::TokenRenewal;
+use self::decode::{prefix_range_end, Decoder};
+use self::identity::{store_changed, Identity, Tally};
+use self::options::MIN_MESSAGE_BYTES;
+use self::request::{classify, classify_code, member_unreachable, named, read};
+use self::versions::{progress_is_trustworthy, warn_of_known_watch_bugs};
+use self::watch::{Responses, WatchTask};
+use super::hedged::{hedged, Hedged, HEDGE_AFTER};
+use super::{
+    BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result, WatchStream,
+};
+use crate::codec::Codec;
+use crate::lock;
+
+pub use options::{
+    connect, connect_options, ConfigError, DecodeErrorHandler, EtcdOptions, FIRST_PAGE, LIST_PAGES,
+    MAX_DECODING_MESSAGE_SIZE,
+};
+
+/// A [`ListerWatcher`] over every key under an etcd prefix, decoding values with a [`Codec`].
+///
+/// - `list` reads the prefix in pages, every page pinned to the first page's revision (and
+///   checked: no key may be newer than it), decoding each page while the next is fetched;
+/// - `watch(r)` watches the prefix from `r + 1`; a compacted revision, or an etcd whose revision
+///   is below `r` (wiped or restored), is [`Error::Expired`], so the reflector relists;
+/// - deletes carry no value unless [`EtcdOptions::prev_kv`] is set: the cache supplies it;
+/// - progress notifications become bookmarks only on etcd versions whose progress revision can be
+///   trusted (3.4.25+, 3.5.8+); on older ones they only prove the watch is alive;
+/// - a value that does not decode is reported ([`DecodeError`](crate::DecodeError): key and revision, via `tracing`,
+///   [`decode_errors`](Self::decode_errors) and [`EtcdOptions::on_decode_error`]) and the key is
+///   treated as absent; nothing else is affected.
+///
+/// Keys are relative to the prefix and must be UTF-8 (others are reported like bad values).
+///
+/// Not `Clone`: a source keeps what it learned of the store (its identity, the key tally) to
+/// check each re-watch, and two informers sharing one would corrupt each other's checks. Give
+/// each informer its own source (sharing the `Client` is fine), or share the informer.
+///
+/// Usually handed to a [`SharedIndexInformer`](crate::SharedIndexInformer); used alone, it lists
+/// and watches:
+///
+/// ```no_run
+/// use etcd_informer::{EtcdListerWatcher, EtcdOptions, ListerWatcher, TextCodec, WatchEvent};
+/// use tokio_stream::StreamExt;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// let options = EtcdOptions::default()
+///     .with_on_decode_error(Some(std::sync::Arc::new(|e| eprintln!("skipped: {e}"))));
+/// let lw = EtcdListerWatcher::with_options(client, "/config/", TextCodec, options)?;
+/// let list = lw.list().await?;
+/// println!("{} keys at revision {}", list.items.len(), list.revision);
+/// let mut changes = lw.watch(list.revision).await?;
+/// while let Some(event) = changes.next().await {
+///     match event {
+///         WatchEvent::Added(o) | WatchEvent::Modified(o) => println!("{} = {}", o.key(), o.value),
+///         WatchEvent::Deleted { key, .. } => println!("{key} deleted"),
+///         WatchEvent::Bookmark(revision) => println!("nothing new up to {revision}"),
+///         // Expired (compacted): list again; anything else: watch again from the last revision.
+///         WatchEvent::Error(e) => return Err(e.into()),
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct EtcdListerWatcher<T> {
+    client: Client,
+    prefix: Arc<[u8]>,
+    range_end: Vec<u8>,
+    codec: Arc<dyn Codec<T>>,
+    options: EtcdOptions,
+    decode_errors: Arc<AtomicU64>,
+    /// The store last seen; see [`Identity`].
+    identity: Arc<Mutex<Identity>>,
+    /// How many keys the prefix held at a revision, by the list and the events since; a
+    /// re-watch checks etcd still agrees (see [`Tally`]).
+    tally: Arc<Mutex<Tally>>,
+    trust_progress: Arc<OnceCell<bool>>,
+    token: TokenRenewal,
+}
+
+impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
+    /// A source over `prefix` (which must end with `/`) with default options.
+    pub fn new(
+        client: Client,
+        prefix: impl Into<Vec<u8>>,
+        codec: impl Codec<T>,
+    ) -> Result<Self, ConfigError> {
+        Self::with_options(client, prefix, codec, EtcdOptions::default())
+    }
+
+    /// A source over `prefix` with `options`.
+    pub fn with_options(
+        client: Client,
+        prefix: impl Into<Vec<u8>>,
+        codec: impl Codec<T>,
+        options: EtcdOptions,
+    ) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        if !options.raw_prefix && !prefix.ends_with(b"/") {
+            return Err(ConfigError::Prefix(
+                String::from_utf8_lossy(&prefix).into_owned(),
+            ));
+        }
+        if options.page_size < 1 {
+            return Err(ConfigError::Option {
+                name: "page_size",
+                why: "must be at least 1",
+            });
+        }
+        if options.max_message_bytes < MIN_MESSAGE_BYTES {
+            return Err(ConfigError::Option {
+                name: "max_message_bytes",
+                why: "must be at least 2 MiB (2,097,152): etcd accepts values of 1.5 MiB",
+            });
+        }
+        if options.page_timeout < Duration::from_millis(100) {
+            return Err(ConfigError::Option {
+                name: "page_timeout",
+                why: "must be at least 100 ms",
+            });
+        }
+        if options.watch_buffer < 1 {
+            return Err(ConfigError::Option {
+                name: "watch_buffer",
+                why: "must be at least 1",
+            });
+        }
+        if options.progress_interval.is_zero() || options.idle_timeout <= options.progress_interval
+        {
+            return Err(ConfigError::Option {
+                name: "idle_timeout",
+                why: "must be longer than a non-zero progress_interval",
+            });
+        }
+        Ok(EtcdListerWatcher {
+            client,
+            range_end: prefix_range_end(&prefix),
+            prefix: prefix.into(),
+            codec: Arc::new(codec),
+            options,
+            decode_errors: Arc::new(AtomicU64::new(0)),
+            identity: Arc::new(Mutex::new(Identity::default())),
+            tally: Arc::new(Mutex::new(Tally::default())),
+            trust_progress: Arc::new(OnceCell::new()),
+            token: TokenRenewal::default(),
+        })
+    }
+
+    /// The watched prefix, lossily as UTF-8.
+    pub fn prefix(&self) -> String {
+        String::from_utf8_lossy(&self.prefix).into_owned()
+    }
+
+    /// How many values failed to decode so far.
+    pub fn decode_errors(&self) -> u64 {
+        self.decode_errors.load(Ordering::Relaxed)
+    }
+
+    fn decoder(&self) -> Decoder<T> {
+        Decoder {
+            prefix: self.prefix.clone(),
+            codec: self.codec.clone(),
+            errors: self.decode_errors.clone(),
+            on_error: self.options.on_decode_error.clone(),
+        }
+    }
+
+    /// Classifies an etcd error for the prefix; an auth token etcd has forgotten is renewed
+    /// before the retry.
+    fn failed(&self, e: etcd_client::Error, revision: i64) -> Error {
+        let error = classify(e, revision);
+        self.token.note(&error);
+        named(error, &self.prefix())
+    }
+
+    /// Whether the store answering is another one than last time (see [`Identity`]); records it.
+    async fn store_changed(&self, header: Option<&etcd_client::ResponseHeader>) -> Option<String> {
+        let header = header?;
+        let seen = Identity {
+            cluster_id: header.cluster_id(),
+            raft_term: header.raft_term(),
+        };
+        let reason = store_changed(
+            &self.client,
+            &self.identity,
+            seen,
+            &self.range(),
+            self.options.page_timeout,
+        )
+        .await;
+        if reason.is_some() {
+            // The new store is the reference from now on.
+            *lock(&self.identity) = seen;
+        }
+        reason
+    }
+
+    /// The first key of the range: the prefix, or `\0` for the whole keyspace (etcd rejects an
+    /// empty key; `\0` with the range end `\0` means every key).
+    fn first_key(&self) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            vec![0]
+        } else {
+            self.prefix.to_vec()
+        }
+    }
+
+    fn range(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.first_key(), self.range_end.clone())
+    }
+
+    /// Whether this etcd's progress revisions can advance the watch; asked once (a failed
+    /// question is asked again next time rather than remembered as "no").
+    async fn trust_progress(&self) -> bool {
+        if let Some(forced) = self.options.trust_progress {
+            return forced;
+        }
+        if let Some(trust) = self.trust_progress.get() {
+            return *trust;
+        }
+        let mut maintenance = self.client.maintenance_client();
+        match tokio::time::timeout(Duration::from_secs(5), maintenance.status()).await {
+            Ok(Ok(status)) => {
+                warn_of_known_watch_bugs(status.version());
+                let trust = progress_is_trustworthy(status.version());
+                let _ = self.trust_progress.set(trust);
+                trust
+            }
+            _ => false,
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
+    fn decode_errors(&self) -> u64 {
+        EtcdListerWatcher::decode_errors(self)
+    }
+
+    /// [`EtcdOptions::idle_timeout`]: a live watch probes its stream well within it.
+    fn liveness_bound(&self) -> Option<Duration> {
+        Some(self.options.idle_timeout)
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
+        Box::pin(self.list_inner(None))
+    }
+
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
+        Box::pin(async move { Ok(self.list_inner(Some(sink)).await?.revision) })
+    }
+
+    fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
+        Box::pin(async move {
+            self.token.renew_if_refused(&self.client).await;
+            let trust_progress = self.trust_progress().await;
+            let mut options = WatchOptions::new()
+                .with_range(self.range_end.clone())
+                .with_start_revision(after_revision + 1)
+                .with_progress_notify();
+            if self.options.prev_kv {
+                options = options.with_prev_key();
+            }
+            // A stream opened on a member that hangs never confirms its creation: another one
+            // goes out beside it, and the first confirmed wins.
+            let deadline = Instant::now() + self.options.idle_timeout;
+            let client = self
+                .client
+                .watch_client()
+                .max_decoding_message_size(self.options.max_message_bytes);
+            let key = self.first_key();
+            let opened = hedged(HEDGE_AFTER, deadline, member_unreachable, || {
+                let mut client = client.clone();
+                let (key, options) = (key.clone(), options.clone());
+                async move {
+                    let (requests, mut responses) = client.watch(key, Some(options)).await?.split();
+                    match responses.message().await? {
+                        Some(created) => Ok((requests, responses, created)),
+                        None => Err(etcd_client::Error::WatchError(
+                            "etcd ended the watch stream before confirming it".into(),
+                        )),
+                    }
+                }
+            })
+            .await;
+            let (requests, responses, created) = match opened {
+                Hedged::Answered(opened) => opened,
+                Hedged::Failed(e) => return Err(self.failed(e, after_revision)),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "no member confirmed the watch of {} within {:?}",
+                        self.prefix(),
+                        self.options.idle_timeout
+                    )))
+                }
+            };
+            let (tx, rx) = mpsc::channel(self.options.watch_buffer);
+            let task = WatchTask {
+                client: self.client.clone(),
+                range: self.range(),
+                decoder: self.decoder(),
+                identity: self.identity.clone(),
+                tally: self.tally.clone(),
+                name: self.prefix(),
+                after: after_revision,
+                delivered: after_revision,
+                watch_id: created.watch_id(),
+                lag_confirmed: false,
+                trust_progress,
+                progress_interval: self.options.progress_interval,
+                idle_timeout: self.options.idle_timeout,
+                tx,
+                token: self.token.clone(),
+            };
+            let span =
+                tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);
+            tokio::spawn(task.run(requests, responses, created).instrument(span));
+            Ok(Box::pin(Responses {
+                rx,
+                current: VecDeque::new(),
+            }) as WatchStream<T>)
+        })
+    }
+
+    /// One linearizable (or pinned) range read of the prefix, keys only, filtered to keys
+    /// modified after `since`: etcd's header revision, the number of keys under the prefix, and
+    /// whether any was written. If none was, only deletes can have changed the prefix, and each
+    /// lowers its count: a second read counts the prefix at `since`, and equal counts prove
+    /// nothing changed. Both are etcd's own figures, so keys that do not decode need no
+    /// bookkeeping, and the proof is about the two revisions it names, whatever the watch has
+    /// read meanwhile. Correct on every etcd version (no progress notification needed), through
+    /// the gRPC proxy too. `cached` is not needed.
+    fn freshness(
+        &self,
+        since: i64,
+        _cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        Box::pin(async move {
+            self.token.renew_if_refused(&self.client).await;
+            // etcd filters by mod_revision before applying the limit, and counts the whole
+            // range: one key at most comes back, and `count` is the prefix's size.
+            let mut options = GetOptions::new()
+                .with_range(self.range_end.clone())
+                .with_keys_only()
+                .with_min_mod_revision(since + 1)
+                .with_limit(1);
+            if let Some(at) = at {
+                options = options.with_revision(at);
+            }
+            let resp = match read(
+                &self.client,
+                &self.first_key(),
+                options,
+                self.options.page_timeout,
+            )
+            .await
+            {
+                Hedged::Answered(resp) => resp,
+                Hedged::Failed(e) => return Err(self.failed(e, at.unwrap_or(0))),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "reading the revision of {} timed out after {:?}",
+                        self.prefix(),
+                        self.options.page_timeout
+                    )))
+                }
+            };
+            let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
+            if !resp.kvs().is_empty() || revision <= since || since == 0 {
+                return Ok(Freshness {
+                    revision,
+                    unchanged: resp.kvs().is_empty() && since > 0,
+                });
+            }
+            let options = GetOptions::new()
+                .with_range(self.range_end.clone())
+                .with_count_only()
+                .with_revision(since);
+            let first = self.first_key();
+            let unchanged = match read(&self.client, &first, options, self.options.page_timeout)
+                .await
+            {
+                Hedged::Answered(then) => then.count() == resp.count(),
+                // `since` compacted away: no proof; the caller waits for the cache instead.
+                Hedged::Failed(e) if classify_code(&e) == Some(tonic::Code::OutOfRange) => false,
+                Hedged::Failed(e) => return Err(self.failed(e, since)),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                        "counting the keys of {} at revision {since} timed out after {:?}",
+                        self.prefix(),
+                        self.options.page_timeout
+                    )))
+                }
+            };
+            Ok(Freshness {
+                revision,
+                unchanged,
+            })
+        })
+    }
+}
+
+// Nothing is pinned structurally: the fields are only moved through `&mut`.
