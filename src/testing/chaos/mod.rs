@@ -187,7 +187,7 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for CountingLists<L> {
 // The driver
 
 /// A 3-member etcd cluster, an informer over [`ChaosConfig::prefix`], the seeded schedule, and
-/// the history checker; see the [module docs](self). Dropping it stops the informer and the
+/// the history checker; see the [module docs](crate::testing::chaos). Dropping it stops the informer and the
 /// cluster.
 pub struct Chaos {
     config: ChaosConfig,

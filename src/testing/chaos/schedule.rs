@@ -3,12 +3,12 @@
 
 use std::fmt;
 
-/// The fault a round injects; see the [module docs](self).
+/// The fault a round injects; see the [module docs](crate::testing::chaos).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fault {
     /// SIGKILL a member, write, delete and compact on the others, restart it.
     KillRestart,
-    /// SIGSTOP a member for [`ChaosConfig::pause`] while the others take writes.
+    /// SIGSTOP a member for [`ChaosConfig::pause`](super::ChaosConfig::pause) while the others take writes.
     PauseResume,
     /// SIGSTOP a member past the watch's idle timeout, write and compact meanwhile.
     Compaction,
