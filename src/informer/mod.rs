@@ -1,6 +1,7 @@
 //! Informers: the controller loop, the single-handler `Informer` and the `SharedIndexInformer`.
 
 mod apply;
+mod backlog;
 mod consistency;
 mod controller;
 mod event_stream;
@@ -11,6 +12,7 @@ mod options;
 mod processor;
 mod registration;
 mod shared_informer;
+mod watchdog;
 
 pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
 pub use crate::reflector::TransformFn;

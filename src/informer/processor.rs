@@ -8,25 +8,23 @@
 //! [`STUCK_AFTER`], once, whatever its speed. An [`EventStream`](super::EventStream) drains its
 //! buffer itself, with no thread.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::backlog::{compact, is_initial};
 use super::handler::{Event, ResourceEventHandler};
+use super::watchdog::{watchdog, Watched, STUCK_AFTER};
 use crate::metrics::HandlerMetrics;
 
 /// Capacity (in events) above which a drained backlog releases its memory.
 const SHRINK_ABOVE: usize = 1024;
-
-/// How long one notification may take before the other handlers sharing its thread move to
-/// another thread.
-pub(crate) const STUCK_AFTER: Duration = Duration::from_millis(20);
 
 /// Records the handlers due at a resync tick in `syncing`. While an earlier resync may still be
 /// queued (`drained` false), the set grows instead of being replaced: the queue merges resyncs
@@ -305,12 +303,6 @@ enum Take<T> {
     Gone(Option<Arc<dyn ResourceEventHandler<T>>>),
 }
 
-/// A worker as the watchdog sees it.
-trait Watched: Send + Sync {
-    /// Moves the other handlers off this worker if one has been stuck since before `deadline`.
-    fn check(&self, stuck_since: std::time::Instant);
-}
-
 impl<T: Send + Sync + 'static> Worker<T> {
     /// The member that holds the others back, if one does: one busy in a single notification
     /// since before `stuck_since`, or one that took most of the thread's time since the last
@@ -405,60 +397,6 @@ impl<T: Send + Sync + 'static> Watched for Worker<T> {
         }
         // Events may have been queued for the moved handlers while they were still here.
         moved.kick();
-    }
-}
-
-/// One process-wide thread that looks at every worker each [`STUCK_AFTER`] / 2.
-struct Watchdog {
-    workers: Mutex<Vec<Weak<dyn Watched>>>,
-    added: Condvar,
-}
-
-fn watchdog() -> &'static Watchdog {
-    static WATCHDOG: OnceLock<&'static Watchdog> = OnceLock::new();
-    WATCHDOG.get_or_init(|| {
-        let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
-            workers: Mutex::new(Vec::new()),
-            added: Condvar::new(),
-        }));
-        let started = std::thread::Builder::new()
-            .name("handler-watchdog".into())
-            .spawn(move || dog.run());
-        if let Err(e) = started {
-            tracing::error!(error = %e, "cannot start the handler watchdog; a stuck handler will delay the others");
-        }
-        dog
-    })
-}
-
-impl Watchdog {
-    fn watch(&self, worker: Weak<dyn Watched>) {
-        self.workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(worker);
-        self.added.notify_one();
-    }
-
-    fn run(&self) {
-        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            workers.retain(|w| w.strong_count() > 0);
-            if workers.is_empty() {
-                workers = self.added.wait(workers).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            let live: Vec<Arc<dyn Watched>> = workers.iter().filter_map(Weak::upgrade).collect();
-            drop(workers);
-            std::thread::sleep(STUCK_AFTER / 2);
-            if let Some(stuck_since) = std::time::Instant::now().checked_sub(STUCK_AFTER) {
-                for w in &live {
-                    w.check(stuck_since);
-                }
-            }
-            drop(live);
-            workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
-        }
     }
 }
 
@@ -780,68 +718,6 @@ impl<T> Listener<T> {
     }
 }
 
-fn is_initial<T>(event: &Event<T>) -> bool {
-    matches!(
-        event,
-        Event::Added {
-            is_in_initial_list: true,
-            ..
-        }
-    )
-}
-
-/// Merges the backlog per key so that it holds at most two events per key (a delete then a
-/// re-add), keeping each key's events in order and its final state exact. Returns how many
-/// initial adds were dropped (an add followed by a delete the handler never needs to see).
-fn compact<T>(queue: &mut VecDeque<Event<T>>) -> usize {
-    let mut slots: Vec<Vec<Event<T>>> = Vec::new();
-    let mut by_key: HashMap<Arc<str>, usize> = HashMap::new();
-    let mut removed_initial = 0;
-    for event in queue.drain(..) {
-        let key = match &event {
-            Event::Added { object, .. } => object.shared_key().clone(),
-            Event::Updated { new, .. } => new.shared_key().clone(),
-            Event::Deleted(d) => d.object().shared_key().clone(),
-        };
-        let slot = *by_key.entry(key).or_insert_with(|| {
-            slots.push(Vec::new());
-            slots.len() - 1
-        });
-        let events = &mut slots[slot];
-        let merged = match (events.pop(), event) {
-            (None, e) => vec![e],
-            (
-                Some(Event::Added {
-                    is_in_initial_list, ..
-                }),
-                Event::Updated { new, .. },
-            ) => {
-                vec![Event::Added {
-                    object: new,
-                    is_in_initial_list,
-                }]
-            }
-            (
-                Some(Event::Added {
-                    is_in_initial_list, ..
-                }),
-                Event::Deleted(_),
-            ) => {
-                removed_initial += usize::from(is_in_initial_list);
-                vec![]
-            }
-            (Some(Event::Updated { old, .. }), Event::Updated { new, .. }) => {
-                vec![Event::Updated { old, new }]
-            }
-            (Some(Event::Updated { .. }), Event::Deleted(d)) => vec![Event::Deleted(d)],
-            (Some(prev), next) => vec![prev, next],
-        };
-        events.extend(merged);
-    }
-    queue.extend(slots.into_iter().flatten());
-    removed_initial
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -858,7 +734,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::informer::handler::DeletedObject;
+
     use crate::Object;
 
     fn o(key: &str, rev: i64) -> Arc<crate::Object<i64>> {
@@ -896,57 +772,5 @@ mod tests {
         // Once it returned, the wait succeeds.
         assert!(listener.stop_thread_and_wait(Duration::from_secs(10)));
         assert_eq!(listener.delivered(), 1);
-    }
-
-    #[test]
-    fn compaction_keeps_every_final_state() {
-        let mut q = VecDeque::from(vec![
-            Event::Added {
-                object: o("a", 1),
-                is_in_initial_list: true,
-            },
-            Event::Updated {
-                old: o("b", 1),
-                new: o("b", 2),
-            },
-            Event::Updated {
-                old: o("a", 1),
-                new: o("a", 3),
-            },
-            Event::Updated {
-                old: o("b", 2),
-                new: o("b", 4),
-            },
-            Event::Added {
-                object: o("c", 5),
-                is_in_initial_list: false,
-            },
-            Event::Deleted(DeletedObject::Deleted(o("c", 5))),
-            Event::Deleted(DeletedObject::Deleted(o("b", 4))),
-            Event::Added {
-                object: o("b", 9),
-                is_in_initial_list: false,
-            },
-        ]);
-        let removed = compact(&mut q);
-        assert_eq!(removed, 0);
-        let got: Vec<String> = q
-            .iter()
-            .map(|e| match e {
-                Event::Added { object, .. } => {
-                    format!("add {} {}", object.key(), object.mod_revision)
-                }
-                Event::Updated { old, new } => {
-                    format!(
-                        "update {} {}->{}",
-                        new.key(),
-                        old.mod_revision,
-                        new.mod_revision
-                    )
-                }
-                Event::Deleted(d) => format!("delete {} {}", d.key(), d.object().mod_revision),
-            })
-            .collect();
-        assert_eq!(got, ["add a 3", "delete b 4", "add b 9"]);
     }
 }
