@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::queue::Queue;
 use crate::store::Store;
-use crate::Object;
+use crate::{lock, Object};
 
 pub use crate::queue::{Closed, Delta, DeltaType};
 
@@ -161,7 +161,7 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
 
 impl<T> DeltaFifo<T> {
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
     /// The newest state of `key` the FIFO knows of: its newest queued delta, else the cache.

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use crate::listwatch::ListSink;
 use crate::queue::{Closed, Delta, DeltaType, Queue};
 use crate::store::{Store, StoreContent};
-use crate::Object;
+use crate::{lock, Object};
 
 /// A relist read page by page into the next store content.
 struct Building<T> {
@@ -33,10 +33,7 @@ impl<T: Send + Sync> ListSink<T> for Building<T> {
         let reuse = self.reuse_from.is_some_and(|from| revision >= from);
         self.reuse.store(reuse, Ordering::Relaxed);
         // Growing a map of a million keys rehashes every key several times over.
-        self.content
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reserve(keys);
+        lock(&self.content).reserve(keys);
     }
 
     fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<Object<T>>> {
@@ -53,7 +50,7 @@ impl<T: Send + Sync> ListSink<T> for Building<T> {
     }
 
     fn page(&self, objects: Vec<Arc<Object<T>>>) {
-        let mut content = self.content.lock().unwrap_or_else(|e| e.into_inner());
+        let mut content = lock(&self.content);
         content.add_page(&objects);
     }
 }
@@ -212,7 +209,7 @@ impl<T> RealFifo<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
     /// The newest state of `key` the queue knows of; `None` when absent.
@@ -444,9 +441,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
                 .content
                 .into_inner()
                 .unwrap_or_else(|e| e.into_inner()),
-            Err(shared) => {
-                std::mem::take(&mut *shared.content.lock().unwrap_or_else(|e| e.into_inner()))
-            }
+            Err(shared) => std::mem::take(&mut *lock(&shared.content)),
         };
         self.queue_replace(content, revision, store_replaced);
     }

@@ -5,8 +5,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
@@ -15,7 +14,7 @@ use tracing::Instrument;
 use crate::listwatch::{Error, ListResult, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
 use crate::queue::{DeltaType, MAX_RESYNC_PERIOD};
-use crate::Object;
+use crate::{lock, Object};
 
 pub use crate::backoff::Backoff;
 pub use crate::queue::Queue;
@@ -288,7 +287,7 @@ impl RevisionHandle {
     }
 
     fn lock(&self) -> MutexGuard<'_, Health> {
-        self.health.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.health)
     }
 
     fn connected(&self) {

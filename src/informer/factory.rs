@@ -11,6 +11,7 @@ use super::options::InformerOptions;
 use super::shared_informer::SharedIndexInformer;
 use crate::codec::Codec;
 use crate::listwatch::etcd::{ConfigError, EtcdListerWatcher, EtcdOptions};
+use crate::lock;
 
 struct Entry {
     informer: Box<dyn Any + Send + Sync>,
@@ -72,7 +73,7 @@ impl SharedInformerFactory {
         C: Codec<T>,
     {
         let prefix = prefix.into();
-        let mut informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut informers = lock(&self.informers);
         let key = (prefix.clone(), TypeId::of::<T>());
         if let Some(entry) = informers.get(&key) {
             if let Some(informer) = entry.informer.downcast_ref::<SharedIndexInformer<T>>() {
@@ -105,8 +106,8 @@ impl SharedInformerFactory {
 
     /// Starts every informer not started yet (on the current tokio runtime).
     pub fn start(&self) {
-        let mut informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut informers = lock(&self.informers);
+        let mut tasks = lock(&self.tasks);
         for entry in informers.values_mut() {
             if let Some(run) = entry.run.take() {
                 tasks.push(run());
@@ -116,7 +117,7 @@ impl SharedInformerFactory {
 
     /// Whether every informer handed out has synced.
     pub fn has_synced(&self) -> bool {
-        let informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        let informers = lock(&self.informers);
         informers.values().all(|e| (e.has_synced)())
     }
 
@@ -128,12 +129,12 @@ impl SharedInformerFactory {
     /// Stops every informer and waits for them to end.
     pub async fn shutdown(&self) {
         {
-            let informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+            let informers = lock(&self.informers);
             for entry in informers.values() {
                 (entry.stop)();
             }
         }
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let tasks = std::mem::take(&mut *lock(&self.tasks));
         for task in tasks {
             let _ = task.await;
         }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::backlog::{compact, is_initial};
 use super::handler::{Event, ResourceEventHandler};
 use super::watchdog::{watchdog, Watched, STUCK_AFTER};
+use crate::lock;
 use crate::metrics::HandlerMetrics;
 
 /// Capacity (in events) above which a drained backlog releases its memory.
@@ -106,12 +107,7 @@ impl<T: Send + Sync + 'static> Processor<T> {
 impl<T> Processor<T> {
     /// Lets the shared thread end once its handlers are gone.
     pub(crate) fn shutdown(&self) {
-        let worker = self
-            .pool
-            .worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let worker = lock(&self.pool.worker).take();
         if let Some(worker) = worker {
             worker.lock().shutdown = true;
             worker.kick();
@@ -127,7 +123,7 @@ struct PoolSlot<T> {
 
 impl<T: Send + Sync + 'static> PoolSlot<T> {
     fn current(self: &Arc<Self>) -> std::io::Result<Arc<Worker<T>>> {
-        let mut slot = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&self.worker);
         if let Some(worker) = &*slot {
             return Ok(worker.clone());
         }
@@ -146,7 +142,7 @@ impl<T: Send + Sync + 'static> PoolSlot<T> {
                 std::thread::yield_now();
                 continue;
             }
-            *listener.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(worker.clone());
+            *lock(&listener.worker) = Some(worker.clone());
             state.members.push(listener.clone());
             drop(state);
             worker.kick();
@@ -271,7 +267,7 @@ impl<T: Send + Sync + 'static> Worker<T> {
                 }
                 Take::Gone(handler) => {
                     state.members.remove(i);
-                    *listener.worker.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    *lock(&listener.worker) = None;
                     finished.extend(handler);
                     return None;
                 }
@@ -283,7 +279,7 @@ impl<T: Send + Sync + 'static> Worker<T> {
 
 impl<T> Worker<T> {
     fn lock(&self) -> MutexGuard<'_, WorkerState<T>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// Wakes the thread if it sleeps (each wake is a futex call: skip it when busy).
@@ -384,10 +380,10 @@ impl<T: Send + Sync + 'static> Watched for Worker<T> {
             "handler slow to return; the others moved to another thread"
         );
         for l in &others {
-            *l.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(moved.clone());
+            *lock(&l.worker) = Some(moved.clone());
         }
         if let Some(pool) = self.pool.upgrade() {
-            let mut slot = pool.worker.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = lock(&pool.worker);
             if slot
                 .as_ref()
                 .is_some_and(|w| std::ptr::eq(Arc::as_ptr(w), self))
@@ -638,10 +634,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
 
 impl<T> Listener<T> {
     fn worker_handle(&self) -> Option<Arc<Worker<T>>> {
-        self.worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.worker).clone()
     }
 
     /// Ends delivery (the thread's or the stream's) once every queued notification is delivered.
@@ -676,7 +669,7 @@ impl<T> Listener<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
-        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.buf)
     }
 
     /// Counts `event` as delivered.
@@ -705,7 +698,7 @@ impl<T> Listener<T> {
         if self.resync_period.is_zero() {
             return false;
         }
-        let mut next = self.next_resync.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = lock(&self.next_resync);
         if *next > now {
             return false;
         }

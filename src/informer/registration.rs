@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::handler::{Event, ResourceEventHandler};
 use super::processor::Listener;
 use super::shared_informer::{InformerError, Shared, SharedIndexInformer};
+use crate::lock;
 use crate::queue::clamp_resync;
 
 /// How long [`SharedIndexInformer::remove_event_handler`] waits at most for the handler to
@@ -128,11 +129,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// resync check period to it before the informer starts.
     fn resync_period_for(&self, resync_period: Duration) -> Duration {
         let mut period = clamp_resync(resync_period);
-        let mut check = self
-            .shared
-            .resync_check_period
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut check = lock(&self.shared.resync_check_period);
         if period.is_zero() {
             return period;
         }

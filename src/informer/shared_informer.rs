@@ -22,7 +22,7 @@ use crate::reflector::{
     Backoff, Reflector, ReflectorOptions, RevisionHandle, TransformFn, WatchErrorHandler,
 };
 use crate::store::{Indexer, Indexers, StoreError};
-use crate::Lister;
+use crate::{lock, Lister};
 
 /// A cache of a source kept current by one list-and-watch, shared by any number of handlers
 /// (client-go's `SharedIndexInformer`).
@@ -184,10 +184,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     pub(super) fn processor(&self) -> MutexGuard<'_, Processor<T>> {
-        self.shared
-            .processor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.shared.processor)
     }
 
     /// Runs the informer: lists, watches and delivers until [`stop`](Self::stop) or until the
@@ -198,11 +195,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             return;
         }
         let source = self.shared.source.clone();
-        let resync_period = *self
-            .shared
-            .resync_check_period
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let resync_period = *lock(&self.shared.resync_check_period);
         let weak = Arc::downgrade(&self.shared);
         let should_resync = Arc::new(move || {
             weak.upgrade()
@@ -383,7 +376,7 @@ struct CloseHandlersOnDrop<T>(Arc<Shared<T>>);
 impl<T> Drop for CloseHandlersOnDrop<T> {
     fn drop(&mut self) {
         self.0.stopped.store(true, Ordering::Release);
-        let processor = self.0.processor.lock().unwrap_or_else(|e| e.into_inner());
+        let processor = lock(&self.0.processor);
         for l in &processor.listeners {
             l.close();
         }

@@ -5,6 +5,8 @@
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use crate::lock;
+
 /// How long one notification may take before the other handlers sharing its thread move to
 /// another thread.
 pub(crate) const STUCK_AFTER: Duration = Duration::from_millis(20);
@@ -40,15 +42,12 @@ pub(super) fn watchdog() -> &'static Watchdog {
 
 impl Watchdog {
     pub(super) fn watch(&self, worker: Weak<dyn Watched>) {
-        self.workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(worker);
+        lock(&self.workers).push(worker);
         self.added.notify_one();
     }
 
     fn run(&self) {
-        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut workers = lock(&self.workers);
         loop {
             workers.retain(|w| w.strong_count() > 0);
             if workers.is_empty() {
@@ -64,7 +63,7 @@ impl Watchdog {
                 }
             }
             drop(live);
-            workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+            workers = lock(&self.workers);
         }
     }
 }

@@ -313,63 +313,42 @@ pub async fn list_whole_into<T, L: ListerWatcher<T> + ?Sized>(
     Ok(list.revision)
 }
 
-impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Arc<L> {
-    fn decode_errors(&self) -> u64 {
-        (**self).decode_errors()
-    }
-    fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
-        (**self).list()
-    }
-    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
-    where
-        T: 'static,
-    {
-        (**self).list_into(sink)
-    }
-    fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
-        (**self).watch(after_revision)
-    }
-    fn freshness(
-        &self,
-        since: i64,
-        cached: usize,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, Result<Freshness>> {
-        (**self).freshness(since, cached, at)
-    }
-    fn liveness_bound(&self) -> Option<std::time::Duration> {
-        (**self).liveness_bound()
-    }
+/// A shared or boxed source is the source: every method forwards, so that none can be
+/// forgotten for one of the two.
+macro_rules! forward_lister_watcher {
+    ($($pointer:ident),*) => {$(
+        impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for $pointer<L> {
+            fn decode_errors(&self) -> u64 {
+                (**self).decode_errors()
+            }
+            fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
+                (**self).list()
+            }
+            fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
+            where
+                T: 'static,
+            {
+                (**self).list_into(sink)
+            }
+            fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
+                (**self).watch(after_revision)
+            }
+            fn freshness(
+                &self,
+                since: i64,
+                cached: usize,
+                at: Option<i64>,
+            ) -> BoxFuture<'_, Result<Freshness>> {
+                (**self).freshness(since, cached, at)
+            }
+            fn liveness_bound(&self) -> Option<std::time::Duration> {
+                (**self).liveness_bound()
+            }
+        }
+    )*};
 }
 
-impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for Box<L> {
-    fn decode_errors(&self) -> u64 {
-        (**self).decode_errors()
-    }
-    fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
-        (**self).list()
-    }
-    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
-    where
-        T: 'static,
-    {
-        (**self).list_into(sink)
-    }
-    fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
-        (**self).watch(after_revision)
-    }
-    fn freshness(
-        &self,
-        since: i64,
-        cached: usize,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, Result<Freshness>> {
-        (**self).freshness(since, cached, at)
-    }
-    fn liveness_bound(&self) -> Option<std::time::Duration> {
-        (**self).liveness_bound()
-    }
-}
+forward_lister_watcher!(Arc, Box);
 
 /// A [`ListerWatcher`] made of two closures.
 ///

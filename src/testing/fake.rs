@@ -8,7 +8,7 @@ use crate::listwatch::{
     list_whole_into, BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result,
     WatchEvent, WatchStream,
 };
-use crate::Object;
+use crate::{lock, Object};
 
 /// An in-memory, revisioned source that a test drives by hand (client-go's
 /// `FakeControllerSource`), so controllers can be unit-tested without etcd.
@@ -104,7 +104,7 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
     /// Writes `value` under `key`; returns the new revision.

@@ -66,6 +66,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use self::delayed::Delayed;
+use crate::lock;
 use crate::metrics::WorkQueueMetrics;
 
 /// Used as the ready time when `now + delay` cannot be represented.
@@ -220,7 +221,7 @@ impl<K> fmt::Debug for WorkQueue<K> {
 impl<K> Inner<K> {
     fn lock(&self) -> MutexGuard<'_, State<K>> {
         // No critical section can leave the state inconsistent, so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 }
 

@@ -10,19 +10,16 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
+use crate::lock;
 
 /// Locks `m`. If the mutex is poisoned, the data is still used: every critical section in this
 /// module leaves the data consistent.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Decides how long an item waits before it is retried.
 ///
 /// Implementations must be cheap and must not block. They are called with the work queue's
