@@ -20,13 +20,13 @@ use crate::{lock, Object};
 /// A relist read page by page into the next store content.
 struct Building<T> {
     content: Mutex<StoreContent<T>>,
-    /// The cache, whose objects stand in for unchanged listed ones while `reuse` holds.
+    /// The cache, whose objects are kept for unchanged listed ones while `reuse` holds.
     known: Arc<dyn Store<T>>,
     reuse_from: Option<i64>,
     reuse: AtomicBool,
 }
 
-impl<T: Send + Sync> ListSink<T> for Building<T> {
+impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
     fn begin(&self, revision: i64, keys: usize) {
         // A list read below a revision already seen comes from a store that went back in
         // time: equal mod revisions no longer mean equal objects.
@@ -36,17 +36,11 @@ impl<T: Send + Sync> ListSink<T> for Building<T> {
         lock(&self.content).reserve(keys);
     }
 
-    fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<Object<T>>> {
-        if !self.reuse.load(Ordering::Relaxed) {
-            return None;
-        }
-        // The revision first: a compact cache would decode the object to tell.
-        if self.known.mod_revision(key) != Some(mod_revision) {
-            return None;
-        }
-        self.known
-            .get_by_key(key)
-            .filter(|o| o.mod_revision == mod_revision)
+    fn unchanged(&self, key: &str, mod_revision: i64) -> bool {
+        self.reuse.load(Ordering::Relaxed)
+            && self
+                .known
+                .keep_unchanged(&mut lock(&self.content), key, mod_revision)
     }
 
     fn page(&self, objects: Vec<Arc<Object<T>>>) {
@@ -523,16 +517,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_relist_read_by_pages_reuses_cached_objects_of_the_same_store_only() {
+    async fn a_relist_read_by_pages_keeps_cached_objects_of_the_same_store_only() {
         let (f, ix) = fifo();
         let cached = obj("a", 5);
         ix.add(cached.clone());
-        // Read at or after the revision seen: unchanged objects stand in.
+        // Read at or after the revision seen: unchanged objects are kept, not handed over.
         let sink = f.begin_replace(Some(10)).unwrap();
         sink.begin(10, 2);
-        assert!(Arc::ptr_eq(&sink.cached("a", 5).unwrap(), &cached));
-        assert!(sink.cached("a", 6).is_none(), "changed since");
-        sink.page(vec![cached.clone()]);
+        assert!(!sink.unchanged("a", 6), "changed since");
+        assert!(!sink.unchanged("b", 7), "not cached");
+        assert!(sink.unchanged("a", 5));
         sink.page(vec![obj("b", 7)]);
         drop(sink);
         f.finish_replace(10, false);
@@ -548,11 +542,11 @@ mod tests {
         // A list read below a revision seen comes from a store that went back in time.
         let sink = f.begin_replace(Some(10)).unwrap();
         sink.begin(9, 1);
-        assert!(sink.cached("a", 5).is_none());
+        assert!(!sink.unchanged("a", 5));
         // The store was replaced: never.
         let sink = f.begin_replace(None).unwrap();
         sink.begin(20, 1);
-        assert!(sink.cached("a", 5).is_none());
+        assert!(!sink.unchanged("a", 5));
     }
 
     #[tokio::test]

@@ -754,7 +754,7 @@ impl etcd_informer::codec::Codec<String> for CountingCodec {
     }
 }
 
-/// A sink that offers one cached object back and records what it receives.
+/// A sink that already holds one object unchanged and records what it receives.
 struct Recording {
     reuse: Arc<etcd_informer::Object<String>>,
     begun: Mutex<Option<(i64, usize)>>,
@@ -765,9 +765,8 @@ impl etcd_informer::ListSink<String> for Recording {
     fn begin(&self, revision: i64, keys: usize) {
         *self.begun.lock().unwrap() = Some((revision, keys));
     }
-    fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<etcd_informer::Object<String>>> {
-        (key == self.reuse.key() && mod_revision == self.reuse.mod_revision)
-            .then(|| self.reuse.clone())
+    fn unchanged(&self, key: &str, mod_revision: i64) -> bool {
+        key == self.reuse.key() && mod_revision == self.reuse.mod_revision
     }
     fn page(&self, objects: Vec<Arc<etcd_informer::Object<String>>>) {
         self.pages.lock().unwrap().push(objects);
@@ -775,7 +774,7 @@ impl etcd_informer::ListSink<String> for Recording {
 }
 
 #[tokio::test]
-async fn list_into_hands_over_pages_and_reuses_unchanged_cached_objects() {
+async fn list_into_hands_over_pages_and_skips_keys_the_sink_holds_unchanged() {
     use etcd_informer::ListerWatcher;
     let client = shared_client().await;
     let prefix = unique_prefix("list_into");
@@ -802,14 +801,102 @@ async fn list_into_hands_over_pages_and_reuses_unchanged_cached_objects() {
     let pages = sink.pages.lock().unwrap();
     assert_eq!(pages.len(), 3, "pages of at most 10 keys");
     let objects: Vec<_> = pages.iter().flatten().collect();
-    assert_eq!(objects.len(), 30);
-    let reused = objects.iter().find(|o| o.key() == cached.key()).unwrap();
-    assert!(Arc::ptr_eq(reused, &cached), "the cached object stands in");
+    assert_eq!(objects.len(), 29);
+    assert!(
+        objects.iter().all(|o| o.key() != cached.key()),
+        "the unchanged key is kept by the sink, not handed over"
+    );
     assert_eq!(
         decodes.load(Ordering::SeqCst),
         30 + 29,
         "the unchanged key is not decoded again"
     );
+}
+
+/// A relist of a compact cache after a compaction keeps what did not change as it is: the
+/// source decodes, and the cache packs (encodes), only the changed and new keys, not the whole
+/// prefix a second time; handlers still get the tombstone, the update and the add.
+#[tokio::test]
+async fn compact_cache_relist_decodes_only_what_changed() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect(server.endpoints()).await.unwrap();
+    let prefix = "/compact-relist/";
+    put_many(&client, prefix, 20, "v1").await;
+    let listed = Arc::new(AtomicUsize::new(0));
+    let lw = EtcdListerWatcher::with_options(
+        client.clone(),
+        prefix,
+        CountingCodec(listed.clone()),
+        quick_etcd_options(),
+    )
+    .unwrap();
+    // No index: nothing needs an unchanged object decoded, not even to index it.
+    let packed = Arc::new(AtomicUsize::new(0));
+    let options = informer_options(Duration::from_secs(6))
+        .with_indexers(std::collections::HashMap::new())
+        .with_compact_cache(CountingEncodes(packed.clone()));
+    let informer = SharedIndexInformer::new(lw, options);
+    let log = Log::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    assert_eq!(listed.load(Ordering::SeqCst), 20);
+    assert_eq!(packed.load(Ordering::SeqCst), 20);
+
+    // Behind the informer's back (its reconnect waits 6 s): one delete, one update, one add,
+    // and a compaction past the revision it watches.
+    server.stop().await.unwrap();
+    server.start_again().await.unwrap();
+    let other = connect(server.endpoints()).await.unwrap();
+    let mut kv = other.kv_client();
+    kv.delete(format!("{prefix}ns0/k0000"), None).await.unwrap();
+    kv.put(format!("{prefix}ns1/k0001"), "v2", None)
+        .await
+        .unwrap();
+    let put = kv.put(format!("{prefix}ns/new"), "v1", None).await.unwrap();
+    kv.compact(put.header().unwrap().revision(), None)
+        .await
+        .unwrap();
+    let wanted = [
+        "tombstone ns0/k0000=v1",
+        "update ns1/k0001=v1->v2",
+        "add ns/new=v1",
+    ];
+    eventually(
+        "the relist's notifications",
+        Duration::from_secs(30),
+        || {
+            let log = log.lock().unwrap();
+            wanted.iter().all(|w| log.iter().any(|l| l == w))
+        },
+    )
+    .await;
+    assert_eq!(
+        listed.load(Ordering::SeqCst),
+        20 + 2,
+        "the relist decoded only the updated and the new key"
+    );
+    assert_eq!(
+        packed.load(Ordering::SeqCst),
+        20 + 2,
+        "the relist packed only the updated and the new key"
+    );
+    converges(&informer, &other, prefix, Duration::from_secs(30)).await;
+}
+
+/// A text codec that counts its encodes (what a compact cache packs).
+struct CountingEncodes(Arc<AtomicUsize>);
+
+impl etcd_informer::codec::Codec<String> for CountingEncodes {
+    fn decode(&self, bytes: &[u8]) -> Result<String, etcd_informer::codec::CodecError> {
+        TextCodec.decode(bytes)
+    }
+    fn encode(&self, value: &String) -> Result<Vec<u8>, etcd_informer::codec::CodecError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        TextCodec.encode(value)
+    }
 }
 
 /// A value whose `secret` is not written back: packed, it would not decode again.

@@ -75,11 +75,15 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 // Without handlers, only the metrics hear of the changes: no list of a million
                 // notifications to build and drop, and no cached object decoded.
                 let listening = !processor.listeners.is_empty();
+                let resync = !processor.syncing.is_empty();
                 let metrics = &self.shared.metrics;
                 indexer.transaction(|txn| {
                     let mut events = Vec::new();
                     let out = if listening {
-                        Replaced::Notify(&mut events)
+                        Replaced::Notify {
+                            events: &mut events,
+                            resync,
+                        }
                     } else {
                         Replaced::Count(metrics)
                     };
@@ -165,8 +169,12 @@ fn event_kind<T>(event: &Event<T>) -> EventKind {
 
 /// Where [`apply_replace`] reports what changed.
 enum Replaced<'a, T> {
-    /// To handlers: every notification, in order.
-    Notify(&'a mut Vec<(Event<T>, bool)>),
+    /// To handlers: every notification, in order; the resyncs of unchanged keys only if a
+    /// handler is due for a `resync`.
+    Notify {
+        events: &'a mut Vec<(Event<T>, bool)>,
+        resync: bool,
+    },
     /// Only to the metrics: no notification is built, no cached object decoded.
     Count(&'a InformerMetrics),
 }
@@ -182,10 +190,49 @@ fn apply_replace<T>(
     out: Replaced<'_, T>,
 ) {
     let mut old = txn.install(items);
+    let tombstone =
+        |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
     match out {
-        Replaced::Notify(events) => {
-            let tombstone =
-                |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
+        Replaced::Notify { events, resync } if !resync => {
+            // An unchanged key would only be a resync, which no handler is due for: only the
+            // changed keys are decoded, so that a relist of a large, mostly unchanged prefix
+            // never holds it decoded (twice, old and new) in a list of notifications.
+            if store_replaced {
+                old.for_each(&mut |o| events.push(tombstone(o)));
+            }
+            let mut changed = Vec::new();
+            txn.for_each_revision(&mut |key, revision| {
+                if !store_replaced && old.mod_revision(key) == Some(revision) {
+                    old.take(key, false);
+                } else {
+                    changed.push(key.to_owned());
+                }
+            });
+            for key in changed {
+                let Some(new) = txn.get(&key) else {
+                    continue;
+                };
+                let previous = if store_replaced || old.is_empty() {
+                    None
+                } else {
+                    old.take(&key, true)
+                };
+                events.push(match previous {
+                    Some((_, Some(old))) => (Event::Updated { old, new }, false),
+                    _ => (
+                        Event::Added {
+                            object: new,
+                            is_in_initial_list: initial,
+                        },
+                        false,
+                    ),
+                });
+            }
+            if !store_replaced {
+                old.for_each(&mut |o| events.push(tombstone(o)));
+            }
+        }
+        Replaced::Notify { events, .. } => {
             if store_replaced {
                 old.for_each(&mut |o| events.push(tombstone(o)));
             }

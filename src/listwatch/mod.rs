@@ -29,12 +29,13 @@ pub trait ListSink<T>: Send + Sync {
     fn begin(&self, revision: i64, keys: usize) {
         let _ = (revision, keys);
     }
-    /// The object the cache holds under `key`, if it is the state the list has at
-    /// `mod_revision`: a source may hand it back instead of decoding the value again, so that a
-    /// relist of a large, mostly unchanged prefix neither decodes nor holds every object twice.
-    fn cached(&self, key: &str, mod_revision: i64) -> Option<Arc<Object<T>>> {
+    /// Whether the sink already has `key` in the state the list has at `mod_revision` (the
+    /// cache's, unchanged) and keeps it: the source then neither decodes the value nor puts the
+    /// key in a page, so that a relist of a large, mostly unchanged prefix neither decodes nor
+    /// holds every object twice. `false` (the default): every key comes in a page.
+    fn unchanged(&self, key: &str, mod_revision: i64) -> bool {
         let _ = (key, mod_revision);
-        None
+        false
     }
     /// Takes one page of objects.
     fn page(&self, objects: Vec<Arc<Object<T>>>);

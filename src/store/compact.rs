@@ -14,7 +14,7 @@
 //! copied a few times at most, and the store stays as dense as after a list.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -198,6 +198,9 @@ pub(super) struct PackedRepr<T> {
     chunk_live: usize,
     /// Bytes of the live records allocated one by one (watch events, the DeltaFIFO's adds).
     loose: usize,
+    /// The chunks of other tables that records were adopted from (by address), each counted
+    /// once in `chunk_bytes`.
+    adopted: HashSet<usize>,
 }
 
 impl<T> PackedRepr<T> {
@@ -209,6 +212,7 @@ impl<T> PackedRepr<T> {
             chunk_bytes: 0,
             chunk_live: 0,
             loose: 0,
+            adopted: HashSet::new(),
         }
     }
 }
@@ -311,6 +315,7 @@ impl<T> Clone for PackedRepr<T> {
             chunk_bytes: self.chunk_bytes,
             chunk_live: self.chunk_live,
             loose: self.loose,
+            adopted: self.adopted.clone(),
         }
     }
 }
@@ -409,6 +414,25 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         }
     }
 
+    fn adopt(&mut self, slot: &Packed) -> Option<Packed> {
+        if slot.whole() {
+            // Its object lives in the other table's map, under that table's id.
+            return None;
+        }
+        let len = slot.len as usize;
+        if !slot.shares_chunk() && loose(len) {
+            self.loose += len;
+        } else {
+            // The whole chunk stays allocated while any record of it lives: count all of it,
+            // so that a table holding a few records of many chunks repacks.
+            if self.adopted.insert(Arc::as_ptr(&slot.chunk) as usize) {
+                self.chunk_bytes += slot.chunk.len();
+            }
+            self.chunk_live += len;
+        }
+        Some(slot.clone())
+    }
+
     fn needs_repack(&self) -> bool {
         // Dead bytes in chunks outweigh live ones, or records allocated one by one (each
         // between whatever else the process allocated then) outweigh the packed ones.
@@ -422,6 +446,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         self.chunk_bytes = 0;
         self.chunk_live = 0;
         self.loose = 0;
+        self.adopted.clear();
         for slot in &slots {
             writer.record(|buf| buf.extend_from_slice(slot.bytes()));
             if writer.buf.len() >= REPACK_CHUNK {

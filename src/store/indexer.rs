@@ -111,6 +111,16 @@ impl<T> StoreContent<T> {
         table.add_all(indexers, objs);
     }
 
+    /// Takes `key` from `store` if it holds it at `mod_revision`, sharing the object (or the
+    /// compact store's packed bytes) instead of copying it; says whether it did.
+    fn adopt(&mut self, store: &Indexer<T>, key: &str, mod_revision: i64) -> bool {
+        let from = store.read();
+        let Inner {
+            table, indexers, ..
+        } = &mut self.inner;
+        table.adopt(indexers, &*from.table, key, mod_revision)
+    }
+
     /// Makes room for `additional` more objects.
     pub fn reserve(&mut self, additional: usize) {
         self.inner.table.reserve(additional);
@@ -443,6 +453,11 @@ impl<T> Retired<T> {
         self.0.take(key, unpack)
     }
 
+    /// The `mod_revision` of the object under `key`, without decoding it.
+    pub(crate) fn mod_revision(&self, key: &str) -> Option<i64> {
+        self.0.mod_revision(key)
+    }
+
     /// Every object left.
     pub(crate) fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
         self.0.for_each(f)
@@ -478,6 +493,11 @@ impl<T> Txn<'_, T> {
         Retired(self.0.replace(objects))
     }
 
+    /// The object under `key` (decoded again if the store is compact).
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Object<T>>> {
+        self.0.table.get(key)
+    }
+
     /// Every object (decoded again if the store is compact).
     pub(crate) fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
         self.0.table.for_each(f)
@@ -501,6 +521,9 @@ impl<T> Txn<'_, T> {
 impl<T: Send + Sync + 'static> Store<T> for Indexer<T> {
     fn new_content(&self) -> StoreContent<T> {
         Indexer::new_content(self)
+    }
+    fn keep_unchanged(&self, content: &mut StoreContent<T>, key: &str, mod_revision: i64) -> bool {
+        content.adopt(self, key, mod_revision)
     }
     fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>> {
         Indexer::get_by_key(self, key)

@@ -37,6 +37,25 @@ pub trait Store<T>: Send + Sync {
     {
         StoreContent::default()
     }
+    /// Puts the object stored under `key` into `content` if it is at `mod_revision`, and says
+    /// whether it did: a relist keeps what did not change without decoding or copying it. An
+    /// [`Indexer`] shares the stored object with `content` (a compact one, its packed bytes).
+    fn keep_unchanged(&self, content: &mut StoreContent<T>, key: &str, mod_revision: i64) -> bool
+    where
+        T: Send + Sync + 'static,
+    {
+        // The revision first: a compact store would decode the object to tell.
+        if self.mod_revision(key) != Some(mod_revision) {
+            return false;
+        }
+        match self.get_by_key(key) {
+            Some(obj) if obj.mod_revision == mod_revision => {
+                content.add(obj);
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The key of an object in the cache: its key relative to the watched prefix (client-go's

@@ -5,6 +5,7 @@
 //! The items and every index hold the same slot (a pointer hashed and compared by the object's
 //! key), so an object costs one slot per index value and no copy of its key.
 
+use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -41,6 +42,11 @@ pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     fn shared_key(&self, slot: &Self::Slot) -> Arc<str>;
     /// `slot` left the table (its key was deleted or given another slot).
     fn release(&mut self, _slot: &Self::Slot) {}
+    /// A slot of another table of this representation, to be held here too without a copy of
+    /// the object; `None` when it cannot be shared.
+    fn adopt(&mut self, slot: &Self::Slot) -> Option<Self::Slot> {
+        Some(slot.clone())
+    }
     /// Whether the slots hold enough dead bytes to be worth copying into fresh ones.
     fn needs_repack(&self) -> bool {
         false
@@ -142,6 +148,16 @@ pub(super) trait Storage<T>: Send + Sync {
     /// Removes from the items only (for a table being retired), unpacked only if `unpack`:
     /// the removed object's revision, and the object.
     fn take(&mut self, key: &str, unpack: bool) -> Option<(i64, Option<Arc<Object<T>>>)>;
+    /// Takes `key` from `from`, a table of the same representation, if it holds it at
+    /// `mod_revision`: both tables then share the object (a compact table, its packed bytes),
+    /// indexed here by `indexers`. Returns whether it did.
+    fn adopt(
+        &mut self,
+        indexers: &Indexers<T>,
+        from: &dyn Storage<T>,
+        key: &str,
+        mod_revision: i64,
+    ) -> bool;
     /// Builds (or rebuilds) index `name` over every item.
     fn build_index(&mut self, name: &str, func: &IndexFunc<T>);
     /// Whether index `name` exists.
@@ -155,6 +171,7 @@ pub(super) trait Storage<T>: Send + Sync {
     fn empty(&self) -> Box<dyn Storage<T>>;
     fn boxed_clone(&self) -> Box<dyn Storage<T>>;
     fn packed(&self) -> bool;
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// Objects by key and the indexes over them, every one of them holding `R::Slot`s.
@@ -339,6 +356,39 @@ where
         self.repack_if_needed();
     }
 
+    fn adopt(
+        &mut self,
+        indexers: &Indexers<T>,
+        from: &dyn Storage<T>,
+        key: &str,
+        mod_revision: i64,
+    ) -> bool {
+        let Some(from) = from.as_any().downcast_ref::<Self>() else {
+            return false;
+        };
+        let Some(slot) = from.items.get(key) else {
+            return false;
+        };
+        if from.repr.mod_revision(slot) != mod_revision {
+            return false;
+        }
+        // The index values come from the object as reads see it (decoded once here, and
+        // dropped at once, if the table is compact).
+        let values = if indexers.is_empty() {
+            Vec::new()
+        } else {
+            match from.repr.unpack(slot) {
+                Some(obj) => index_values(indexers, &obj),
+                None => return false,
+            }
+        };
+        let Some(slot) = self.repr.adopt(slot) else {
+            return false;
+        };
+        self.insert(indexers, slot, values);
+        true
+    }
+
     fn delete(&mut self, indexers: &Indexers<T>, key: &str) -> Option<Arc<Object<T>>> {
         let slot = self.items.take(key)?;
         let old = self.repr.unpack(&slot);
@@ -429,6 +479,10 @@ where
     fn packed(&self) -> bool {
         self.repr.packed()
     }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 #[cfg(test)]
@@ -491,5 +545,43 @@ mod tests {
             .count();
         assert!(together > 50, "only {together} of 100 share a chunk");
         assert_eq!(table.by_index("parity", "0").len(), 25 + 50);
+    }
+
+    #[test]
+    fn an_unchanged_object_is_adopted_without_a_copy_and_indexed() {
+        let mut indexers: Indexers<u32> = HashMap::new();
+        indexers.insert(
+            "parity".into(),
+            Arc::new(|o: &Object<u32>| vec![(o.value % 2).to_string()]),
+        );
+        let mut live = Table::new(PackedRepr::<u32>::new(Arc::new(Decimal)));
+        live.build_index("parity", &indexers["parity"]);
+        let objs: Vec<_> = (0..10u32)
+            .map(|i| Arc::new(Object::new(format!("ns/k{i}"), 5, i)))
+            .collect();
+        live.add_all(&indexers, &objs);
+        let mut next = live.empty();
+        next.build_index("parity", &indexers["parity"]);
+        assert!(next.adopt(&indexers, &live, "ns/k3", 5));
+        assert!(
+            !next.adopt(&indexers, &live, "ns/k4", 6),
+            "another revision"
+        );
+        assert!(!next.adopt(&indexers, &live, "ns/k99", 5), "not there");
+        let next = next
+            .as_any()
+            .downcast_ref::<Table<u32, PackedRepr<u32>>>()
+            .unwrap();
+        assert!(next
+            .items
+            .get("ns/k3")
+            .unwrap()
+            .same_chunk(live.items.get("ns/k3").unwrap()));
+        assert_eq!(next.len(), 1);
+        assert_eq!(next.get("ns/k3").map(|o| o.value), Some(3));
+        assert_eq!(next.index_keys("parity", "1").len(), 1);
+        // A table of another representation cannot share its slots.
+        let mut shared = Table::new(Shared);
+        assert!(!shared.adopt(&indexers, &live, "ns/k3", 5));
     }
 }

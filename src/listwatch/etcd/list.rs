@@ -133,16 +133,20 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                     return (objects, decoded, undecodable);
                 };
                 let mut objects = Vec::with_capacity(kvs.len());
+                let mut kept = 0;
                 for kv in kvs {
-                    let cached = std::str::from_utf8(relative(&decoder.prefix, &kv.key))
-                        .ok()
-                        .and_then(|key| sink.cached(key, kv.mod_revision));
-                    match cached.or_else(|| decoder.object(&kv).map(Arc::new)) {
-                        Some(obj) => objects.push(obj),
+                    let unchanged = std::str::from_utf8(relative(&decoder.prefix, &kv.key))
+                        .is_ok_and(|key| sink.unchanged(key, kv.mod_revision));
+                    if unchanged {
+                        kept += 1;
+                        continue;
+                    }
+                    match decoder.object(&kv) {
+                        Some(obj) => objects.push(Arc::new(obj)),
                         None => undecodable += 1,
                     }
                 }
-                let decoded = objects.len();
+                let decoded = objects.len() + kept;
                 sink.page(objects);
                 (Vec::new(), decoded, undecodable)
             }));
