@@ -502,8 +502,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_repack_moves_every_slot_of_the_items_and_indexes_to_fresh_chunks() {
+    /// A compact table of numbers, indexed by their parity.
+    fn packed_by_parity() -> (Indexers<u32>, Table<u32, PackedRepr<u32>>) {
         let mut indexers: Indexers<u32> = HashMap::new();
         indexers.insert(
             "parity".into(),
@@ -511,6 +511,12 @@ mod tests {
         );
         let mut table = Table::new(PackedRepr::<u32>::new(Arc::new(Decimal)));
         table.build_index("parity", &indexers["parity"]);
+        (indexers, table)
+    }
+
+    #[test]
+    fn a_repack_moves_every_slot_of_the_items_and_indexes_to_fresh_chunks() {
+        let (indexers, mut table) = packed_by_parity();
         let objs: Vec<_> = (0..200u32)
             .map(|i| Arc::new(Object::new(format!("ns/k{i:03}"), 1, i)))
             .collect();
@@ -549,13 +555,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_object_is_adopted_without_a_copy_and_indexed() {
-        let mut indexers: Indexers<u32> = HashMap::new();
-        indexers.insert(
-            "parity".into(),
-            Arc::new(|o: &Object<u32>| vec![(o.value % 2).to_string()]),
-        );
-        let mut live = Table::new(PackedRepr::<u32>::new(Arc::new(Decimal)));
-        live.build_index("parity", &indexers["parity"]);
+        let (indexers, mut live) = packed_by_parity();
         let objs: Vec<_> = (0..10u32)
             .map(|i| Arc::new(Object::new(format!("ns/k{i}"), 5, i)))
             .collect();
