@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaderKey};
-use tokio::sync::watch;
-use tokio::time::Instant;
-use tracing::Instrument;
 
+use crate::lease::KeptLease;
 use crate::metrics::LeaderMetrics;
 
 /// Why leading failed or ended.
@@ -81,8 +79,9 @@ pub struct LeaderElector {
 /// leadership over at once.
 pub struct Leadership {
     client: Client,
+    election: String,
+    identity: String,
     leader_key: LeaderKey,
-    lost: watch::Receiver<Option<ElectionError>>,
     guard: LeaseGuard,
 }
 
@@ -123,35 +122,28 @@ impl LeaderElector {
     /// renewed and is revoked (best effort, on the current runtime), so a campaign won at that
     /// very moment does not block other candidates for long.
     pub async fn campaign(&self) -> Result<Leadership, ElectionError> {
-        let ttl_secs = self.ttl.as_secs() as i64;
-        let granted_at = Instant::now();
-        let lease = self
-            .client
-            .lease_client()
-            .grant(ttl_secs, None)
-            .await
-            .map_err(self.error("lease grant"))?
-            .id();
-        let (lost_tx, lost) = watch::channel(None);
         let state = Arc::new(LeaderState {
             leading: AtomicBool::new(false),
             metrics: LeaderMetrics::new(&self.election, &self.identity),
         });
-        let span = tracing::info_span!("leader_lease", election = %self.election, identity = %self.identity, lease);
+        let span = tracing::info_span!("leader_lease", election = %self.election, identity = %self.identity);
+        let on_lost = {
+            let state = state.clone();
+            move |_: &str| state.set(false)
+        };
+        let lease = KeptLease::grant(&self.client, self.ttl, span, on_lost)
+            .await
+            .map_err(self.error("lease grant"))?;
+        // Until the campaign is won, dropping this (a cancelled campaign) revokes the lease.
         let mut guard = LeaseGuard {
-            client: self.client.clone(),
-            lease,
-            keeper: tokio::spawn(
-                keep_alive(self.clone(), lease, granted_at, lost_tx, state.clone())
-                    .instrument(span),
-            ),
+            lease: Some(lease),
             revoke_on_drop: true,
             state,
         };
         let campaign = self
             .client
             .election_client()
-            .campaign(self.election.clone(), self.identity.clone(), lease)
+            .campaign(self.election.clone(), self.identity.clone(), guard.id())
             .await;
         let leader_key = match campaign.map(|mut r| r.take_leader()) {
             Ok(Some(key)) => key,
@@ -172,8 +164,9 @@ impl LeaderElector {
         guard.state.set(true);
         Ok(Leadership {
             client: self.client.clone(),
+            election: self.election.clone(),
+            identity: self.identity.clone(),
             leader_key,
-            lost,
             guard,
         })
     }
@@ -194,27 +187,26 @@ impl LeaderState {
     }
 }
 
-/// Owns the lease renewal task: stops it when dropped, and revokes the lease if the campaign
-/// never completed.
+/// Owns the lease: revokes it if the campaign never completed.
 struct LeaseGuard {
-    client: Client,
-    lease: i64,
-    keeper: tokio::task::JoinHandle<()>,
+    /// `None` once resigned.
+    lease: Option<KeptLease>,
     revoke_on_drop: bool,
     state: Arc<LeaderState>,
+}
+
+impl LeaseGuard {
+    fn id(&self) -> i64 {
+        self.lease.as_ref().map_or(0, KeptLease::id)
+    }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.state.set(false);
-        self.keeper.abort();
-        if self.revoke_on_drop {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let mut leases = self.client.lease_client();
-                let lease = self.lease;
-                runtime.spawn(async move {
-                    let _ = leases.revoke(lease).await;
-                });
+        if let Some(lease) = self.lease.take() {
+            if self.revoke_on_drop {
+                lease.revoke_in_background();
             }
         }
     }
@@ -223,35 +215,30 @@ impl Drop for LeaseGuard {
 impl Leadership {
     /// Resolves when leadership is lost, with why.
     pub async fn lost(&self) -> ElectionError {
-        let mut lost = self.lost.clone();
-        loop {
-            if let Some(e) = lost.borrow_and_update().clone() {
-                return e;
-            }
-            if lost.changed().await.is_err() {
-                return ElectionError::Lost {
-                    election: String::from_utf8_lossy(self.leader_key.name()).into_owned(),
-                    identity: String::new(),
-                    why: "the lease keeper stopped".into(),
-                };
-            }
+        let why = match &self.guard.lease {
+            Some(lease) => lease.lost().await,
+            None => "resigned".into(),
+        };
+        ElectionError::Lost {
+            election: self.election.clone(),
+            identity: self.identity.clone(),
+            why,
         }
     }
 
     /// The lease that holds leadership.
     pub fn lease_id(&self) -> i64 {
-        self.guard.lease
+        self.guard.id()
     }
 
     /// Whether leadership is still held.
     pub fn is_leader(&self) -> bool {
-        self.lost.borrow().is_none() && !self.guard.keeper.is_finished()
+        self.guard.lease.as_ref().is_some_and(KeptLease::is_alive)
     }
 
     /// Gives leadership up at once so another candidate can take over.
-    pub async fn resign(self) {
+    pub async fn resign(mut self) {
         self.guard.state.set(false);
-        self.guard.keeper.abort();
         let _ = self
             .client
             .election_client()
@@ -259,90 +246,8 @@ impl Leadership {
                 etcd_client::ResignOptions::new().with_leader(self.leader_key.clone()),
             ))
             .await;
-        let _ = self.client.lease_client().revoke(self.guard.lease).await;
-    }
-}
-
-/// Renews the lease every TTL/3 and reports loss once no renewal has been acknowledged for
-/// TTL*2/3 (measured from when the acknowledged request was *sent*, and checked before every
-/// wait), or as soon as etcd says the lease is gone. The server keeps the lease for a full TTL
-/// after it receives a renewal, so loss is always reported at least TTL/3 before another
-/// candidate can win.
-async fn keep_alive(
-    elector: LeaderElector,
-    lease: i64,
-    granted_at: Instant,
-    lost: watch::Sender<Option<ElectionError>>,
-    state: Arc<LeaderState>,
-) {
-    let ttl = elector.ttl;
-    let period = ttl / 3;
-    let margin = ttl * 2 / 3;
-    let retry = Duration::from_millis(100);
-    let report = |why: String| {
-        state.set(false);
-        tracing::warn!(%why, "leadership lost");
-        let _ = lost.send(Some(ElectionError::Lost {
-            election: elector.election.clone(),
-            identity: elector.identity.clone(),
-            why,
-        }));
-    };
-    let mut last_ok = granted_at;
-    let mut stream = None;
-    loop {
-        let deadline = last_ok + margin;
-        if Instant::now() >= deadline {
-            report(format!(
-                "no lease renewal acknowledged for {:?} (TTL {ttl:?}): etcd unreachable",
-                last_ok.elapsed()
-            ));
-            return;
+        if let Some(lease) = self.guard.lease.take() {
+            let _ = lease.revoke().await;
         }
-        let (keeper, responses) = match stream.as_mut() {
-            Some((keeper, responses)) => (keeper, responses),
-            None => {
-                match tokio::time::timeout_at(
-                    deadline,
-                    elector.client.lease_client().keep_alive(lease),
-                )
-                .await
-                {
-                    Ok(Ok(pair)) => stream = Some(pair),
-                    // The first renewal was answered: the lease is gone, and maybe our key too.
-                    Ok(Err(etcd_client::Error::LeaseKeepAliveError(why)))
-                        if why.contains("not found") =>
-                    {
-                        report(format!("lease {lease} expired or was revoked ({why})"));
-                        return;
-                    }
-                    Ok(Err(_)) => {
-                        tokio::time::sleep_until((Instant::now() + retry).min(deadline)).await
-                    }
-                    Err(_) => {}
-                }
-                continue;
-            }
-        };
-        let sent = Instant::now();
-        let renewed = tokio::time::timeout_at(deadline, async {
-            keeper.keep_alive().await?;
-            responses.message().await
-        })
-        .await;
-        match renewed {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => last_ok = sent,
-            Ok(Ok(Some(_))) => {
-                report(format!("lease {lease} expired or was revoked"));
-                return;
-            }
-            Ok(_) => {
-                stream = None;
-                tokio::time::sleep_until((Instant::now() + retry).min(deadline)).await;
-                continue;
-            }
-            Err(_) => continue,
-        }
-        tokio::time::sleep_until(last_ok + period).await;
     }
 }

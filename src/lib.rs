@@ -78,12 +78,14 @@ pub mod queue;
 pub mod real_fifo;
 pub mod reflector;
 pub mod runner;
+pub mod sharding;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod workqueue;
 
 mod backoff;
+mod lease;
 mod object;
 
 /// Locks `m` even if a panic poisoned it: the data behind the crate's locks stays consistent

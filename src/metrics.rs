@@ -30,6 +30,9 @@
 //! | `etcd_informer_runner_synced` | gauge | `runner` | 1 once every watched informer has synced and workers run, 0 while waiting |
 //! | `etcd_informer_leader_is_leader` | gauge | `election`, `identity` | 1 while this candidate leads |
 //! | `etcd_informer_leader_transitions_total` | counter | `election`, `identity` | this candidate starts or stops leading |
+//! | `etcd_informer_shards_held` | gauge | `runner`, `member` | a sharded runner's replica gains or gives up a shard |
+//! | `etcd_informer_shard_handoffs_total` | counter | `runner`, `member`, `direction` (acquired, released, lost) | a shard changes hands: taken over, handed over after its reconciles ended, or dropped with the lease |
+//! | `etcd_informer_shard_handoff_seconds` | histogram | `runner`, `member`, `direction` (acquired, released) | a shard changes hands: from when this replica was assigned it (acquired) or told to give it up (released) until its owner record says so |
 //!
 //! Work-queue metrics are client-go's (`workqueue_*`), labelled by the queue's name; a
 //! [`Runner`](crate::runner::Runner)'s queue is named after the runner. Handlers are named
@@ -145,6 +148,19 @@ pub fn describe() {
         describe_counter!(
             "etcd_informer_leader_transitions_total",
             "Times this candidate started or stopped leading."
+        );
+        describe_gauge!(
+            "etcd_informer_shards_held",
+            "Shards this replica of a sharded runner holds."
+        );
+        describe_counter!(
+            "etcd_informer_shard_handoffs_total",
+            "Shards acquired, released, or lost with the lease."
+        );
+        describe_histogram!(
+            "etcd_informer_shard_handoff_seconds",
+            Unit::Seconds,
+            "From a shard's assignment (or unassignment) to its owner record saying so."
         );
     }
 }
@@ -426,5 +442,54 @@ impl LeaderMetrics {
     pub(crate) fn transition(&self, leading: bool) {
         self.is_leader.set(if leading { 1.0 } else { 0.0 });
         self.transitions.increment(1);
+    }
+}
+
+/// Which way a shard changed hands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handoff {
+    Acquired,
+    Released,
+    Lost,
+}
+
+/// One replica's shard ownership.
+pub(crate) struct ShardMetrics {
+    held: Gauge,
+    acquired: Counter,
+    released: Counter,
+    lost: Counter,
+    acquire_seconds: Histogram,
+    release_seconds: Histogram,
+}
+
+impl ShardMetrics {
+    pub(crate) fn new(runner: &str, member: &str) -> Self {
+        let _ = (runner, member);
+        ShardMetrics {
+            held: handle!(gauge, "etcd_informer_shards_held", "runner" => runner.to_owned(), "member" => member.to_owned()),
+            acquired: handle!(counter, "etcd_informer_shard_handoffs_total", "runner" => runner.to_owned(), "member" => member.to_owned(), "direction" => "acquired"),
+            released: handle!(counter, "etcd_informer_shard_handoffs_total", "runner" => runner.to_owned(), "member" => member.to_owned(), "direction" => "released"),
+            lost: handle!(counter, "etcd_informer_shard_handoffs_total", "runner" => runner.to_owned(), "member" => member.to_owned(), "direction" => "lost"),
+            acquire_seconds: handle!(histogram, "etcd_informer_shard_handoff_seconds", "runner" => runner.to_owned(), "member" => member.to_owned(), "direction" => "acquired"),
+            release_seconds: handle!(histogram, "etcd_informer_shard_handoff_seconds", "runner" => runner.to_owned(), "member" => member.to_owned(), "direction" => "released"),
+        }
+    }
+
+    /// `shards` shards changed hands this way; `took` is how long the handoff took, if timed.
+    pub(crate) fn handoff(&self, direction: Handoff, shards: u64, took: Option<Duration>) {
+        let (count, seconds) = match direction {
+            Handoff::Acquired => (&self.acquired, Some(&self.acquire_seconds)),
+            Handoff::Released => (&self.released, Some(&self.release_seconds)),
+            Handoff::Lost => (&self.lost, None),
+        };
+        count.increment(shards);
+        if let (Some(seconds), Some(took)) = (seconds, took) {
+            seconds.record(took.as_secs_f64());
+        }
+    }
+
+    pub(crate) fn held(&self, shards: usize) {
+        self.held.set(shards as f64);
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::client::Fence;
 use crate::informer::{
     AbortOnDrop, ConsistencyError, InformerError, ResourceEventHandlerFuncs, SharedIndexInformer,
 };
@@ -69,12 +70,44 @@ type Register =
     Box<dyn Fn(&str, &WorkQueue<String>) -> Result<Registered, InformerError> + Send + Sync>;
 
 /// A reconcile with its types erased.
-type Reconciler = Arc<dyn Fn(Context) -> BoxFuture<'static, Result<Action, String>> + Send + Sync>;
+pub(crate) type Reconciler =
+    Arc<dyn Fn(Context) -> BoxFuture<'static, Result<Action, String>> + Send + Sync>;
+
+/// Whether this process may reconcile a key now, and under which fence: a sharded runner's
+/// shards. `None`: not now (another replica's shard); the key is dropped from the queue, and
+/// whoever holds its shard reconciles it.
+pub(crate) type Admit = Arc<dyn Fn(&str) -> Option<Admitted> + Send + Sync>;
+
+/// Leave to reconcile one key, held for the whole reconcile.
+pub(crate) struct Admitted {
+    pub(crate) fence: Option<Fence>,
+    /// Resolves if the leave is withdrawn mid-reconcile (the lease that backs it was lost):
+    /// the reconcile is then abandoned at its next `.await`.
+    pub(crate) revoked: BoxFuture<'static, ()>,
+    /// Counts the reconcile in until it ends.
+    pub(crate) _in_flight: Box<dyn Send>,
+}
+
+/// Calls its argument with every key one informer's cached objects map to.
+type ForEachKey = Box<dyn Fn(&mut dyn FnMut(String)) + Send + Sync>;
+
+/// Calls `f` with every key the runner's informers would queue for their cached objects.
+pub(crate) struct KeySource(Vec<Arc<Watched>>);
+
+impl KeySource {
+    pub(crate) fn for_each_key(&self, f: &mut dyn FnMut(String)) {
+        for w in &self.0 {
+            (w.keys)(f);
+        }
+    }
+}
 
 /// One watched informer, whatever its object type.
 struct Watched {
     informer: String,
     register: Register,
+    /// Every key its cached objects map to.
+    keys: ForEachKey,
     wait_for: WaitFor,
     /// The revision the informer's cache is at.
     revision: Box<dyn Fn() -> i64 + Send + Sync>,
@@ -133,6 +166,7 @@ pub struct Context {
     key: String,
     runner: Arc<str>,
     retries: u32,
+    fence: Option<Fence>,
     /// Per watched informer, the key's object when the reconcile started.
     objects: Vec<Option<AnyObject>>,
     watched: Arc<[Arc<Watched>]>,
@@ -178,6 +212,13 @@ impl Context {
     /// first attempt).
     pub fn retries(&self) -> u32 {
         self.retries
+    }
+
+    /// The fence to make this reconcile's writes under, when the runner is sharded: the owner
+    /// record of the key's shard (see [`TypedClient::fenced`](crate::client::TypedClient::fenced)).
+    /// `None` for a runner that is not sharded.
+    pub fn fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
     }
 
     /// The key's object in the first watched informer of object type `T` whose cache held the
@@ -256,6 +297,8 @@ pub struct Runner {
     /// The revision of each key's last write, until the informers have applied it.
     written: Arc<Mutex<HashMap<String, i64>>>,
     metrics: Arc<RunnerMetrics>,
+    /// Set by a sharded runner: which keys this replica may reconcile now.
+    pub(crate) admit: Option<Admit>,
 }
 
 impl fmt::Debug for Runner {
@@ -293,6 +336,7 @@ impl Runner {
             reconcile_timeout: None,
             watched: Vec::new(),
             written: Arc::default(),
+            admit: None,
         }
     }
 
@@ -316,6 +360,8 @@ impl Runner {
         let registrar = informer.clone();
         let lister = informer.lister();
         let getter = informer.lister();
+        let all = informer.lister();
+        let keys_of = map.clone();
         let register: Register = Box::new(move |runner, queue| {
             let (q1, q2, q3) = (queue.clone(), queue.clone(), queue.clone());
             let (m1, m2, m3) = (map.clone(), map.clone(), map.clone());
@@ -340,6 +386,11 @@ impl Runner {
             wait_for: Box::new(move |revision, timeout| {
                 let informer = waiter.clone();
                 Box::pin(async move { informer.wait_for_revision(revision, timeout).await })
+            }),
+            keys: Box::new(move |f| {
+                for o in all.list() {
+                    keys_of(&o).into_iter().for_each(&mut *f);
+                }
             }),
             revision: Box::new(move || at.revision()),
             get: Box::new(move |key| getter.get(key).map(|o| o as AnyObject)),
@@ -453,14 +504,23 @@ impl Runner {
         }
     }
 
+    /// The keys of every object cached by the watched informers.
+    pub(crate) fn key_source(&self) -> KeySource {
+        KeySource(self.watched.clone())
+    }
+
     /// Starts over with a new queue if the last run shut it down.
-    fn renew_queue(&mut self) {
+    pub(crate) fn renew_queue(&mut self) {
         if self.queue.is_shutting_down() {
             self.queue = new_queue(&self.name, &self.limiter);
         }
     }
 
-    async fn run_erased(&mut self, reconcile: Reconciler, shutdown: impl Future<Output = ()>) {
+    pub(crate) async fn run_erased(
+        &mut self,
+        reconcile: Reconciler,
+        shutdown: impl Future<Output = ()>,
+    ) {
         let span = tracing::info_span!("runner", name = %self.name);
         self.renew_queue();
         let this = &*self;
@@ -481,6 +541,7 @@ impl Runner {
                 prune_written_at: Mutex::new(PRUNE_WRITTEN),
                 timeout: this.reconcile_timeout,
                 metrics: this.metrics.clone(),
+                admit: this.admit.clone(),
             });
             let tasks: Vec<_> = (0..this.workers)
                 .map(|id| {
@@ -554,7 +615,7 @@ fn new_queue(name: &str, limiter: &Arc<dyn RateLimiter<String>>) -> WorkQueue<St
     )
 }
 
-fn erase<F, Fut, E>(reconcile: F) -> Reconciler
+pub(crate) fn erase<F, Fut, E>(reconcile: F) -> Reconciler
 where
     F: Fn(Context) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -586,6 +647,7 @@ struct Workers {
     prune_written_at: Mutex<usize>,
     timeout: Option<Duration>,
     metrics: Arc<RunnerMetrics>,
+    admit: Option<Admit>,
 }
 
 /// The fewest write records kept before those applied everywhere are pruned.
@@ -596,6 +658,8 @@ enum Outcome {
     Finished(Result<Action, String>),
     Panicked(String),
     TimedOut(Duration),
+    /// The leave to reconcile was withdrawn: another replica may own the key now.
+    Revoked,
 }
 
 impl Workers {
@@ -608,26 +672,46 @@ impl Workers {
                 queue.done(&key);
                 break;
             }
+            let admitted = match &self.admit {
+                None => None,
+                Some(admit) => match admit(&key) {
+                    Some(admitted) => Some(admitted),
+                    None => {
+                        queue.forget(&key);
+                        queue.done(&key);
+                        continue;
+                    }
+                },
+            };
             if let Err(e) = self.read_your_writes(&key).await {
                 tracing::warn!(%key, error = %e, "the cache has not caught up with this key's last write; backing off");
                 queue.add_rate_limited(key.clone());
                 queue.done(&key);
                 continue;
             }
-            self.reconcile(&key).await;
+            self.reconcile(&key, admitted).await;
             queue.done(&key);
         }
     }
 
     /// Reconciles one key, isolated: a panic or a timeout is one failed attempt of that key.
-    async fn reconcile(&self, key: &str) {
+    async fn reconcile(&self, key: &str, admitted: Option<Admitted>) {
         let queue = &self.queue;
         let key = key.to_owned();
         let retries = queue.num_requeues(&key);
+        let (fence, revoked, _in_flight) = match admitted {
+            Some(a) => (a.fence, a.revoked, Some(a._in_flight)),
+            None => (
+                None,
+                Box::pin(std::future::pending()) as BoxFuture<'static, ()>,
+                None,
+            ),
+        };
         let ctx = Context {
             key: key.clone(),
             runner: self.runner.clone(),
             retries,
+            fence,
             objects: self.watched.iter().map(|w| (w.get)(&key)).collect(),
             watched: self.watched.clone(),
         };
@@ -635,16 +719,22 @@ impl Workers {
         // The call itself runs inside the guard too: a reconcile can panic before its future.
         let attempt = CatchUnwind(Box::pin(async move { reconcile(ctx).await }));
         let started = Instant::now();
-        let outcome = match self.timeout {
-            Some(timeout) => match tokio::time::timeout(timeout, attempt).await {
-                Ok(Ok(result)) => Outcome::Finished(result),
-                Ok(Err(panic)) => Outcome::Panicked(panic_message(&*panic)),
-                Err(_) => Outcome::TimedOut(timeout),
-            },
-            None => match attempt.await {
-                Ok(result) => Outcome::Finished(result),
-                Err(panic) => Outcome::Panicked(panic_message(&*panic)),
-            },
+        let attempt = async {
+            match self.timeout {
+                Some(timeout) => match tokio::time::timeout(timeout, attempt).await {
+                    Ok(Ok(result)) => Outcome::Finished(result),
+                    Ok(Err(panic)) => Outcome::Panicked(panic_message(&*panic)),
+                    Err(_) => Outcome::TimedOut(timeout),
+                },
+                None => match attempt.await {
+                    Ok(result) => Outcome::Finished(result),
+                    Err(panic) => Outcome::Panicked(panic_message(&*panic)),
+                },
+            }
+        };
+        let outcome = tokio::select! {
+            outcome = attempt => outcome,
+            () = revoked => Outcome::Revoked,
         };
         let result = match outcome {
             Outcome::Finished(Ok(action)) => {
@@ -670,6 +760,11 @@ impl Workers {
                 tracing::error!(%key, ?timeout, retries, "reconcile timed out and was cancelled; backing off");
                 queue.add_rate_limited(key);
                 ReconcileResult::Timeout
+            }
+            Outcome::Revoked => {
+                tracing::warn!(%key, "reconcile abandoned: this replica lost the key's shard");
+                queue.forget(&key);
+                return;
             }
         };
         self.metrics.reconciled(result, started.elapsed());
@@ -740,6 +835,7 @@ mod tests {
             prune_written_at: Mutex::new(PRUNE_WRITTEN),
             timeout: None,
             metrics: runner.metrics.clone(),
+            admit: None,
         };
         // 10,000 keys, each written once at a revision the cache then reaches.
         for i in 0..10_000 {

@@ -185,6 +185,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod binary;
 mod cluster;
 mod member;
+mod proxy;
 mod server;
 mod shared;
 mod spawn;
@@ -192,5 +193,6 @@ mod spawn;
 pub use binary::{find_etcd_binary, resolve_etcd_binary};
 pub use cluster::EtcdCluster;
 pub use member::EtcdMember;
+pub use proxy::TcpProxy;
 pub use server::EtcdServer;
 pub use shared::{test_etcd, test_etcd_with_env, unique_prefix, TestEtcd};

@@ -1,0 +1,252 @@
+//! The shards this replica holds, as its workers see them: a reconcile starts only in a shard
+//! that is held and not being handed over, and is counted until it ends, so that a shard is
+//! released only once its reconciles have ended.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::assignment::{shard_of, ShardBy};
+use crate::client::Fence;
+use crate::lock;
+use crate::runner::Admitted;
+
+/// One held shard.
+#[derive(Debug)]
+struct Held {
+    /// Tells this holding from an earlier one of the same shard.
+    id: u64,
+    /// The owner record's key and `mod_revision`: the shard's fence.
+    fence: Fence,
+    /// Being handed over: no reconcile starts in it any more.
+    releasing: Option<Instant>,
+    in_flight: usize,
+}
+
+/// The shards held and their reconciles in flight.
+///
+/// Invariant: a reconcile runs only under an [`Admitted`] taken while its shard was held and
+/// not releasing, and is counted in `in_flight` until it ends; [`ShardTable::released`] hands
+/// a shard back only when none is counted. [`ShardTable::drop_all`] (the lease is lost) drops
+/// every shard at once and withdraws the leave of the reconciles in flight.
+pub(crate) struct ShardTable {
+    shards: u32,
+    shard_by: ShardBy,
+    state: Mutex<State>,
+    /// A releasing shard's last reconcile ended.
+    quiet: Notify,
+    /// Bumped by `drop_all`: the leave given before is withdrawn.
+    epoch: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    held: BTreeMap<u32, Held>,
+    next_id: u64,
+}
+
+impl ShardTable {
+    pub(crate) fn new(shards: u32, shard_by: ShardBy) -> Arc<Self> {
+        Arc::new(ShardTable {
+            shards,
+            shard_by,
+            state: Mutex::default(),
+            quiet: Notify::new(),
+            epoch: watch::Sender::new(0),
+        })
+    }
+
+    pub(crate) fn shard_of(&self, key: &str) -> u32 {
+        shard_of(&self.shard_by, key, self.shards)
+    }
+
+    /// Leave to reconcile `key` now, if its shard is held and not being handed over.
+    pub(crate) fn admit(self: &Arc<Self>, key: &str) -> Option<Admitted> {
+        let shard = self.shard_of(key);
+        let mut state = lock(&self.state);
+        let held = state.held.get_mut(&shard)?;
+        if held.releasing.is_some() {
+            return None;
+        }
+        held.in_flight += 1;
+        let fence = held.fence.clone();
+        let id = held.id;
+        drop(state);
+        let mut epoch = self.epoch.subscribe();
+        let given = *epoch.borrow_and_update();
+        Some(Admitted {
+            fence: Some(fence),
+            revoked: Box::pin(async move {
+                let _ = epoch.wait_for(|e| *e != given).await;
+            }),
+            _in_flight: Box::new(InFlight {
+                table: self.clone(),
+                shard,
+                id,
+            }),
+        })
+    }
+
+    /// Records a shard acquired under its owner record's `fence`.
+    pub(crate) fn insert(&self, shard: u32, fence: Fence) {
+        let mut state = lock(&self.state);
+        state.next_id += 1;
+        let id = state.next_id;
+        state.held.insert(
+            shard,
+            Held {
+                id,
+                fence,
+                releasing: None,
+                in_flight: 0,
+            },
+        );
+    }
+
+    /// Whether `shard` is held (releasing or not).
+    pub(crate) fn holds(&self, shard: u32) -> bool {
+        lock(&self.state).held.contains_key(&shard)
+    }
+
+    /// Starts handing `shard` over: no reconcile starts in it from now on. Returns whether it
+    /// was held and not releasing yet.
+    pub(crate) fn begin_release(&self, shard: u32) -> bool {
+        let mut state = lock(&self.state);
+        match state.held.get_mut(&shard) {
+            Some(held) if held.releasing.is_none() => {
+                held.releasing = Some(Instant::now());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The releasing shards whose reconciles have all ended, with their fences and when their
+    /// release began.
+    pub(crate) fn released(&self) -> Vec<(u32, Fence, Instant)> {
+        lock(&self.state)
+            .held
+            .iter()
+            .filter_map(|(shard, held)| match held.releasing {
+                Some(since) if held.in_flight == 0 => Some((*shard, held.fence.clone(), since)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Forgets `shard` (its owner record is gone).
+    pub(crate) fn remove(&self, shard: u32) {
+        lock(&self.state).held.remove(&shard);
+    }
+
+    /// The lease is lost: every shard is dropped at once, and reconciles in flight are
+    /// abandoned. Returns how many shards were held.
+    pub(crate) fn drop_all(&self) -> usize {
+        let dropped = std::mem::take(&mut lock(&self.state).held).len();
+        self.epoch.send_modify(|e| *e += 1);
+        dropped
+    }
+
+    /// The shards held (releasing or not), and those releasing.
+    pub(crate) fn held(&self) -> (Vec<u32>, Vec<u32>) {
+        let state = lock(&self.state);
+        let held = state.held.keys().copied().collect();
+        let releasing = state
+            .held
+            .iter()
+            .filter(|(_, h)| h.releasing.is_some())
+            .map(|(s, _)| *s)
+            .collect();
+        (held, releasing)
+    }
+
+    /// Resolves after a releasing shard's last reconcile ended (maybe before this was called:
+    /// callers look at [`released`](Self::released) again after it).
+    pub(crate) async fn quiet(&self) {
+        self.quiet.notified().await
+    }
+}
+
+/// Counts one reconcile in its shard until dropped.
+struct InFlight {
+    table: Arc<ShardTable>,
+    shard: u32,
+    id: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = lock(&self.table.state);
+        if let Some(held) = state.held.get_mut(&self.shard) {
+            if held.id == self.id {
+                held.in_flight -= 1;
+                if held.in_flight == 0 && held.releasing.is_some() {
+                    drop(state);
+                    self.table.quiet.notify_one();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sharding::assignment::whole_key;
+
+    fn table() -> Arc<ShardTable> {
+        ShardTable::new(4, Arc::new(whole_key))
+    }
+
+    fn key_in(table: &ShardTable, shard: u32) -> String {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| table.shard_of(k) == shard)
+            .expect("some key falls in every shard")
+    }
+
+    #[tokio::test]
+    async fn a_shard_is_released_only_once_its_reconciles_have_ended() {
+        let table = table();
+        let key = key_in(&table, 1);
+        assert!(table.admit(&key).is_none(), "not held yet");
+        table.insert(1, Fence::new("/s/0001", 7));
+        let first = table.admit(&key).expect("held");
+        assert_eq!(first.fence, Some(Fence::new("/s/0001", 7)));
+        assert!(table.begin_release(1));
+        assert!(
+            table.admit(&key).is_none(),
+            "no reconcile starts while releasing"
+        );
+        assert!(table.released().is_empty(), "one reconcile still runs");
+        drop(first);
+        let released = table.released();
+        assert_eq!(released.len(), 1);
+        assert_eq!(released[0].0, 1);
+        table.remove(1);
+        assert!(!table.holds(1));
+    }
+
+    #[tokio::test]
+    async fn losing_the_lease_withdraws_the_leave_of_reconciles_in_flight() {
+        let table = table();
+        let key = key_in(&table, 2);
+        table.insert(2, Fence::new("/s/0002", 9));
+        let admitted = table.admit(&key).expect("held");
+        assert_eq!(table.drop_all(), 1);
+        tokio::time::timeout(std::time::Duration::from_secs(1), admitted.revoked)
+            .await
+            .expect("the leave is withdrawn");
+        assert!(table.admit(&key).is_none());
+        // A reconcile of an earlier holding ending later does not count against a new one.
+        table.insert(2, Fence::new("/s/0002", 12));
+        drop(admitted._in_flight);
+        let again = table.admit(&key).expect("held again");
+        assert!(table.begin_release(2));
+        assert!(table.released().is_empty());
+        drop(again);
+        assert_eq!(table.released().len(), 1);
+    }
+}

@@ -1,0 +1,526 @@
+//! Sharded runners against real etcd: three replicas (and more joining and leaving) share
+//! 1,000 keys; every change is reconciled by exactly one replica, never by two at once, and a
+//! replica that crashes, loses its lease or is cut off has its keys taken over.
+#![cfg(feature = "testing")]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{eventually, put_accepted};
+use etcd_client::Client;
+use etcd_informer::client::{Fence, TypedClient, WriteError};
+use etcd_informer::runner::{Action, Context, Runner};
+use etcd_informer::sharding::{ShardHandle, ShardedRunner};
+use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer, TcpProxy};
+use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(3);
+const SHARDS: u32 = 64;
+
+/// What every replica's reconciles did, checked across replicas.
+#[derive(Default)]
+struct Recorder {
+    /// Key -> the replica reconciling it now.
+    in_flight: Mutex<HashMap<String, String>>,
+    /// Two replicas (or two workers) reconciling one key at once.
+    overlaps: Mutex<Vec<String>>,
+    /// (key, revision) -> the replicas that reconciled that revision.
+    reconciled: Mutex<HashMap<(String, i64), Vec<String>>>,
+    /// Fenced writes refused.
+    fenced: Mutex<Vec<String>>,
+    /// The last fence each replica wrote under.
+    fences: Mutex<HashMap<String, Fence>>,
+    /// When each replica last began a reconcile.
+    last_begin: Mutex<HashMap<String, Instant>>,
+}
+
+impl Recorder {
+    fn begin(&self, key: &str, replica: &str) {
+        let mut in_flight = self.in_flight.lock().unwrap();
+        if let Some(other) = in_flight.insert(key.to_owned(), replica.to_owned()) {
+            self.overlaps.lock().unwrap().push(format!(
+                "{key}: {replica} began while {other} reconciled it"
+            ));
+        }
+        self.last_begin
+            .lock()
+            .unwrap()
+            .insert(replica.to_owned(), Instant::now());
+    }
+
+    /// Records a finished reconcile; the key leaves `in_flight` when its [`InFlight`] drops.
+    fn end(&self, key: &str, replica: &str, revision: Option<i64>) {
+        if let Some(revision) = revision {
+            self.reconciled
+                .lock()
+                .unwrap()
+                .entry((key.to_owned(), revision))
+                .or_default()
+                .push(replica.to_owned());
+        }
+    }
+
+    /// The replicas that reconciled `key` at `revision` or later.
+    fn reconciled_since(&self, key: &str, revision: i64) -> Vec<String> {
+        let reconciled = self.reconciled.lock().unwrap();
+        reconciled
+            .iter()
+            .filter(|((k, r), _)| k == key && *r >= revision)
+            .flat_map(|(_, who)| who.clone())
+            .collect()
+    }
+
+    fn all_reconciled(&self, written: &BTreeMap<String, i64>) -> bool {
+        let reconciled = self.reconciled.lock().unwrap();
+        written
+            .iter()
+            .all(|(k, r)| reconciled.contains_key(&(k.clone(), *r)))
+    }
+
+    fn assert_clean(&self) {
+        let overlaps = self.overlaps.lock().unwrap();
+        assert!(overlaps.is_empty(), "concurrent reconciles: {overlaps:?}");
+        let fenced = self.fenced.lock().unwrap();
+        assert!(fenced.is_empty(), "fenced writes refused: {fenced:?}");
+    }
+}
+
+/// A reconcile in flight, until dropped: ended, or abandoned (cancelled) with its replica.
+struct InFlight {
+    recorder: Arc<Recorder>,
+    key: String,
+    replica: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut in_flight = self.recorder.in_flight.lock().unwrap();
+        if in_flight.get(&self.key) == Some(&self.replica) {
+            in_flight.remove(&self.key);
+        }
+    }
+}
+
+/// One test's keys and records.
+struct Fleet {
+    endpoints: Vec<String>,
+    jobs: String,
+    done: String,
+    records: String,
+    recorder: Arc<Recorder>,
+}
+
+/// One running replica.
+struct Replica {
+    name: String,
+    handle: ShardHandle,
+    informer: SharedIndexInformer<String>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    /// Stops like SIGINT: hands its shards over, then leaves.
+    async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
+            .await
+            .expect("a replica stops within 20 s")
+            .expect("the replica's task");
+        self.informer.stop();
+    }
+
+    /// Dies without a word: its records stay until its lease expires.
+    fn crash(self) {
+        self.task.abort();
+        self.informer.stop();
+    }
+
+    fn held(&self) -> usize {
+        self.handle.health().held.len()
+    }
+}
+
+impl Fleet {
+    async fn new(test: &str) -> Fleet {
+        let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+        let base = unique_prefix(test);
+        Fleet {
+            endpoints: etcd.endpoints.clone(),
+            jobs: format!("{base}jobs/"),
+            done: format!("{base}done/"),
+            records: format!("{base}sharding/"),
+            recorder: Arc::default(),
+        }
+    }
+
+    async fn client(&self) -> Client {
+        connect(&self.endpoints).await.expect("connect to etcd")
+    }
+
+    async fn start(&self, name: &str) -> Replica {
+        let client = self.client().await;
+        self.start_with(name, client).await
+    }
+
+    /// A replica whose every request goes through `client`.
+    async fn start_with(&self, name: &str, client: Client) -> Replica {
+        let lw = EtcdListerWatcher::new(client.clone(), self.jobs.clone(), TextCodec).unwrap();
+        let informer = SharedIndexInformer::new(lw, Default::default());
+        tokio::spawn(informer.clone().run());
+        let runner = Runner::new("jobs").watch(&informer).workers(4);
+        let sharded = ShardedRunner::new(runner, client.clone(), name)
+            .shards(SHARDS)
+            .lease_ttl(TTL)
+            .records_prefix(self.records.clone());
+        let handle = sharded.handle();
+        let done = TypedClient::new(client, self.done.clone(), TextCodec).unwrap();
+        let (recorder, me) = (self.recorder.clone(), name.to_owned());
+        let reconcile = move |ctx: Context| {
+            let (recorder, me, done) = (recorder.clone(), me.clone(), done.clone());
+            async move {
+                recorder.begin(ctx.key(), &me);
+                let _in_flight = InFlight {
+                    recorder: recorder.clone(),
+                    key: ctx.key().to_owned(),
+                    replica: me.clone(),
+                };
+                let revision = ctx.object::<String>().map(|o| o.mod_revision);
+                let fence = ctx
+                    .fence()
+                    .cloned()
+                    .expect("a sharded reconcile has a fence");
+                recorder
+                    .fences
+                    .lock()
+                    .unwrap()
+                    .insert(me.clone(), fence.clone());
+                // Widen the window in which two replicas could overlap.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let written = match revision {
+                    Some(rev) => done
+                        .fenced(fence)
+                        .put(ctx.key(), &format!("{me} {rev}"))
+                        .await
+                        .map(drop),
+                    None => Ok(()),
+                };
+                let result = match written {
+                    Err(e @ WriteError::Fenced { .. }) => {
+                        recorder.fenced.lock().unwrap().push(format!("{me}: {e}"));
+                        Ok(Action::Done)
+                    }
+                    Err(e) => Err(e.to_string()),
+                    Ok(()) => Ok(Action::Done),
+                };
+                recorder.end(ctx.key(), &me, result.is_ok().then_some(revision).flatten());
+                result
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(sharded.run_with_context(reconcile, async {
+            let _ = rx.await;
+        }));
+        Replica {
+            name: name.to_owned(),
+            handle,
+            informer,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
+    /// Writes `n` jobs (all of them again if they exist); returns each key's revision.
+    async fn write_jobs(&self, client: &Client, n: usize, round: usize) -> BTreeMap<String, i64> {
+        let mut written = BTreeMap::new();
+        let mut kv = client.kv_client();
+        for i in 0..n {
+            let key = format!("job-{i:04}");
+            let resp = kv
+                .put(
+                    format!("{}{key}", self.jobs),
+                    format!("round {round}"),
+                    None,
+                )
+                .await
+                .expect("put a job");
+            written.insert(key, resp.header().unwrap().revision());
+        }
+        written
+    }
+
+    /// Waits until every written revision has been reconciled.
+    async fn reconciled(&self, written: &BTreeMap<String, i64>, within: Duration) -> Duration {
+        let recorder = self.recorder.clone();
+        eventually("every change reconciled", within, || {
+            recorder.all_reconciled(written)
+        })
+        .await
+    }
+}
+
+/// Waits until the replicas hold every shard between them, none handing one over.
+async fn settled(replicas: &[&Replica]) -> Duration {
+    eventually(
+        "the replicas hold every shard, none handing over",
+        Duration::from_secs(30),
+        || {
+            let healths: Vec<_> = replicas.iter().map(|r| r.handle.health()).collect();
+            let held: usize = healths.iter().map(|h| h.held.len()).sum();
+            held == SHARDS as usize
+                && healths
+                    .iter()
+                    .all(|h| h.releasing.is_empty() && !h.held.is_empty())
+                && healths.iter().all(|h| h.members.len() == replicas.len())
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_the_keys_and_each_change_is_reconciled_by_exactly_one() {
+    let fleet = Fleet::new("sharding_exactly_one").await;
+    let writer = fleet.client().await;
+    let replicas = [
+        fleet.start("r0").await,
+        fleet.start("r1").await,
+        fleet.start("r2").await,
+    ];
+    let took = settled(&replicas.iter().collect::<Vec<_>>()).await;
+    println!("three replicas settled in {took:?}");
+    for r in &replicas {
+        let share = r.held() as f64 / f64::from(SHARDS);
+        println!("{} holds {} shards", r.name, r.held());
+        assert!(
+            (0.2..=0.5).contains(&share),
+            "{} holds {:.0}% of the shards",
+            r.name,
+            share * 100.0
+        );
+    }
+    for round in 0..2 {
+        let written = fleet.write_jobs(&writer, 1000, round).await;
+        let took = fleet.reconciled(&written, Duration::from_secs(60)).await;
+        println!("round {round}: 1000 changes reconciled in {took:?}");
+        let reconciled = fleet.recorder.reconciled.lock().unwrap();
+        for (key, revision) in &written {
+            let who: HashSet<_> = reconciled[&(key.clone(), *revision)].iter().collect();
+            assert_eq!(who.len(), 1, "{key}@{revision} reconciled by {who:?}");
+        }
+    }
+    fleet.recorder.assert_clean();
+    for r in replicas {
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_or_revoked_replica_has_its_keys_reconciled_by_the_others_within_ttl_plus_2s() {
+    let fleet = Fleet::new("sharding_crash").await;
+    let writer = fleet.client().await;
+    let [r0, r1, r2] = [
+        fleet.start("r0").await,
+        fleet.start("r1").await,
+        fleet.start("r2").await,
+    ];
+    settled(&[&r0, &r1, &r2]).await;
+    let written = fleet.write_jobs(&writer, 1000, 0).await;
+    fleet.reconciled(&written, Duration::from_secs(60)).await;
+
+    // A crash: the process dies, its records stay until its lease expires.
+    let crashed_at = Instant::now();
+    r2.crash();
+    let written = fleet.write_jobs(&writer, 1000, 1).await;
+    fleet
+        .reconciled(&written, TTL + Duration::from_secs(2))
+        .await;
+    let took = crashed_at.elapsed();
+    println!("crash: every key reconciled by the others {took:?} after the crash");
+    assert!(took <= TTL + Duration::from_secs(2), "{took:?}");
+
+    // A revoked lease: etcd deletes r1's records at once, and r0 may take its shards before r1
+    // hears of it (its records informer or its next renewal): the one case where a key can be
+    // reconciled twice at once, and why writes are fenced. r1's writes made after the revoke
+    // are refused; r1 drops its shards, and joins again.
+    settled(&[&r0, &r1]).await;
+    fleet.recorder.assert_clean();
+    let lease = r1.handle.health().lease.expect("r1 holds a lease");
+    writer.lease_client().revoke(lease).await.expect("revoke");
+    let revoked_at = Instant::now();
+    let written = fleet.write_jobs(&writer, 1000, 2).await;
+    fleet
+        .reconciled(&written, TTL + Duration::from_secs(2))
+        .await;
+    let took = revoked_at.elapsed();
+    println!("revoked lease: every key reconciled {took:?} after the revoke");
+    eventually("r1 joined again", Duration::from_secs(15), || {
+        let health = r1.handle.health();
+        health.leases_lost == 1 && health.lease.is_some_and(|l| l != lease)
+    })
+    .await;
+    settled(&[&r0, &r1]).await;
+    let overlaps = fleet.recorder.overlaps.lock().unwrap().clone();
+    let fenced = fleet.recorder.fenced.lock().unwrap().clone();
+    println!(
+        "revoked lease: {} reconciles overlapped r1's last ones, {} of r1's writes fenced off",
+        overlaps.len(),
+        fenced.len()
+    );
+    assert!(
+        overlaps
+            .iter()
+            .all(|o| o.ends_with("while r1 reconciled it")),
+        "only r1's reconciles in flight at the revoke may overlap: {overlaps:?}"
+    );
+    assert!(
+        fenced.iter().all(|f| f.starts_with("r1:")),
+        "only r1's writes may be fenced off: {fenced:?}"
+    );
+    r0.stop().await;
+    r1.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_membership_changes_under_writes_never_reconcile_a_key_twice_at_once() {
+    let fleet = Arc::new(Fleet::new("sharding_churn").await);
+    let writer = fleet.client().await;
+    let base = [
+        fleet.start("r0").await,
+        fleet.start("r1").await,
+        fleet.start("r2").await,
+    ];
+    settled(&base.iter().collect::<Vec<_>>()).await;
+    let mut written = fleet.write_jobs(&writer, 1000, 0).await;
+
+    // A writer changes jobs all along.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let (fleet, writer, stop) = (fleet.clone(), writer.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = BTreeMap::new();
+            let mut kv = writer.kv_client();
+            let mut i = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("job-{:04}", (i * 37) % 1000);
+                let resp = kv
+                    .put(format!("{}{key}", fleet.jobs), format!("churn {i}"), None)
+                    .await
+                    .expect("put a job");
+                last.insert(key, resp.header().unwrap().revision());
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            last
+        })
+    };
+
+    let mut changes = 0;
+    let mut crashes = 0;
+    let mut n = 3;
+    while changes < 20 {
+        let joiner = fleet.start(&format!("r{n}")).await;
+        n += 1;
+        changes += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if changes % 6 == 5 {
+            joiner.crash();
+            crashes += 1;
+        } else {
+            joiner.stop().await;
+        }
+        changes += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    written.extend(background.await.unwrap());
+    // Crashed replicas' shards come back after their lease TTL.
+    settled(&base.iter().collect::<Vec<_>>()).await;
+    let took = fleet.reconciled(&written, Duration::from_secs(60)).await;
+    println!("{changes} membership changes ({crashes} crashes); the last changes reconciled {took:?} after the base replicas settled");
+    fleet.recorder.assert_clean();
+    for r in base {
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_replica_stops_before_its_lease_expires_and_its_fenced_writes_fail() {
+    // Its own etcd: the proxy's held connections must not outlive the test's server.
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let fleet = Fleet {
+        endpoints: server.endpoints(),
+        ..Fleet::new("sharding_partition").await
+    };
+    let writer = fleet.client().await;
+    let proxy = TcpProxy::start(&server.endpoint()).await.expect("proxy");
+    let cut_off = connect([proxy.endpoint()])
+        .await
+        .expect("connect via the proxy");
+    let r0 = fleet.start("r0").await;
+    let r1 = fleet.start("r1").await;
+    let r2 = fleet.start_with("r2", cut_off).await;
+    settled(&[&r0, &r1, &r2]).await;
+    let written = fleet.write_jobs(&writer, 1000, 0).await;
+    fleet.reconciled(&written, Duration::from_secs(60)).await;
+    let fence = fleet.recorder.fences.lock().unwrap()["r2"].clone();
+
+    proxy.cut();
+    let cut_at = Instant::now();
+    let stopped = eventually("r2 drops its shards", TTL, || {
+        let health = r2.handle.health();
+        !health.lease_alive && health.held.is_empty()
+    })
+    .await;
+    println!("r2 stopped reconciling {stopped:?} after the cut (TTL {TTL:?})");
+    assert!(stopped < TTL, "r2 must stop before its lease can expire");
+    if let Some(last) = fleet.recorder.last_begin.lock().unwrap().get("r2") {
+        assert!(
+            last.saturating_duration_since(cut_at) < stopped,
+            "r2 began a reconcile after it dropped its shards"
+        );
+    }
+
+    let written = fleet.write_jobs(&writer, 1000, 1).await;
+    fleet
+        .reconciled(&written, TTL + Duration::from_secs(2))
+        .await;
+    for (key, revision) in &written {
+        let who = fleet.recorder.reconciled_since(key, *revision);
+        assert!(!who.contains(&"r2".to_owned()), "{key} reconciled by r2");
+    }
+    // r2's fence is gone with its lease: a write made under it fails, wherever it comes from.
+    let done = TypedClient::new(writer.clone(), fleet.done.clone(), TextCodec).unwrap();
+    let late = done
+        .fenced(fence)
+        .put("job-0000", &"r2 late".to_string())
+        .await
+        .unwrap_err();
+    assert!(late.is_fenced(), "{late}");
+
+    proxy.heal();
+    eventually(
+        "r2 joins again and takes its share",
+        Duration::from_secs(30),
+        || r2.handle.health().held.len() >= (SHARDS as usize) / 5,
+    )
+    .await;
+    settled(&[&r0, &r1, &r2]).await;
+    put_accepted(
+        &writer,
+        &format!("{}job-0001", fleet.jobs),
+        "after",
+        Duration::from_secs(10),
+    )
+    .await;
+    fleet.recorder.assert_clean();
+    for r in [r0, r1, r2] {
+        r.stop().await;
+    }
+}
