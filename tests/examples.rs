@@ -602,3 +602,142 @@ fn chaos_example_runs_a_quick_round_of_every_fault() {
     let status = ex.exit_status(Duration::from_secs(30));
     assert!(status.success(), "chaos exited with {status}");
 }
+
+/// The owner of every shard under the sharded example's records, by the owner records.
+async fn shard_owners(client: &etcd_client::Client, records: &str) -> Vec<String> {
+    let resp = client
+        .kv_client()
+        .get(
+            format!("{records}shards/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("read the shard records");
+    resp.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .collect()
+}
+
+/// Reads `reconciled K by NAME at REV` lines from `examples` until every job in `expected`
+/// (job -> revision) has been reconciled at that revision; returns job -> the replicas that
+/// reconciled that revision.
+fn reconciled_lines(
+    examples: &[&Example],
+    expected: &std::collections::BTreeMap<String, i64>,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while expected.keys().any(|k| !seen.contains_key(k)) {
+        assert!(
+            Instant::now() < deadline,
+            "not every job was reconciled; seen {seen:?}"
+        );
+        let mut quiet = true;
+        for ex in examples {
+            while let Ok(line) = ex.lines.try_recv() {
+                quiet = false;
+                let words: Vec<&str> = line.split(' ').collect();
+                let ["reconciled", job, "by", name, "at", rev] = words[..] else {
+                    panic!("unexpected line {line:?}");
+                };
+                if expected.get(job) == Some(&rev.parse().expect("a revision")) {
+                    seen.entry(job.to_owned()).or_default().push(name.to_owned());
+                }
+            }
+        }
+        if quiet {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_controller_example_shares_jobs_among_three_processes() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let base = unique_prefix("example_sharded");
+    let jobs = format!("{base}jobs/");
+    let records = format!("{base}sharding/jobs/");
+    let replicas: Vec<Example> = ["a", "b", "c"]
+        .iter()
+        .map(|name| {
+            Example::start(
+                "sharded_controller",
+                &etcd.endpoints,
+                &["--name", name, "--prefix", &jobs, "--lease-ttl", "2"],
+            )
+        })
+        .collect();
+    // Every shard owned, by all three, before the jobs arrive: then no handoff is under way.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let owners = shard_owners(&client, &records).await;
+        let distinct: std::collections::BTreeSet<_> = owners.iter().collect();
+        if owners.len() == 64 && distinct.len() == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the three replicas never shared the 64 shards: {} owned by {distinct:?}",
+            owners.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Job names unique to this run: the example writes to the fixed /demo/done/.
+    let nonce = base.trim_end_matches('/').rsplit('/').next().unwrap().to_owned();
+    let mut expected = std::collections::BTreeMap::new();
+    for i in 0..30 {
+        let job = format!("{nonce}-{i}");
+        let resp = client
+            .kv_client()
+            .put(format!("{jobs}{job}"), "run", None)
+            .await
+            .expect("put a job");
+        expected.insert(job, resp.header().unwrap().revision());
+    }
+    let seen = reconciled_lines(&replicas.iter().collect::<Vec<_>>(), &expected);
+    let mut by = std::collections::BTreeMap::<&str, usize>::new();
+    for (job, names) in &seen {
+        assert_eq!(names.len(), 1, "{job} reconciled by {names:?}");
+        *by.entry(names[0].as_str()).or_default() += 1;
+        let done = client
+            .kv_client()
+            .get(format!("/demo/done/{job}"), None)
+            .await
+            .expect("read /demo/done");
+        let value = String::from_utf8_lossy(done.kvs()[0].value()).into_owned();
+        assert_eq!(value, format!("{} {}", names[0], expected[job]));
+    }
+    assert_eq!(by.len(), 3, "every replica took a share: {by:?}");
+
+    // One leaves with Ctrl-C: its jobs go to the other two.
+    let mut replicas = replicas.into_iter();
+    let leaving = replicas.next().unwrap();
+    leaving.interrupt();
+    let rest: Vec<Example> = replicas.collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while shard_owners(&client, &records).await.iter().any(|o| o == "a")
+        || shard_owners(&client, &records).await.len() < 64
+    {
+        assert!(Instant::now() < deadline, "a's shards were never taken over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (job, revision) in expected.iter_mut() {
+        let resp = client
+            .kv_client()
+            .put(format!("{jobs}{job}"), "again", None)
+            .await
+            .expect("put a job");
+        *revision = resp.header().unwrap().revision();
+    }
+    let seen = reconciled_lines(&rest.iter().collect::<Vec<_>>(), &expected);
+    for (job, names) in &seen {
+        assert_eq!(names.len(), 1, "{job} reconciled by {names:?}");
+        assert_ne!(names[0], "a");
+    }
+    for ex in rest {
+        ex.interrupt();
+    }
+}
