@@ -51,10 +51,11 @@ async fn main() {
     let work = Duration::from_millis(number("work-ms", "0"));
 
     let (client, _etcd) = common::etcd().await;
-    let lw = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    });
+    let lw =
+        EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap_or_else(|e| {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        });
     let jobs = SharedIndexInformer::new(lw, Default::default());
     tokio::spawn(jobs.clone().run());
     let done = TypedClient::new(client.clone(), DONE_PREFIX, TextCodec).unwrap_or_else(|e| {

@@ -113,7 +113,7 @@ pub use connect::{ConnectConfig, ConnectError};
 pub use delta_fifo::{Delta, DeltaFifo, DeltaType, Popped};
 pub use informer::{
     ConsistencyError, Controller, ControllerConfig, DeletedObject, Event, EventStream,
-    HandlerRegistration, Informer, InformerError, InformerOptions, Processing,
+    HandlerRegistration, Informer, InformerError, InformerOptions, Processing, RelistUnchanged,
     ResourceEventHandler, ResourceEventHandlerFuncs, SharedIndexInformer, SharedInformerFactory,
 };
 pub use lister::Lister;

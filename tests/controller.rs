@@ -735,3 +735,80 @@ async fn runner_campaigns_again_after_losing_leadership() {
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(informer.handler_count(), 0);
 }
+
+/// Reconciles a runner makes after a compaction relist that finds all but one of 100 keys
+/// unchanged, for each [`RelistUnchanged`] choice and both processing modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_of_unchanged_keys_reconciles_only_what_changed_unless_asked() {
+    use etcd_informer::listwatch::Error;
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::{InformerOptions, Processing, RelistUnchanged};
+    for processing in [Processing::Atomic, Processing::DeltaFifo] {
+        for (choice, expected) in [
+            (RelistUnchanged::ResyncingHandlers, 1),
+            (RelistUnchanged::Nobody, 1),
+            (RelistUnchanged::Everyone, 100),
+        ] {
+            let source = FakeSource::<String>::new();
+            for i in 0..100 {
+                source.put(&format!("k{i:03}"), "v1".into());
+            }
+            let options = InformerOptions::default()
+                .with_processing(processing)
+                .with_relist_unchanged(choice)
+                .with_backoff(etcd_informer::Backoff::new(
+                    Duration::from_millis(1),
+                    Duration::from_millis(10),
+                    Duration::from_secs(120),
+                    0.0,
+                ));
+            let informer = SharedIndexInformer::new(source.clone(), options);
+            tokio::spawn(informer.clone().run());
+            let reconciled = Arc::new(AtomicUsize::new(0));
+            let count = reconciled.clone();
+            let runner = Runner::new("relist").watch(&informer).workers(2);
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(runner.run(
+                move |_key| {
+                    let count = count.clone();
+                    async move {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, String>(Action::Done)
+                    }
+                },
+                async {
+                    let _ = rx.await;
+                },
+            ));
+            eventually(
+                "the initial list reconciled",
+                Duration::from_secs(10),
+                || reconciled.load(Ordering::SeqCst) == 100,
+            )
+            .await;
+            // One change made while the watch is down, then the history compacted: a relist.
+            let lists = source.list_count();
+            source.break_watches(Error::transient("connection reset"));
+            let revision = source.put("k000", "v2".into());
+            source.compact();
+            eventually("relisted", Duration::from_secs(10), || {
+                source.list_count() > lists && informer.revision() >= revision
+            })
+            .await;
+            eventually("the relist reconciled", Duration::from_secs(10), || {
+                reconciled.load(Ordering::SeqCst) >= 100 + expected
+            })
+            .await;
+            // Nothing more comes.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(
+                reconciled.load(Ordering::SeqCst) - 100,
+                expected,
+                "{processing:?}, {choice:?}"
+            );
+            let _ = tx.send(());
+            task.await.unwrap();
+            informer.stop();
+        }
+    }
+}

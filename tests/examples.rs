@@ -642,7 +642,9 @@ fn reconciled_lines(
                     panic!("unexpected line {line:?}");
                 };
                 if expected.get(job) == Some(&rev.parse().expect("a revision")) {
-                    seen.entry(job.to_owned()).or_default().push(name.to_owned());
+                    seen.entry(job.to_owned())
+                        .or_default()
+                        .push(name.to_owned());
                 }
             }
         }
@@ -686,7 +688,12 @@ async fn sharded_controller_example_shares_jobs_among_three_processes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Job names unique to this run: the example writes to the fixed /demo/done/.
-    let nonce = base.trim_end_matches('/').rsplit('/').next().unwrap().to_owned();
+    let nonce = base
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
     let mut expected = std::collections::BTreeMap::new();
     for i in 0..30 {
         let job = format!("{nonce}-{i}");
@@ -718,10 +725,16 @@ async fn sharded_controller_example_shares_jobs_among_three_processes() {
     leaving.interrupt();
     let rest: Vec<Example> = replicas.collect();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while shard_owners(&client, &records).await.iter().any(|o| o == "a")
+    while shard_owners(&client, &records)
+        .await
+        .iter()
+        .any(|o| o == "a")
         || shard_owners(&client, &records).await.len() < 64
     {
-        assert!(Instant::now() < deadline, "a's shards were never taken over");
+        assert!(
+            Instant::now() < deadline,
+            "a's shards were never taken over"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for (job, revision) in expected.iter_mut() {

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::handler::Event;
+use super::options::RelistUnchanged;
 use super::processor::Processor;
 use super::shared_informer::SharedIndexInformer;
 use crate::metrics::{EventKind, InformerMetrics};
@@ -45,12 +46,21 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     /// Counts and hands the notifications of one apply to the handlers, in order.
-    fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, bool)>) {
-        for (event, is_sync) in events {
-            if !is_sync {
-                self.shared.metrics.event(event_kind(&event));
+    fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, Notice)>) {
+        for (event, notice) in events {
+            match (notice, self.shared.relist_unchanged) {
+                (Notice::Change, _) => {
+                    self.shared.metrics.event(event_kind(&event));
+                    processor.distribute(event, false);
+                }
+                (Notice::Resync, _) | (Notice::Unchanged, RelistUnchanged::ResyncingHandlers) => {
+                    processor.distribute(event, true)
+                }
+                (Notice::Unchanged, RelistUnchanged::Everyone) => {
+                    processor.distribute(event, false)
+                }
+                (Notice::Unchanged, RelistUnchanged::Nobody) => {}
             }
-            processor.distribute(event, is_sync);
         }
     }
 
@@ -75,7 +85,12 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 // Without handlers, only the metrics hear of the changes: no list of a million
                 // notifications to build and drop, and no cached object decoded.
                 let listening = !processor.listeners.is_empty();
-                let resync = !processor.syncing.is_empty();
+                // Whether anyone hears of the keys the relist finds unchanged.
+                let resync = match self.shared.relist_unchanged {
+                    RelistUnchanged::ResyncingHandlers => !processor.syncing.is_empty(),
+                    RelistUnchanged::Nobody => false,
+                    RelistUnchanged::Everyone => true,
+                };
                 let metrics = &self.shared.metrics;
                 indexer.transaction(|txn| {
                     let mut events = Vec::new();
@@ -106,7 +121,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                         old: o.clone(),
                         new: o,
                     };
-                    events.push((event, true));
+                    events.push((event, Notice::Resync));
                 });
                 events
             }),
@@ -119,13 +134,23 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 }
 
-/// Applies one delta to the store; returns the notification and whether it is a resync (for
-/// due handlers only).
+/// Who a notification is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Notice {
+    /// A change: every handler.
+    Change,
+    /// A resync: the handlers due for one.
+    Resync,
+    /// A key a relist found unchanged: as [`RelistUnchanged`] says.
+    Unchanged,
+}
+
+/// Applies one delta to the store; returns the notification and who it is for.
 fn apply_delta<T>(
     txn: &mut Txn<'_, T>,
     d: &Delta<T>,
     is_in_initial_list: bool,
-) -> (Event<T>, bool) {
+) -> (Event<T>, Notice) {
     match d.kind {
         DeltaType::Deleted => {
             txn.delete(d.object.key());
@@ -133,26 +158,30 @@ fn apply_delta<T>(
                 .deleted
                 .clone()
                 .unwrap_or_else(|| DeletedObject::Deleted(d.object.clone()));
-            (Event::Deleted(deleted), false)
+            (Event::Deleted(deleted), Notice::Change)
         }
         DeltaType::Added | DeltaType::Updated | DeltaType::Replaced | DeltaType::Sync => {
             match txn.add(d.object.clone()) {
                 Some(old) => {
-                    let is_sync = d.kind == DeltaType::Sync
-                        || (d.kind == DeltaType::Replaced
-                            && old.mod_revision == d.object.mod_revision);
+                    let notice = match d.kind {
+                        DeltaType::Sync => Notice::Resync,
+                        DeltaType::Replaced if old.mod_revision == d.object.mod_revision => {
+                            Notice::Unchanged
+                        }
+                        _ => Notice::Change,
+                    };
                     let event = Event::Updated {
                         old,
                         new: d.object.clone(),
                     };
-                    (event, is_sync)
+                    (event, notice)
                 }
                 None => {
                     let event = Event::Added {
                         object: d.object.clone(),
                         is_in_initial_list,
                     };
-                    (event, false)
+                    (event, Notice::Change)
                 }
             }
         }
@@ -169,10 +198,10 @@ fn event_kind<T>(event: &Event<T>) -> EventKind {
 
 /// Where [`apply_replace`] reports what changed.
 enum Replaced<'a, T> {
-    /// To handlers: every notification, in order; the resyncs of unchanged keys only if a
-    /// handler is due for a `resync`.
+    /// To handlers: every notification, in order; the unchanged keys only if `resync` (some
+    /// handler hears of them).
     Notify {
-        events: &'a mut Vec<(Event<T>, bool)>,
+        events: &'a mut Vec<(Event<T>, Notice)>,
         resync: bool,
     },
     /// Only to the metrics: no notification is built, no cached object decoded.
@@ -190,12 +219,15 @@ fn apply_replace<T>(
     out: Replaced<'_, T>,
 ) {
     let mut old = txn.install(items);
-    let tombstone =
-        |o: Arc<Object<T>>| (Event::Deleted(DeletedObject::FinalStateUnknown(o)), false);
+    let tombstone = |o: Arc<Object<T>>| {
+        (
+            Event::Deleted(DeletedObject::FinalStateUnknown(o)),
+            Notice::Change,
+        )
+    };
     match out {
         Replaced::Notify { events, resync } if !resync => {
-            // An unchanged key would only be a resync, which no handler is due for: only the
-            // changed keys are decoded, so that a relist of a large, mostly unchanged prefix
+            // Nobody hears of an unchanged key: only the changed keys are decoded, so that a relist of a large, mostly unchanged prefix
             // never holds it decoded (twice, old and new) in a list of notifications.
             if store_replaced {
                 old.for_each(&mut |o| events.push(tombstone(o)));
@@ -218,13 +250,13 @@ fn apply_replace<T>(
                     old.take(&key, true)
                 };
                 events.push(match previous {
-                    Some((_, Some(old))) => (Event::Updated { old, new }, false),
+                    Some((_, Some(old))) => (Event::Updated { old, new }, Notice::Change),
                     _ => (
                         Event::Added {
                             object: new,
                             is_in_initial_list: initial,
                         },
-                        false,
+                        Notice::Change,
                     ),
                 });
             }
@@ -244,15 +276,19 @@ fn apply_replace<T>(
                 };
                 events.push(match previous {
                     Some((revision, Some(old))) => {
-                        let is_sync = revision == new.mod_revision;
-                        (Event::Updated { old, new }, is_sync)
+                        let notice = if revision == new.mod_revision {
+                            Notice::Unchanged
+                        } else {
+                            Notice::Change
+                        };
+                        (Event::Updated { old, new }, notice)
                     }
                     _ => {
                         let event = Event::Added {
                             object: new,
                             is_in_initial_list: initial,
                         };
-                        (event, false)
+                        (event, Notice::Change)
                     }
                 });
             });

@@ -23,7 +23,7 @@ pub use event_stream::EventStream;
 pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use health::InformerHealth;
-pub use options::{InformerOptions, Processing, DEFAULT_STREAM_BACKLOG};
+pub use options::{InformerOptions, Processing, RelistUnchanged, DEFAULT_STREAM_BACKLOG};
 pub use registration::{HandlerRegistration, REMOVE_PATIENCE};
 pub use shared_informer::{InformerError, SharedIndexInformer};
 

@@ -35,6 +35,30 @@ pub enum Processing {
     DeltaFifo,
 }
 
+/// What handlers hear of the keys a relist finds unchanged (same `mod_revision` as cached): after
+/// a compaction, a relist of a large prefix finds nearly every key unchanged.
+///
+/// | | handlers told of an unchanged key | relist cost |
+/// | --- | --- | --- |
+/// | [`ResyncingHandlers`](RelistUnchanged::ResyncingHandlers) (default) | those due for a resync, as a resync (`on_update` with old and new at one revision): client-go's `Replaced` semantics | unchanged keys decoded only when a handler is due |
+/// | [`Nobody`](RelistUnchanged::Nobody) | none; the resync period stays the way to revisit every key | unchanged keys never decoded |
+/// | [`Everyone`](RelistUnchanged::Everyone) | every handler, as a resync | every key decoded, one notification each |
+///
+/// A [`Runner`](crate::runner::Runner) queues resyncs below live changes, so a relist told to
+/// everyone still does not delay them; with the default, a relist of unchanged keys makes no
+/// reconcile at all unless a resync is due.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RelistUnchanged {
+    /// Handlers due for a resync get a resync of each unchanged key; others hear nothing.
+    #[default]
+    ResyncingHandlers,
+    /// No handler hears of unchanged keys.
+    Nobody,
+    /// Every handler gets a resync of each unchanged key (to re-verify everything after a gap
+    /// in the watch).
+    Everyone,
+}
+
 /// Options of a [`SharedIndexInformer`](crate::SharedIndexInformer).
 #[non_exhaustive]
 pub struct InformerOptions<T> {
@@ -68,6 +92,8 @@ pub struct InformerOptions<T> {
     /// per read, and one more per update or delete (the old object handed to handlers). Reads
     /// see values as they come back from the codec. Best with the default [`Processing`].
     pub compact: Option<Arc<dyn Codec<T>>>,
+    /// What handlers hear of the keys a relist finds unchanged; see [`RelistUnchanged`].
+    pub relist_unchanged: RelistUnchanged,
 }
 
 impl<T> InformerOptions<T> {
@@ -137,6 +163,13 @@ impl<T> InformerOptions<T> {
         self
     }
 
+    /// Sets what handlers hear of the keys a relist finds unchanged (`relist_unchanged`).
+    #[must_use]
+    pub fn with_relist_unchanged(mut self, relist_unchanged: RelistUnchanged) -> Self {
+        self.relist_unchanged = relist_unchanged;
+        self
+    }
+
     /// Makes the cache compact, its values packed with `codec` (`compact`): a fifth to a
     /// seventh of the memory for a decode on every read (BENCHMARKS.md).
     ///
@@ -167,6 +200,7 @@ impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
             reconnect: Backoff::reconnect(),
             processing: Processing::default(),
             compact: None,
+            relist_unchanged: RelistUnchanged::default(),
         }
     }
 }
@@ -180,6 +214,7 @@ impl<T> fmt::Debug for InformerOptions<T> {
             .field("max_handler_backlog", &self.max_handler_backlog)
             .field("processing", &self.processing)
             .field("compact", &self.compact.is_some())
+            .field("relist_unchanged", &self.relist_unchanged)
             .finish_non_exhaustive()
     }
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
-use super::options::{InformerOptions, Processing};
+use super::options::{InformerOptions, Processing, RelistUnchanged};
 use super::processor::{merge_due, Processor};
 use crate::delta_fifo::DeltaFifo;
 use crate::listwatch::ListerWatcher;
@@ -105,6 +105,7 @@ pub(super) struct Shared<T> {
     pub(super) backoff: Backoff,
     pub(super) reconnect: Backoff,
     pub(super) max_handler_backlog: Option<usize>,
+    pub(super) relist_unchanged: RelistUnchanged,
     pub(super) next_id: AtomicU64,
     /// Batches whose application panicked.
     pub(super) apply_panics: AtomicU64,
@@ -175,6 +176,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 backoff: options.backoff,
                 reconnect: options.reconnect,
                 max_handler_backlog: options.max_handler_backlog,
+                relist_unchanged: options.relist_unchanged,
                 next_id: AtomicU64::new(0),
                 apply_panics: AtomicU64::new(0),
                 metrics: InformerMetrics::new(&options.name),
