@@ -150,6 +150,17 @@ impl fmt::Debug for ShardHandle {
 }
 
 impl ShardHandle {
+    /// Whether the replica holds `key`'s shard now (and is not handing it over): whether it
+    /// would reconcile the key.
+    pub fn holds_key(&self, key: &str) -> bool {
+        let table = lock(&self.0.table).clone();
+        table.is_some_and(|t| {
+            let shard = t.shard_of(key);
+            let (held, releasing) = t.held();
+            held.contains(&shard) && !releasing.contains(&shard)
+        })
+    }
+
     /// What the replica holds now.
     pub fn health(&self) -> ShardHealth {
         let mut health = lock(&self.0.health).clone();
