@@ -329,6 +329,8 @@ struct Round {
     wanted_since: HashMap<u32, Instant>,
     /// Whether the records informer has shown this member's key under this lease.
     seen_self: bool,
+    /// Shards whose acquire timed out: maybe created, the answer lost.
+    uncertain: BTreeSet<u32>,
 }
 
 /// What the records informer shows: the live members and each shard's owner record.
@@ -495,7 +497,6 @@ impl Coordinator {
             ));
         }
         round.seen_self |= present;
-        let wanted_since = &mut round.wanted_since;
         {
             let mut health = lock(&self.status.health);
             health.members = view.members.iter().cloned().collect();
@@ -516,13 +517,16 @@ impl Coordinator {
                 continue;
             }
             if !mine {
-                wanted_since.remove(&shard);
+                round.wanted_since.remove(&shard);
                 continue;
             }
-            let since = *wanted_since.entry(shard).or_insert_with(Instant::now);
+            let since = *round.wanted_since.entry(shard).or_insert_with(Instant::now);
             let fence = match view.owners.get(&shard) {
-                // Ours under this lease, from an acquire whose answer was lost (timed out).
-                Some((_, revision, held_by)) if *held_by == lease.id() => {
+                // Ours under this lease, from an acquire whose answer was lost: only such an
+                // acquire can have made it (a record this lease released may still show).
+                Some((_, revision, held_by))
+                    if *held_by == lease.id() && round.uncertain.remove(&shard) =>
+                {
                     Fence::new(self.records.shard_key_full(shard), *revision)
                 }
                 // The owner hands it over when it sees the same membership, or its lease
@@ -539,13 +543,15 @@ impl Coordinator {
                         }
                         Err(_) => {
                             tracing::warn!(shard, "acquiring a shard timed out");
+                            round.uncertain.insert(shard);
                             break;
                         }
                     }
                 }
             };
             self.table.insert(shard, fence);
-            wanted_since.remove(&shard);
+            round.wanted_since.remove(&shard);
+            round.uncertain.remove(&shard);
             acquired.insert(shard, since.elapsed());
         }
         if !acquired.is_empty() {
