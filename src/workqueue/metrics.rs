@@ -10,6 +10,8 @@ use std::time::Duration;
 pub struct QueueMetrics {
     /// Number of waiting items (same as [`WorkQueue::len`](super::WorkQueue::len)).
     pub depth: usize,
+    /// How many of the waiting items are [`Background`](super::Priority::Background).
+    pub background_depth: usize,
     /// Number of items with a pending delayed add.
     pub delayed: usize,
     /// Number of items handed out and not yet `done`.

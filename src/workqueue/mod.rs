@@ -4,6 +4,13 @@
 //! tasks take them with [`WorkQueue::get`], process them, and call [`WorkQueue::done`]. On failure
 //! a worker calls [`WorkQueue::add_rate_limited`]; on success it calls [`WorkQueue::forget`].
 //!
+//! Items have a [`Priority`]: live changes are [`Live`](Priority::Live) (what `add` uses), the
+//! keys of an initial list, a relist or a resync are [`Background`](Priority::Background), so
+//! that a live change does not wait behind a 100,000-key backlog. With
+//! [`WorkQueueConfig::fairness`], items are also grouped (say by namespace) and groups take
+//! turns, so one busy group does not delay the others. Without either, the queue is client-go's
+//! FIFO.
+//!
 //! # Invariants
 //!
 //! An item is in one of these states:
@@ -22,6 +29,23 @@
 //! * dirty ⊇ waiting. A dirty item that is not waiting is processing. `done` queues it again.
 //! * Because of this, two workers never hold the same item at the same time.
 //! * An item has at most one pending delayed add, with the earliest requested ready time.
+//!
+//! Waiting items are kept in two **levels**, `Live` and `Background`, and within each level per
+//! **group** (one group without [`WorkQueueConfig::fairness`]), FIFO within a group:
+//!
+//! * A waiting item is in exactly one level: the highest priority it was added with since it
+//!   was last handed out. Adding a `Background` item as `Live` moves it up (its add time, used
+//!   for queue latency, is kept); adding a `Live` item as `Background` changes nothing. A dirty
+//!   processing item keeps that highest priority, and `done` queues it at that level.
+//! * `get` takes from `Live` first, except that after
+//!   [`live_burst`](WorkQueueConfig::live_burst) (default 8) `Live` items in a row while
+//!   `Background` items wait, one `Background` item is handed out: `Background` never starves,
+//!   and it never takes more than 1 hand-out in `live_burst + 1` while `Live` items wait.
+//! * Within a level, groups with waiting items take turns, in the order they got their first
+//!   waiting item; a group leaves the turns (and memory) when it has none left.
+//! * Moving up leaves a stale entry behind in the `Background` FIFO, skipped when `get` reaches
+//!   it (so add and get stay O(1) amortized). [`WorkQueue::len`] and the metrics count items,
+//!   not entries.
 //!
 //! Shutting down ([`WorkQueue::shut_down`] or [`WorkQueue::shut_down_with_drain`]) follows
 //! client-go's `ShutDown`:
@@ -47,16 +71,18 @@ mod metrics;
 pub mod rate_limiter;
 #[cfg(test)]
 mod tests;
+mod waiting;
 
 pub use config::WorkQueueConfig;
 pub use metrics::QueueMetrics;
+pub use waiting::Priority;
 
 pub use rate_limiter::{
     default_controller_rate_limiter, BucketRateLimiter, ItemExponentialRateLimiter,
     ItemFastSlowRateLimiter, MaxOfRateLimiter, RateLimiter, WithMaxWaitRateLimiter,
 };
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -66,6 +92,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use self::delayed::Delayed;
+use self::waiting::{Ticket, Waiting};
 use crate::lock;
 use crate::metrics::WorkQueueMetrics;
 
@@ -127,10 +154,10 @@ struct Inner<K> {
 }
 
 struct State<K> {
-    /// Waiting items, in order.
-    queue: VecDeque<K>,
-    /// Dirty items, with the time each was added (for queue latency).
-    dirty: HashMap<K, Instant>,
+    /// Waiting items, by level and group.
+    waiting: Waiting<K>,
+    /// Dirty items.
+    dirty: HashMap<K, Dirty>,
     /// Processing items, with the time each was handed out.
     processing: HashMap<K, Instant>,
     delayed: Delayed<K>,
@@ -148,10 +175,20 @@ struct State<K> {
     metrics: WorkQueueMetrics,
 }
 
+/// What the queue knows about a dirty item.
+struct Dirty {
+    /// When it was added (for queue latency). Moving up to `Live` keeps it.
+    added: Instant,
+    /// The highest priority it was added with since it was last handed out.
+    priority: Priority,
+    /// Its current waiting entry; `None` while it is processing.
+    waiting: Option<Ticket>,
+}
+
 impl<K: Clone + Eq + Hash> State<K> {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, waiting: Waiting<K>) -> Self {
         Self {
-            queue: VecDeque::new(),
+            waiting,
             dirty: HashMap::new(),
             processing: HashMap::new(),
             delayed: Delayed::new(),
@@ -167,33 +204,74 @@ impl<K: Clone + Eq + Hash> State<K> {
         }
     }
 
-    /// Adds `item` as of `at`. Returns whether it became waiting.
-    fn enqueue(&mut self, item: K, at: Instant) -> bool {
-        if self.shutting_down || self.dirty.contains_key(&item) {
+    /// Adds `item` at `priority` as of `at`. Returns whether it became waiting.
+    fn enqueue(&mut self, item: K, at: Instant, priority: Priority) -> bool {
+        if self.shutting_down {
             return false;
         }
+        if let Some(dirty) = self.dirty.get_mut(&item) {
+            if priority.outranks(dirty.priority) {
+                dirty.priority = priority;
+                if dirty.waiting.is_some() {
+                    // Move up: a new entry at the new level; the old one goes stale.
+                    dirty.waiting = Some(self.waiting.push(item, priority));
+                    self.waiting.forget_one(Priority::Background);
+                }
+            }
+            return false;
+        }
+        let processing = self.processing.contains_key(&item);
+        let waiting = if processing {
+            None
+        } else {
+            Some(self.waiting.push(item.clone(), priority))
+        };
         self.adds += 1;
         self.metrics.adds.increment(1);
-        let processing = self.processing.contains_key(&item);
-        if !processing {
-            self.queue.push_back(item.clone());
-            self.metrics.depth(self.queue.len());
-        }
-        self.dirty.insert(item, at);
+        self.metrics.depth(self.waiting.len());
+        self.dirty.insert(
+            item,
+            Dirty {
+                added: at,
+                priority,
+                waiting,
+            },
+        );
         !processing
+    }
+
+    /// Queues a dirty item that has stopped processing, at the highest priority it was added
+    /// with. Returns whether it was dirty.
+    fn requeue(&mut self, item: &K) -> bool {
+        let Some(dirty) = self.dirty.get_mut(item) else {
+            return false;
+        };
+        dirty.waiting = Some(self.waiting.push(item.clone(), dirty.priority));
+        self.metrics.depth(self.waiting.len());
+        true
+    }
+
+    /// Takes the next waiting item, skipping stale entries.
+    fn pop(&mut self) -> Option<(K, Dirty)> {
+        let dirty = &self.dirty;
+        let item = self
+            .waiting
+            .pop(|item, ticket| dirty.get(item).is_some_and(|d| d.waiting == Some(ticket)))?;
+        let record = self.dirty.remove(&item)?;
+        Some((item, record))
     }
 
     /// Adds every delayed item that is ready at `now`. Returns whether any became waiting.
     fn promote_ready(&mut self, now: Instant) -> bool {
         let mut queued = false;
         while let Some((item, at)) = self.delayed.pop_ready(now) {
-            queued |= self.enqueue(item, at);
+            queued |= self.enqueue(item, at, Priority::Live);
         }
         queued
     }
 
     fn is_drained(&self) -> bool {
-        self.queue.is_empty() && self.processing.is_empty()
+        self.waiting.len() == 0 && self.processing.is_empty()
     }
 }
 
@@ -210,7 +288,7 @@ impl<K> fmt::Debug for WorkQueue<K> {
         let state = self.inner.lock();
         f.debug_struct("WorkQueue")
             .field("name", &self.inner.name)
-            .field("depth", &state.queue.len())
+            .field("depth", &state.waiting.len())
             .field("processing", &state.processing.len())
             .field("delayed", &state.delayed.len())
             .field("shutting_down", &state.shutting_down)
@@ -270,7 +348,10 @@ where
             .unwrap_or_else(|| Box::new(default_controller_rate_limiter()));
         Self {
             inner: Arc::new(Inner {
-                state: Mutex::new(State::new(&config.name)),
+                state: Mutex::new(State::new(
+                    &config.name,
+                    Waiting::new(config.live_burst, config.fairness),
+                )),
                 name: config.name,
                 ready: Notify::new(),
                 drained: Notify::new(),
@@ -301,19 +382,45 @@ where
     /// Adds `item`. Does nothing if the item is already waiting or the queue is shutting down. If
     /// the item is processing, it is queued again when it is [`done`](Self::done).
     pub fn add(&self, item: K) {
-        self.schedule(item, Duration::ZERO, false);
+        self.schedule(item, Duration::ZERO, false, Priority::Live);
     }
 
-    /// Adds `item` once `delay` has passed; a zero delay adds it at once.
+    /// Adds `item` at `priority`; [`add`](Self::add) is `add_with_priority(item, Priority::Live)`.
+    ///
+    /// An item already waiting as [`Background`](Priority::Background) and added as
+    /// [`Live`](Priority::Live) moves up to `Live`, at the back of the `Live` items; its queue
+    /// latency still counts from its first add. An item waiting as `Live` stays `Live`. An item
+    /// added while processing is queued by [`done`](Self::done) at the highest priority it was
+    /// added with meanwhile.
+    ///
+    /// ```
+    /// use etcd_informer::workqueue::{Priority, WorkQueue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// queue.add_with_priority("default/listed".to_string(), Priority::Background);
+    /// queue.add("default/changed".to_string());
+    /// assert_eq!(queue.get().await.as_deref(), Some("default/changed"));
+    /// assert_eq!(queue.get().await.as_deref(), Some("default/listed"));
+    /// # }
+    /// ```
+    pub fn add_with_priority(&self, item: K, priority: Priority) {
+        self.schedule(item, Duration::ZERO, false, priority);
+    }
+
+    /// Adds `item` once `delay` has passed, as [`Live`](Priority::Live); a zero delay adds it at
+    /// once.
     ///
     /// If the item already has a pending delayed add, the earlier of the two ready times is kept.
     /// A delayed add does not change an item that is already waiting, and an
     /// [`add`](Self::add) does not cancel a pending delayed add.
     pub fn add_after(&self, item: K, delay: Duration) {
-        self.schedule(item, delay, false);
+        self.schedule(item, delay, false, Priority::Live);
     }
 
-    /// Adds `item` after the delay its rate limiter gives, and counts a retry.
+    /// Adds `item` after the delay its rate limiter gives, as [`Live`](Priority::Live), and counts
+    /// a retry.
     ///
     /// This is `add_after(item, limiter.when(&item))`. Does nothing, and does not ask the
     /// limiter, if the queue is shutting down.
@@ -322,7 +429,7 @@ where
             return;
         }
         let delay = self.inner.limiter.when(&item);
-        self.schedule(item, delay, true);
+        self.schedule(item, delay, true, Priority::Live);
     }
 
     /// Clears the rate limiter's failure history for `item`. Call it when the item succeeds. It
@@ -337,7 +444,7 @@ where
         self.inner.limiter.num_requeues(item)
     }
 
-    fn schedule(&self, item: K, delay: Duration, retry: bool) {
+    fn schedule(&self, item: K, delay: Duration, retry: bool, priority: Priority) {
         let now = Instant::now();
         let mut state = self.inner.lock();
         if state.shutting_down {
@@ -350,7 +457,7 @@ where
         let mut queued = state.promote_ready(now);
         let mut earlier_deadline = false;
         if delay.is_zero() {
-            queued |= state.enqueue(item, now);
+            queued |= state.enqueue(item, now, priority);
         } else {
             let at = now
                 .checked_add(delay)
@@ -387,15 +494,14 @@ where
                 let now = Instant::now();
                 let mut state = self.inner.lock();
                 state.promote_ready(now);
-                if let Some(item) = state.queue.pop_front() {
-                    let added = state.dirty.remove(&item).unwrap_or(now);
-                    let waited = now.saturating_duration_since(added);
+                if let Some((item, dirty)) = state.pop() {
+                    let waited = now.saturating_duration_since(dirty.added);
                     state.queue_latency_total += waited;
                     state.queue_latency_count += 1;
                     state.metrics.waited(waited);
-                    state.metrics.depth(state.queue.len());
+                    state.metrics.depth(state.waiting.len());
                     state.processing.insert(item.clone(), now);
-                    let more = !state.queue.is_empty();
+                    let more = state.waiting.len() > 0;
                     drop(state);
                     if more {
                         // Pass the wake-up on in case other callers are waiting.
@@ -432,11 +538,7 @@ where
         state.metrics.worked(worked);
         // A dirty item was added before any shutdown (later adds are ignored), so it is queued
         // even when shutting down.
-        let queued = state.dirty.contains_key(item);
-        if queued {
-            state.queue.push_back(item.clone());
-            state.metrics.depth(state.queue.len());
-        }
+        let queued = state.requeue(item);
         let shutting_down = state.shutting_down;
         drop(state);
         if queued {
@@ -509,7 +611,7 @@ where
     /// Number of waiting items. Processing items and items with a pending delayed add are not
     /// counted.
     pub fn len(&self) -> usize {
-        self.promote_and_lock().queue.len()
+        self.promote_and_lock().waiting.len()
     }
 
     /// Whether no item is waiting.
@@ -533,7 +635,8 @@ where
         let unfinished_work = running().sum();
         state.metrics.in_flight(unfinished_work, longest_running);
         QueueMetrics {
-            depth: state.queue.len(),
+            depth: state.waiting.len(),
+            background_depth: state.waiting.len_of(Priority::Background),
             delayed: state.delayed.len(),
             processing: state.processing.len(),
             adds: state.adds,
