@@ -812,3 +812,63 @@ async fn a_relist_of_unchanged_keys_reconciles_only_what_changed_unless_asked() 
         }
     }
 }
+
+/// A live change is reconciled ahead of an initial list's backlog with priorities (the
+/// default), and behind all of it without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_change_overtakes_the_initial_list_unless_priorities_are_off() {
+    use etcd_informer::testing::FakeSource;
+    for priorities in [true, false] {
+        let source = FakeSource::<String>::new();
+        for i in 0..2000 {
+            source.put(&format!("list/k{i:04}"), "v1".into());
+        }
+        let informer = SharedIndexInformer::new(source.clone(), Default::default());
+        tokio::spawn(informer.clone().run());
+        informer.wait_for_cache_sync().await;
+        let order = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = order.clone();
+        let runner = Runner::new("priorities")
+            .watch(&informer)
+            .workers(2)
+            .priorities(priorities);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(runner.run(
+            move |key| {
+                let seen = seen.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    seen.lock().unwrap().push(key);
+                    Ok::<_, String>(Action::Done)
+                }
+            },
+            async {
+                let _ = rx.await;
+            },
+        ));
+        eventually("the list is being reconciled", Duration::from_secs(10), || {
+            order.lock().unwrap().len() >= 100
+        })
+        .await;
+        source.put("live", "changed".into());
+        eventually("everything reconciled", Duration::from_secs(30), || {
+            order.lock().unwrap().len() == 2001
+        })
+        .await;
+        let position = order
+            .lock()
+            .unwrap()
+            .iter()
+            .position(|k| k == "live")
+            .expect("the live change was reconciled");
+        println!("priorities {priorities}: the live change was reconciled {position}th of 2001");
+        if priorities {
+            assert!(position < 1000, "the live change waited behind the list: {position}");
+        } else {
+            assert!(position > 1900, "without priorities it is FIFO: {position}");
+        }
+        let _ = tx.send(());
+        task.await.unwrap();
+        informer.stop();
+    }
+}

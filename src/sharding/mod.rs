@@ -75,7 +75,7 @@ use crate::lease::KeptLease;
 use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::metrics::{Handoff, ShardMetrics};
 use crate::runner::{by_key, erase, Action, Context, Runner};
-use crate::workqueue::WorkQueue;
+use crate::workqueue::{Priority, WorkQueue};
 use crate::{lock, TextCodec};
 
 /// The number of shards by default: enough for rendezvous hashing to share them within about
@@ -555,12 +555,12 @@ impl Coordinator {
             acquired.insert(shard, since.elapsed());
         }
         if !acquired.is_empty() {
-            // Every key of the new shards, from the caches: changes made before this replica
-            // held them were dropped by its workers.
+            // Every key of the new shards, from the caches (changes made before this replica
+            // held them were dropped by its workers), behind live changes like a list's.
             let mut queued = 0usize;
             self.keys.for_each_key(&mut |key| {
                 if acquired.contains_key(&self.table.shard_of(&key)) {
-                    self.queue.add(key);
+                    self.queue.add_with_priority(key, Priority::Background);
                     queued += 1;
                 }
             });
