@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench workqueue -- [--keys N] [--workers W] [--reconcile-ms R]
 //!     [--live-every-ms E] [--duration-s D] [--fair-keys F] [--runs K]
-//!     [--scenario backlog,fairness]
+//!     [--scenario backlog,fairness,runner]
 //! ```
 //!
 //! Defaults: N = 100,000, W = 4, R = 1, E = 10, D = 5, F = 50,000, K = 1. No etcd is involved.
@@ -23,6 +23,11 @@
 //!   keys' latency, add to the end of their reconcile. The run stops once every quiet key is
 //!   reconciled (without fairness, that is after the busy backlog; with it, after D seconds), so
 //!   its drain time is only reported when the busy backlog was drained.
+//!
+//! - `runner`: the same as `backlog`, end to end through an informer and a `Runner` (an
+//!   in-memory source): N keys in the informer's initial list, which the runner queues; once
+//!   they are queued, a new key put in the source every E ms for D seconds; from each put to
+//!   its reconcile's start and end. Modes: `Runner::priorities(true)` (the default) and `(false)` (one FIFO).
 //!
 //! A `tokio::time::sleep` of 1 ms lasts about 2 ms (tokio's timer has 1 ms ticks and rounds
 //! up), so 4 workers reconcile about 1,900 keys/s and draining 100,000 keys takes about 52 s.
@@ -70,7 +75,7 @@ fn parse_args() -> Args {
         duration: Duration::from_secs(5),
         fair_keys: 50_000,
         runs: 1,
-        scenarios: vec!["backlog".into(), "fairness".into()],
+        scenarios: vec!["backlog".into(), "fairness".into(), "runner".into()],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -104,8 +109,8 @@ fn parse_args() -> Args {
         }
     }
     for s in &a.scenarios {
-        if s != "backlog" && s != "fairness" {
-            fail(format!("unknown scenario {s} (backlog, fairness)"));
+        if !["backlog", "fairness", "runner"].contains(&s.as_str()) {
+            fail(format!("unknown scenario {s} (backlog, fairness, runner)"));
         }
     }
     a
@@ -251,6 +256,90 @@ fn run(
     })
 }
 
+/// One `runner` run: `args.keys` keys in the initial list, a put every `live_every` for
+/// `duration`, a runner with `args.workers` workers and priorities or not. Stops once every
+/// put is reconciled.
+fn run_runner(args: &Args, priorities: bool) -> Run {
+    use etcd_informer::runner::{Action, Runner};
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::SharedIndexInformer;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(format!("tokio runtime: {e}")));
+    let live_count = (args.duration.as_secs_f64() / args.live_every.as_secs_f64()).ceil() as usize;
+    rt.block_on(async {
+        let source = FakeSource::<String>::new();
+        for i in 0..args.keys {
+            source.put(&format!("ns-{}/obj-{i:06}", i % 10), "v".into());
+        }
+        let informer = SharedIndexInformer::new(source.clone(), Default::default());
+        tokio::spawn(informer.clone().run());
+        informer.wait_for_cache_sync().await;
+        let sampled: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let samples: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
+        let reconciles = Arc::new(AtomicUsize::new(0));
+        let last_done: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let runner = Runner::new("bench")
+            .watch(&informer)
+            .workers(args.workers)
+            .priorities(priorities);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let queue = runner.queue().clone();
+        let start = Instant::now();
+        let reconcile = {
+            let (sampled, samples, reconciles, last_done) =
+                (sampled.clone(), samples.clone(), reconciles.clone(), last_done.clone());
+            let work = args.reconcile;
+            move |key: String| {
+                let (sampled, samples, reconciles, last_done) =
+                    (sampled.clone(), samples.clone(), reconciles.clone(), last_done.clone());
+                async move {
+                    let got = Instant::now();
+                    tokio::time::sleep(work).await;
+                    let finished = Instant::now();
+                    reconciles.fetch_add(1, Ordering::Relaxed);
+                    *lock(&last_done) = Some(finished);
+                    if let Some(put) = lock(&sampled).get(&key).copied() {
+                        lock(&samples).push((ms(got - put), ms(finished - put)));
+                    }
+                    Ok::<_, String>(Action::Done)
+                }
+            }
+        };
+        let task = tokio::spawn(runner.run(reconcile, async {
+            let _ = rx.await;
+        }));
+        // Live changes start once the runner's handler has queued the initial list (its
+        // one-time delivery of 100k notifications is not what is measured here).
+        while queue.metrics().adds < args.keys as u64 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut tick = tokio::time::interval(args.live_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for i in 0..live_count {
+            tick.tick().await;
+            let key = format!("live/change-{i}");
+            lock(&sampled).insert(key.clone(), Instant::now());
+            source.put(&key, "v".into());
+        }
+        while lock(&samples).len() < live_count {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = tx.send(());
+        task.abort();
+        informer.stop();
+        let last = lock(&last_done).unwrap_or(start);
+        let samples = std::mem::take(&mut *lock(&samples));
+        Run {
+            samples,
+            drain: None,
+            reconciles: reconciles.load(Ordering::Relaxed),
+            elapsed: last - start,
+        }
+    })
+}
+
 /// The `q` quantile (nearest rank) of sorted `v`.
 fn quantile(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
@@ -363,6 +452,11 @@ fn main() {
                 record("backlog", mode, r);
             }
         }
+        if args.scenarios.iter().any(|s| s == "runner") {
+            for (mode, priorities) in [("fifo", false), ("priority", true)] {
+                record("runner", mode, run_runner(&args, priorities));
+            }
+        }
         if args.scenarios.iter().any(|s| s == "fairness") {
             let busy = |n| (0..n).map(|i| format!("busy/obj-{i:06}"));
             for (mode, config) in [
@@ -393,7 +487,7 @@ fn main() {
             s.scenario,
             s.mode,
             args.runs,
-            if s.scenario == "backlog" { args.keys } else { args.fair_keys },
+            if s.scenario == "fairness" { args.fair_keys } else { args.keys },
             args.workers,
             json_num(ms(args.reconcile)),
             json_num(ms(args.live_every)),
@@ -431,18 +525,15 @@ fn main() {
             s.throughput
         );
     }
-    if let Some(p) = summaries
-        .iter()
-        .find(|s| s.scenario == "backlog" && s.mode == "priority")
-    {
+    for p in summaries.iter().filter(|s| s.mode == "priority") {
         let verdict = if p.done[1] <= TARGET_P99_MS {
             "met"
         } else {
             "MISSED"
         };
         println!(
-            "\ntarget: live change reconciled within {TARGET_P99_MS} ms at p99 with priorities: {verdict} ({:.2} ms)",
-            p.done[1]
+            "\ntarget ({}): live change reconciled within {TARGET_P99_MS} ms at p99 with priorities: {verdict} ({:.2} ms)",
+            p.scenario, p.done[1]
         );
     }
     eprintln!("workqueue bench: {:.1} s", started.elapsed().as_secs_f64());
