@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench workqueue -- [--keys N] [--workers W] [--reconcile-ms R]
 //!     [--live-every-ms E] [--duration-s D] [--fair-keys F] [--runs K]
-//!     [--scenario backlog,fairness,runner]
+//!     [--scenario backlog,fairness,runner,relist]
 //! ```
 //!
 //! Defaults: N = 100,000, W = 4, R = 1, E = 10, D = 5, F = 50,000, K = 1. No etcd is involved.
@@ -28,6 +28,12 @@
 //!   in-memory source): N keys in the informer's initial list, which the runner queues; once
 //!   they are queued, a new key put in the source every E ms for D seconds; from each put to
 //!   its reconcile's start and end. Modes: `Runner::priorities(true)` (the default) and `(false)` (one FIFO).
+//!
+//! - `relist`: a runner (W workers, a reconcile that only counts) over an informer of N
+//!   keys, after its initial list is reconciled; then the watch breaks, one key changes and the
+//!   history is compacted, so the informer relists and finds all other keys unchanged. Per
+//!   `RelistUnchanged` choice: the reconciles the relist triggered, and the process CPU time
+//!   and wall time from the break until the cache has relisted and the queue is idle.
 //!
 //! A `tokio::time::sleep` of 1 ms lasts about 2 ms (tokio's timer has 1 ms ticks and rounds
 //! up), so 4 workers reconcile about 1,900 keys/s and draining 100,000 keys takes about 52 s.
@@ -75,7 +81,12 @@ fn parse_args() -> Args {
         duration: Duration::from_secs(5),
         fair_keys: 50_000,
         runs: 1,
-        scenarios: vec!["backlog".into(), "fairness".into(), "runner".into()],
+        scenarios: vec![
+            "backlog".into(),
+            "fairness".into(),
+            "runner".into(),
+            "relist".into(),
+        ],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -109,8 +120,10 @@ fn parse_args() -> Args {
         }
     }
     for s in &a.scenarios {
-        if !["backlog", "fairness", "runner"].contains(&s.as_str()) {
-            fail(format!("unknown scenario {s} (backlog, fairness, runner)"));
+        if !["backlog", "fairness", "runner", "relist"].contains(&s.as_str()) {
+            fail(format!(
+                "unknown scenario {s} (backlog, fairness, runner, relist)"
+            ));
         }
     }
     a
@@ -288,12 +301,20 @@ fn run_runner(args: &Args, priorities: bool) -> Run {
         let queue = runner.queue().clone();
         let start = Instant::now();
         let reconcile = {
-            let (sampled, samples, reconciles, last_done) =
-                (sampled.clone(), samples.clone(), reconciles.clone(), last_done.clone());
+            let (sampled, samples, reconciles, last_done) = (
+                sampled.clone(),
+                samples.clone(),
+                reconciles.clone(),
+                last_done.clone(),
+            );
             let work = args.reconcile;
             move |key: String| {
-                let (sampled, samples, reconciles, last_done) =
-                    (sampled.clone(), samples.clone(), reconciles.clone(), last_done.clone());
+                let (sampled, samples, reconciles, last_done) = (
+                    sampled.clone(),
+                    samples.clone(),
+                    reconciles.clone(),
+                    last_done.clone(),
+                );
                 async move {
                     let got = Instant::now();
                     tokio::time::sleep(work).await;
@@ -337,6 +358,97 @@ fn run_runner(args: &Args, priorities: bool) -> Run {
             reconciles: reconciles.load(Ordering::Relaxed),
             elapsed: last - start,
         }
+    })
+}
+
+/// The process's CPU time (user + system) so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// One `relist` run for `choice`: (reconciles triggered, CPU time, wall time).
+fn run_relist(args: &Args, choice: etcd_informer::RelistUnchanged) -> (usize, Duration, Duration) {
+    use etcd_informer::listwatch::Error;
+    use etcd_informer::runner::{Action, Runner};
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::{Backoff, InformerOptions, SharedIndexInformer};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(format!("tokio runtime: {e}")));
+    rt.block_on(async {
+        let source = FakeSource::<String>::new();
+        for i in 0..args.keys {
+            source.put(&format!("ns-{}/obj-{i:06}", i % 10), "v".into());
+        }
+        // A relist at once, not after client-go's protective backoff.
+        let quick = Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+            Duration::from_secs(120),
+            0.0,
+        );
+        let options = InformerOptions::default()
+            .with_relist_unchanged(choice)
+            .with_backoff(quick);
+        let informer = SharedIndexInformer::new(source.clone(), options);
+        tokio::spawn(informer.clone().run());
+        informer.wait_for_cache_sync().await;
+        let reconciles = Arc::new(AtomicUsize::new(0));
+        let count = reconciles.clone();
+        let runner = Runner::new("bench").watch(&informer).workers(args.workers);
+        let queue = runner.queue().clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(runner.run(
+            move |_key: String| {
+                count.fetch_add(1, Ordering::Relaxed);
+                async { Ok::<_, String>(Action::Done) }
+            },
+            async {
+                let _ = rx.await;
+            },
+        ));
+        let idle = |expected: usize| {
+            let m = queue.metrics();
+            reconciles.load(Ordering::Relaxed) >= expected && m.depth == 0 && m.processing == 0
+        };
+        while !idle(args.keys) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before = reconciles.load(Ordering::Relaxed);
+        let lists = source.list_count();
+        let (cpu, wall) = (cpu_time(), Instant::now());
+        // One change while the watch is down, then the history compacted past it: the watch
+        // cannot resume, and the informer relists.
+        source.break_watches(Error::transient("connection reset"));
+        source.put("ns-0/obj-000000", "changed".into());
+        source.compact();
+        while source.list_count() == lists || !informer.has_synced() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The relist is applied once the informer is back at the source's revision; then the
+        // queue drains what it triggered.
+        while informer.revision() < source.revision() || !idle(before) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut last = reconciles.load(Ordering::Relaxed);
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = reconciles.load(Ordering::Relaxed);
+            if now == last && idle(now) {
+                break;
+            }
+            last = now;
+        }
+        let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
+        let _ = tx.send(());
+        task.abort();
+        informer.stop();
+        (last - before, cpu, wall)
     })
 }
 
@@ -435,6 +547,7 @@ fn main() {
             None => results.push((scenario, mode, vec![r])),
         }
     };
+    let mut relists = Vec::new();
     for run_no in 1..=args.runs {
         eprintln!("run {run_no}/{}", args.runs);
         if args.scenarios.iter().any(|s| s == "backlog") {
@@ -450,6 +563,20 @@ fn main() {
                     true,
                 );
                 record("backlog", mode, r);
+            }
+        }
+        if args.scenarios.iter().any(|s| s == "relist") {
+            use etcd_informer::RelistUnchanged;
+            for choice in [
+                RelistUnchanged::ResyncingHandlers,
+                RelistUnchanged::Nobody,
+                RelistUnchanged::Everyone,
+            ] {
+                let (triggered, cpu, wall) = run_relist(&args, choice);
+                eprintln!(
+                    "  relist/{choice:?}: {triggered} reconciles, CPU {cpu:?}, wall {wall:?}"
+                );
+                relists.push((choice, triggered, cpu, wall));
             }
         }
         if args.scenarios.iter().any(|s| s == "runner") {
@@ -502,9 +629,11 @@ fn main() {
             json_num(s.throughput),
         );
     }
-    println!();
-    println!("| scenario | mode | samples | to get p50 / p99 / max (ms) | to reconciled p50 / p99 / max (ms) | drain (s) | reconciles/s |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    if !summaries.is_empty() {
+        println!();
+        println!("| scenario | mode | samples | to get p50 / p99 / max (ms) | to reconciled p50 / p99 / max (ms) | drain (s) | reconciles/s |");
+        println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    }
     for s in &summaries {
         let drain = if s.drain_s.is_finite() {
             format!("{:.2}", s.drain_s)
@@ -535,6 +664,31 @@ fn main() {
             "\ntarget ({}): live change reconciled within {TARGET_P99_MS} ms at p99 with priorities: {verdict} ({:.2} ms)",
             p.scenario, p.done[1]
         );
+    }
+    if !relists.is_empty() {
+        println!();
+        println!(
+            "| relist of {} keys, 1 changed: `RelistUnchanged` | reconciles triggered | CPU (ms, median) | wall (ms, median) |",
+            args.keys
+        );
+        println!("| --- | ---: | ---: | ---: |");
+        for choice in [
+            etcd_informer::RelistUnchanged::ResyncingHandlers,
+            etcd_informer::RelistUnchanged::Nobody,
+            etcd_informer::RelistUnchanged::Everyone,
+        ] {
+            let runs: Vec<_> = relists.iter().filter(|r| r.0 == choice).collect();
+            let triggered = median(runs.iter().map(|r| r.1 as f64).collect());
+            let cpu = median(runs.iter().map(|r| ms(r.2)).collect());
+            let wall = median(runs.iter().map(|r| ms(r.3)).collect());
+            println!("| {choice:?} | {triggered:.0} | {cpu:.0} | {wall:.0} |");
+            println!(
+                "{{\"scenario\":\"relist\",\"mode\":\"{choice:?}\",\"keys\":{},\"reconciles\":{triggered},\"cpu_ms\":{},\"wall_ms\":{}}}",
+                args.keys,
+                json_num(cpu),
+                json_num(wall)
+            );
+        }
     }
     eprintln!("workqueue bench: {:.1} s", started.elapsed().as_secs_f64());
 }

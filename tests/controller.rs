@@ -846,9 +846,11 @@ async fn a_live_change_overtakes_the_initial_list_unless_priorities_are_off() {
                 let _ = rx.await;
             },
         ));
-        eventually("the list is being reconciled", Duration::from_secs(10), || {
-            order.lock().unwrap().len() >= 100
-        })
+        eventually(
+            "the list is being reconciled",
+            Duration::from_secs(10),
+            || order.lock().unwrap().len() >= 100,
+        )
         .await;
         source.put("live", "changed".into());
         eventually("everything reconciled", Duration::from_secs(30), || {
@@ -863,7 +865,10 @@ async fn a_live_change_overtakes_the_initial_list_unless_priorities_are_off() {
             .expect("the live change was reconciled");
         println!("priorities {priorities}: the live change was reconciled {position}th of 2001");
         if priorities {
-            assert!(position < 1000, "the live change waited behind the list: {position}");
+            assert!(
+                position < 1000,
+                "the live change waited behind the list: {position}"
+            );
         } else {
             assert!(position > 1900, "without priorities it is FIFO: {position}");
         }
