@@ -2,7 +2,8 @@
 //! 1, 2 and 3 replicas for an I/O-bound reconcile, and handoff times on a join and a crash.
 //!
 //! ```text
-//! cargo bench --bench sharding -- [--keys 3000] [--work-ms 10] [--workers 4] [--ttl 5] [--runs 3]
+//! cargo bench --bench sharding -- [--keys 3000] [--work-ms 10] [--workers 4] [--ttl 5]
+//!     [--shards 64] [--runs 3]
 //! ```
 //!
 //! Replicas run in this process, each with its own etcd client: the reconcile only waits
@@ -27,6 +28,7 @@ struct Args {
     workers: usize,
     ttl: Duration,
     runs: usize,
+    shards: u32,
 }
 
 fn args() -> Args {
@@ -36,6 +38,7 @@ fn args() -> Args {
         workers: 4,
         ttl: Duration::from_secs(5),
         runs: 3,
+        shards: DEFAULT_SHARDS,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -53,6 +56,7 @@ fn args() -> Args {
             "--workers" => a.workers = value as usize,
             "--ttl" => a.ttl = Duration::from_secs(value),
             "--runs" => a.runs = value as usize,
+            "--shards" => a.shards = value as u32,
             other => panic!("unknown flag {other}"),
         }
     }
@@ -91,6 +95,7 @@ struct Setup {
     work: Duration,
     workers: usize,
     ttl: Duration,
+    shards: u32,
     reconciled: Arc<Mutex<HashMap<String, String>>>,
     /// Replica -> the keys it reconciled.
     by_replica: Arc<Mutex<HashMap<String, HashSet<String>>>>,
@@ -107,6 +112,7 @@ impl Setup {
             work: a.work,
             workers: a.workers,
             ttl: a.ttl,
+            shards: a.shards,
             reconciled: Arc::default(),
             by_replica: Arc::default(),
         }
@@ -120,6 +126,7 @@ impl Setup {
         let runner = Runner::new("bench").watch(&informer).workers(self.workers);
         let sharded = ShardedRunner::new(runner, client.clone(), name)
             .lease_ttl(self.ttl)
+            .shards(self.shards)
             .records_prefix(self.records.clone());
         let handle = sharded.handle();
         let done = TypedClient::new(client, self.done.clone(), TextCodec).unwrap();
@@ -199,12 +206,12 @@ impl Setup {
 }
 
 /// Waits until the replicas hold every shard between them, none handing one over.
-async fn settled(replicas: &[&Replica], within: Duration) -> Duration {
+async fn settled(replicas: &[&Replica], shards: u32, within: Duration) -> Duration {
     let started = Instant::now();
     loop {
         let healths: Vec<_> = replicas.iter().map(|r| r.handle.health()).collect();
         let held: usize = healths.iter().map(|h| h.held.len()).sum();
-        if held == DEFAULT_SHARDS as usize
+        if held == shards as usize
             && healths
                 .iter()
                 .all(|h| h.releasing.is_empty() && h.members.len() == replicas.len())
@@ -235,8 +242,8 @@ async fn main() {
     let writer = connect(&endpoints).await.expect("connect");
     let within = Duration::from_secs(300);
     println!(
-        "sharded runners: {} keys, reconcile = {:?} wait + a fenced put, {} workers per replica, lease TTL {:?}, {} runs",
-        a.keys, a.work, a.workers, a.ttl, a.runs
+        "sharded runners: {} keys, reconcile = {:?} wait + a fenced put, {} workers per replica, {} shards, lease TTL {:?}, {} runs",
+        a.keys, a.work, a.workers, a.shards, a.ttl, a.runs
     );
     let mut per_replicas: Vec<Vec<f64>> = vec![Vec::new(); 3];
     let mut joins = Vec::new();
@@ -251,12 +258,20 @@ async fn main() {
             for i in 0..n {
                 replicas.push(setup.start(&format!("r{i}")).await);
             }
-            settled(&replicas.iter().collect::<Vec<_>>(), within).await;
+            settled(&replicas.iter().collect::<Vec<_>>(), a.shards, within).await;
             let started = Instant::now();
             setup.write(&writer, a.keys, "v1").await;
             setup.reconciled(a.keys, "v1", within).await;
             let rate = a.keys as f64 / started.elapsed().as_secs_f64();
-            println!("run {run}: {n} replica(s): {rate:.0} reconciles/s");
+            let largest = replicas
+                .iter()
+                .map(|r| r.handle.health().held.len())
+                .max()
+                .unwrap_or(0);
+            println!(
+                "run {run}: {n} replica(s): {rate:.0} reconciles/s (largest share {largest} of {} shards)",
+                a.shards
+            );
             per_replicas[n - 1].push(rate);
             for r in replicas {
                 r.stop().await;
@@ -267,7 +282,7 @@ async fn main() {
         let setup = Setup::new(&endpoints, &a);
         let r0 = setup.start("r0").await;
         let r1 = setup.start("r1").await;
-        settled(&[&r0, &r1], within).await;
+        settled(&[&r0, &r1], a.shards, within).await;
         setup.write(&writer, a.keys, "v1").await;
         setup.reconciled(a.keys, "v1", within).await;
         // A join: from the start of the new replica until the three hold every shard, and
@@ -275,7 +290,7 @@ async fn main() {
         // the keys of a shard it gains).
         let joined_at = Instant::now();
         let r2 = setup.start("r2").await;
-        settled(&[&r0, &r1, &r2], within).await;
+        settled(&[&r0, &r1, &r2], a.shards, within).await;
         let settle = joined_at.elapsed();
         let moved = r2.handle.health().held.len();
         let moved_keys = (0..a.keys)
@@ -305,7 +320,7 @@ async fn main() {
         r2.crash();
         let crashed_at = Instant::now();
         setup.write(&writer, a.keys, "v2").await;
-        settled(&[&r0, &r1], within).await;
+        settled(&[&r0, &r1], a.shards, within).await;
         let taken_over = crashed_at.elapsed();
         setup.reconciled(a.keys, "v2", within).await;
         let all = crashed_at.elapsed();

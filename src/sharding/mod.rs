@@ -335,7 +335,8 @@ struct Round {
 
 /// What the records informer shows: the live members and each shard's owner record.
 struct View {
-    members: BTreeSet<String>,
+    /// Member -> the lease its key is on.
+    members: BTreeMap<String, i64>,
     /// Shard -> (owner, the record's mod_revision, its lease).
     owners: HashMap<u32, (String, i64, i64)>,
 }
@@ -464,12 +465,12 @@ impl Coordinator {
 
     fn view(&self, informer: &SharedIndexInformer<String>) -> View {
         let mut view = View {
-            members: BTreeSet::new(),
+            members: BTreeMap::new(),
             owners: HashMap::new(),
         };
         for o in informer.lister().list() {
             if let Some(member) = Records::member_of_record(o.key()) {
-                view.members.insert(member.to_owned());
+                view.members.insert(member.to_owned(), o.lease);
             } else if let Some(shard) = Records::shard_of_record(o.key()) {
                 view.owners
                     .insert(shard, (o.value.clone(), o.mod_revision, o.lease));
@@ -489,7 +490,9 @@ impl Coordinator {
         round: &mut Round,
     ) -> Result<(), String> {
         let view = self.view(informer);
-        let present = view.members.contains(&*self.member);
+        // Only the key on this lease counts: one on an earlier lease may still show, then
+        // vanish as that lease expires.
+        let present = view.members.get(&*self.member) == Some(&lease.id());
         if round.seen_self && !present {
             return Err(format!(
                 "this member's key is gone: lease {} was revoked",
@@ -499,14 +502,14 @@ impl Coordinator {
         round.seen_self |= present;
         {
             let mut health = lock(&self.status.health);
-            health.members = view.members.iter().cloned().collect();
+            health.members = view.members.keys().cloned().collect();
             health.lease_alive = lease.is_alive();
         }
         // Until this member sees itself, it would compute an assignment without itself.
         if !lease.is_alive() || !present {
             return Ok(());
         }
-        let members: Vec<&str> = view.members.iter().map(String::as_str).collect();
+        let members: Vec<&str> = view.members.keys().map(String::as_str).collect();
         let mut acquired = BTreeMap::new();
         for shard in 0..self.shards {
             let mine = owner_of(shard, &members) == Some(&*self.member);
