@@ -15,7 +15,7 @@
 //!   paused) drops all its shards and abandons its reconciles at once, at least `ttl / 3` before
 //!   etcd can expire the lease and let another replica take over; it then joins again with a
 //!   new lease.
-//! - **Fencing.** Each reconcile gets its shard's [`Fence`](crate::client::Fence)
+//! - **Fencing.** Each reconcile gets its shard's [`Fence`]
 //!   ([`Context::fence`]): writes made with
 //!   [`TypedClient::fenced`](crate::client::TypedClient::fenced) succeed only while the owner
 //!   record is the one the shard was acquired with.
