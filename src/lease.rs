@@ -1,6 +1,7 @@
 //! An etcd lease kept alive in the background, that says it is lost *before* etcd can expire
 //! it: what leader election and shard ownership hold their keys with.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::Client;
@@ -21,6 +22,7 @@ use tracing::Instrument;
 pub(crate) struct KeptLease {
     client: Client,
     id: i64,
+    valid_until: Validity,
     lost: watch::Receiver<Option<String>>,
     keeper: tokio::task::JoinHandle<()>,
 }
@@ -47,17 +49,20 @@ impl KeptLease {
             .grant(ttl.as_secs() as i64, None)
             .await?
             .id();
+        let valid_until = Validity(Arc::new(Mutex::new(granted_at + ttl * 2 / 3)));
         let (lost_tx, lost) = watch::channel(None);
         let report = move |why: String| {
             on_lost(&why);
             tracing::warn!(%why, "lease lost");
             let _ = lost_tx.send(Some(why));
         };
-        let keeper =
-            tokio::spawn(keep_alive(client.clone(), id, ttl, granted_at, report).instrument(span));
+        let keeper = tokio::spawn(
+            keep_alive(client.clone(), id, ttl, valid_until.clone(), report).instrument(span),
+        );
         Ok(KeptLease {
             client: client.clone(),
             id,
+            valid_until,
             lost,
             keeper,
         })
@@ -66,6 +71,12 @@ impl KeptLease {
     /// The lease's id.
     pub(crate) fn id(&self) -> i64 {
         self.id
+    }
+
+    /// Until when the lease is proven alive, for checks that cannot wait for the keeper task
+    /// to run (a process that was frozen resumes with every task due at once).
+    pub(crate) fn validity(&self) -> Validity {
+        self.valid_until.clone()
     }
 
     /// Resolves when the lease is lost, with why.
@@ -106,6 +117,23 @@ impl KeptLease {
     }
 }
 
+/// Until when a [`KeptLease`] is proven alive: `ttl * 2 / 3` after the last acknowledged
+/// renewal was sent.
+#[derive(Clone)]
+pub(crate) struct Validity(Arc<Mutex<Instant>>);
+
+impl Validity {
+    /// A validity that ends at `at`, for tests.
+    #[cfg(test)]
+    pub(crate) fn until(at: Instant) -> Self {
+        Validity(Arc::new(Mutex::new(at)))
+    }
+
+    pub(crate) fn is_valid(&self) -> bool {
+        Instant::now() < *crate::lock(&self.0)
+    }
+}
+
 /// Renews the lease every TTL/3 and reports loss once no renewal has been acknowledged for
 /// TTL*2/3 (measured from when the acknowledged request was *sent*, and checked before every
 /// wait), or as soon as etcd says the lease is gone.
@@ -113,13 +141,13 @@ async fn keep_alive(
     client: Client,
     lease: i64,
     ttl: Duration,
-    granted_at: Instant,
+    valid_until: Validity,
     report: impl FnOnce(String),
 ) {
     let period = ttl / 3;
     let margin = ttl * 2 / 3;
     let retry = Duration::from_millis(100);
-    let mut last_ok = granted_at;
+    let mut last_ok = *crate::lock(&valid_until.0) - margin;
     let mut stream = None;
     loop {
         let deadline = last_ok + margin;
@@ -159,7 +187,10 @@ async fn keep_alive(
         })
         .await;
         match renewed {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => last_ok = sent,
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                last_ok = sent;
+                *crate::lock(&valid_until.0) = sent + margin;
+            }
             Ok(Ok(Some(_))) => {
                 report(format!("lease {lease} expired or was revoked"));
                 return;

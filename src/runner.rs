@@ -67,10 +67,19 @@ type Get = Box<dyn Fn(&str) -> Option<AnyObject> + Send + Sync>;
 type WaitFor =
     Box<dyn Fn(i64, Duration) -> BoxFuture<'static, Result<(), ConsistencyError>> + Send + Sync>;
 
-/// Adds a runner's handler (named after the runner) to one informer, feeding a queue (with
-/// priorities or not).
-type Register =
-    Box<dyn Fn(&str, &WorkQueue<String>, bool) -> Result<Registered, InformerError> + Send + Sync>;
+/// Adds a runner's handler (named after the runner) to one informer, feeding a queue.
+type Register = Box<
+    dyn Fn(&str, &WorkQueue<String>, Queueing) -> Result<Registered, InformerError> + Send + Sync,
+>;
+
+/// What a runner's handlers queue, and how.
+#[derive(Debug, Clone, Copy)]
+struct Queueing {
+    /// Initial lists and resyncs below live changes.
+    priorities: bool,
+    /// Resyncs (updates with old and new at one revision) queued at all.
+    resyncs: bool,
+}
 
 /// A reconcile with its types erased.
 pub(crate) type Reconciler =
@@ -87,8 +96,8 @@ pub(crate) struct Admitted {
     /// Resolves if the leave is withdrawn mid-reconcile (the lease that backs it was lost):
     /// the reconcile is then abandoned at its next `.await`.
     pub(crate) revoked: BoxFuture<'static, ()>,
-    /// Counts the reconcile in until it ends.
-    pub(crate) _in_flight: Box<dyn Send>,
+    /// Counts the reconcile in until it is dropped, when the reconcile ends.
+    pub(crate) in_flight: Box<dyn Send>,
 }
 
 /// Calls its argument with every key one informer's cached objects map to.
@@ -302,8 +311,7 @@ pub struct Runner {
     metrics: Arc<RunnerMetrics>,
     /// Set by a sharded runner: which keys this replica may reconcile now.
     pub(crate) admit: Option<Admit>,
-    /// Whether initial lists and resyncs are queued below live changes.
-    priorities: bool,
+    queueing: Queueing,
     fairness: Option<GroupOf>,
 }
 
@@ -346,7 +354,10 @@ impl Runner {
             watched: Vec::new(),
             written: Arc::default(),
             admit: None,
-            priorities: true,
+            queueing: Queueing {
+                priorities: true,
+                resyncs: true,
+            },
             fairness: None,
         }
     }
@@ -373,7 +384,11 @@ impl Runner {
         let getter = informer.lister();
         let all = informer.lister();
         let keys_of = map.clone();
-        let register: Register = Box::new(move |runner, queue, priorities| {
+        let register: Register = Box::new(move |runner, queue, queueing| {
+            let Queueing {
+                priorities,
+                resyncs,
+            } = queueing;
             let (q1, q2, q3) = (queue.clone(), queue.clone(), queue.clone());
             let (m1, m2, m3) = (map.clone(), map.clone(), map.clone());
             // The initial list and resyncs (old and new at one revision) wait behind live
@@ -388,7 +403,11 @@ impl Runner {
                     m1(o).into_iter().for_each(|k| q1.add_with_priority(k, p))
                 })
                 .on_update(move |old, o| {
-                    let p = level(old.mod_revision == o.mod_revision);
+                    let resync = old.mod_revision == o.mod_revision;
+                    if resync && !resyncs {
+                        return;
+                    }
+                    let p = level(resync);
                     m2(o).into_iter().for_each(|k| q2.add_with_priority(k, p))
                 })
                 .on_delete(move |o| m3(o.object()).into_iter().for_each(|k| q3.add(k)));
@@ -447,7 +466,17 @@ impl Runner {
     /// [`live_burst`](WorkQueueConfig::live_burst) turns). `false`: one FIFO, client-go's.
     #[must_use]
     pub fn priorities(mut self, on: bool) -> Self {
-        self.priorities = on;
+        self.queueing.priorities = on;
+        self
+    }
+
+    /// Whether resyncs are reconciled (default `true`): updates whose old and new object are
+    /// at one revision, from the informer's resync period or from a relist that found the key
+    /// unchanged ([`RelistUnchanged`](crate::RelistUnchanged)). `false`: the runner reconciles
+    /// only changes, whatever other handlers of the same informers are told.
+    #[must_use]
+    pub fn resyncs(mut self, on: bool) -> Self {
+        self.queueing.resyncs = on;
         self
     }
 
@@ -612,7 +641,7 @@ impl Runner {
     /// Adds this runner's handler to every watched informer, feeding `queue`.
     fn register(&self, queue: &WorkQueue<String>) -> Registrations {
         let registered = self.watched.iter().map(|w| {
-            (w.register)(&self.name, queue, self.priorities).unwrap_or_else(|e| {
+            (w.register)(&self.name, queue, self.queueing).unwrap_or_else(|e| {
                 // Only a failure to start a thread gets here; the runner would never sync, so
                 // say so loudly and let `run` wait visibly.
                 tracing::error!(runner = %self.name, informer = %w.informer, error = %e, "cannot watch informer");
@@ -729,6 +758,14 @@ impl Workers {
                 queue.done(&key);
                 break;
             }
+            if let Err(e) = self.read_your_writes(&key).await {
+                tracing::warn!(%key, error = %e, "the cache has not caught up with this key's last write; backing off");
+                queue.add_rate_limited(key.clone());
+                queue.done(&key);
+                continue;
+            }
+            // Admitted last, so that a wait above does not hold up a handover of the key's
+            // shard.
             let admitted = match &self.admit {
                 None => None,
                 Some(admit) => match admit(&key) {
@@ -740,12 +777,6 @@ impl Workers {
                     }
                 },
             };
-            if let Err(e) = self.read_your_writes(&key).await {
-                tracing::warn!(%key, error = %e, "the cache has not caught up with this key's last write; backing off");
-                queue.add_rate_limited(key.clone());
-                queue.done(&key);
-                continue;
-            }
             self.reconcile(&key, admitted).await;
             queue.done(&key);
         }
@@ -757,7 +788,7 @@ impl Workers {
         let key = key.to_owned();
         let retries = queue.num_requeues(&key);
         let (fence, revoked, _in_flight) = match admitted {
-            Some(a) => (a.fence, a.revoked, Some(a._in_flight)),
+            Some(a) => (a.fence, a.revoked, Some(a.in_flight)),
             None => (
                 None,
                 Box::pin(std::future::pending()) as BoxFuture<'static, ()>,
@@ -789,9 +820,11 @@ impl Workers {
                 },
             }
         };
+        // Biased: a reconcile whose leave was withdrawn is not polled (and sends nothing) again.
         let outcome = tokio::select! {
-            outcome = attempt => outcome,
+            biased;
             () = revoked => Outcome::Revoked,
+            outcome = attempt => outcome,
         };
         let result = match outcome {
             Outcome::Finished(Ok(action)) => {

@@ -737,17 +737,20 @@ async fn runner_campaigns_again_after_losing_leadership() {
 }
 
 /// Reconciles a runner makes after a compaction relist that finds all but one of 100 keys
-/// unchanged, for each [`RelistUnchanged`] choice and both processing modes.
+/// unchanged, for each [`RelistUnchanged`] choice and both processing modes, and with the
+/// runner's resyncs off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_of_unchanged_keys_reconciles_only_what_changed_unless_asked() {
     use etcd_informer::listwatch::Error;
     use etcd_informer::testing::FakeSource;
     use etcd_informer::{InformerOptions, Processing, RelistUnchanged};
     for processing in [Processing::Atomic, Processing::DeltaFifo] {
-        for (choice, expected) in [
-            (RelistUnchanged::ResyncingHandlers, 1),
-            (RelistUnchanged::Nobody, 1),
-            (RelistUnchanged::Everyone, 100),
+        for (choice, resyncs, expected) in [
+            (RelistUnchanged::ResyncingHandlers, true, 1),
+            (RelistUnchanged::Nobody, true, 1),
+            (RelistUnchanged::Everyone, true, 100),
+            // Other handlers hear of every key; the runner reconciles only the change.
+            (RelistUnchanged::Everyone, false, 1),
         ] {
             let source = FakeSource::<String>::new();
             for i in 0..100 {
@@ -766,7 +769,10 @@ async fn a_relist_of_unchanged_keys_reconciles_only_what_changed_unless_asked() 
             tokio::spawn(informer.clone().run());
             let reconciled = Arc::new(AtomicUsize::new(0));
             let count = reconciled.clone();
-            let runner = Runner::new("relist").watch(&informer).workers(2);
+            let runner = Runner::new("relist")
+                .watch(&informer)
+                .workers(2)
+                .resyncs(resyncs);
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(runner.run(
                 move |_key| {
@@ -804,7 +810,7 @@ async fn a_relist_of_unchanged_keys_reconciles_only_what_changed_unless_asked() 
             assert_eq!(
                 reconciled.load(Ordering::SeqCst) - 100,
                 expected,
-                "{processing:?}, {choice:?}"
+                "{processing:?}, {choice:?}, runner resyncs {resyncs}"
             );
             let _ = tx.send(());
             task.await.unwrap();

@@ -227,8 +227,9 @@ fn apply_replace<T>(
     };
     match out {
         Replaced::Notify { events, resync } if !resync => {
-            // Nobody hears of an unchanged key: only the changed keys are decoded, so that a relist of a large, mostly unchanged prefix
-            // never holds it decoded (twice, old and new) in a list of notifications.
+            // Nobody hears of an unchanged key: only the changed keys are decoded, so that a
+            // relist of a large, mostly unchanged prefix never holds it decoded (twice, old
+            // and new) in a list of notifications.
             if store_replaced {
                 old.for_each(&mut |o| events.push(tombstone(o)));
             }

@@ -44,6 +44,9 @@ pub enum Processing {
 /// | [`Nobody`](RelistUnchanged::Nobody) | none; the resync period stays the way to revisit every key | unchanged keys never decoded |
 /// | [`Everyone`](RelistUnchanged::Everyone) | every handler, as a resync | every key decoded, one notification each |
 ///
+/// The relist costs are those of the default [`Processing::Atomic`]; a
+/// [`Processing::DeltaFifo`] relist decodes every key whatever the choice.
+///
 /// A [`Runner`](crate::runner::Runner) queues resyncs below live changes, so a relist told to
 /// everyone still does not delay them; with the default, a relist of unchanged keys makes no
 /// reconcile at all unless a resync is due.

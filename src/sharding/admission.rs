@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::assignment::{shard_of, ShardBy};
 use crate::client::Fence;
+use crate::lease::Validity;
 use crate::lock;
 use crate::runner::Admitted;
 
@@ -39,6 +40,9 @@ pub(crate) struct ShardTable {
     quiet: Notify,
     /// Bumped by `drop_all`: the leave given before is withdrawn.
     epoch: watch::Sender<u64>,
+    /// The lease the shards are held with: no reconcile starts once it is no longer proven,
+    /// even before the coordinator hears that it is lost.
+    lease: Mutex<Option<Validity>>,
 }
 
 #[derive(Default)]
@@ -55,6 +59,7 @@ impl ShardTable {
             state: Mutex::default(),
             quiet: Notify::new(),
             epoch: watch::Sender::new(0),
+            lease: Mutex::new(None),
         })
     }
 
@@ -62,8 +67,17 @@ impl ShardTable {
         shard_of(&self.shard_by, key, self.shards)
     }
 
-    /// Leave to reconcile `key` now, if its shard is held and not being handed over.
+    /// Holds the shards from now on with the lease behind `validity`.
+    pub(crate) fn bind(&self, validity: Validity) {
+        *lock(&self.lease) = Some(validity);
+    }
+
+    /// Leave to reconcile `key` now, if its shard is held and not being handed over, and the
+    /// lease is still proven alive.
     pub(crate) fn admit(self: &Arc<Self>, key: &str) -> Option<Admitted> {
+        if !lock(&self.lease).as_ref().is_some_and(Validity::is_valid) {
+            return None;
+        }
         let shard = self.shard_of(key);
         let mut state = lock(&self.state);
         let held = state.held.get_mut(&shard)?;
@@ -81,7 +95,7 @@ impl ShardTable {
             revoked: Box::pin(async move {
                 let _ = epoch.wait_for(|e| *e != given).await;
             }),
-            _in_flight: Box::new(InFlight {
+            in_flight: Box::new(InFlight {
                 table: self.clone(),
                 shard,
                 id,
@@ -117,6 +131,17 @@ impl ShardTable {
         match state.held.get_mut(&shard) {
             Some(held) if held.releasing.is_none() => {
                 held.releasing = Some(Instant::now());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Keeps `shard` after all (it was assigned back before it was handed over).
+    pub(crate) fn cancel_release(&self, shard: u32) -> bool {
+        match lock(&self.state).held.get_mut(&shard) {
+            Some(held) if held.releasing.is_some() => {
+                held.releasing = None;
                 true
             }
             _ => false,
@@ -197,7 +222,11 @@ mod tests {
     use crate::sharding::assignment::whole_key;
 
     fn table() -> Arc<ShardTable> {
-        ShardTable::new(4, Arc::new(whole_key))
+        let table = ShardTable::new(4, Arc::new(whole_key));
+        table.bind(Validity::until(
+            Instant::now() + std::time::Duration::from_secs(60),
+        ));
+        table
     }
 
     fn key_in(table: &ShardTable, shard: u32) -> String {
@@ -230,6 +259,16 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn no_reconcile_starts_once_the_lease_is_no_longer_proven() {
+        let table = table();
+        let key = key_in(&table, 3);
+        table.insert(3, Fence::new("/s/0003", 5));
+        assert!(table.admit(&key).is_some());
+        table.bind(Validity::until(Instant::now()));
+        assert!(table.admit(&key).is_none(), "the lease is past its proof");
+    }
+
+    #[tokio::test]
     async fn losing_the_lease_withdraws_the_leave_of_reconciles_in_flight() {
         let table = table();
         let key = key_in(&table, 2);
@@ -242,7 +281,7 @@ mod tests {
         assert!(table.admit(&key).is_none());
         // A reconcile of an earlier holding ending later does not count against a new one.
         table.insert(2, Fence::new("/s/0002", 12));
-        drop(admitted._in_flight);
+        drop(admitted.in_flight);
         let again = table.admit(&key).expect("held again");
         assert!(table.begin_release(2));
         assert!(table.released().is_empty());

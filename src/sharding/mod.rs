@@ -25,9 +25,11 @@
 //! With fenced writes: no write made for a shard lands after its owner record is gone, whatever
 //! the clocks, pauses or partitions. Without fencing, no two replicas reconcile one key at once
 //! as long as a replica's clock does not run more than a third slower than etcd's over one
-//! TTL, and a paused process resumes to find its lease lost before it acts (it checks at every
-//! reconcile start, but a reconcile already running past an `.await` point when the process
-//! froze can still finish a write it had sent): fence the writes that matter.
+//! TTL, and its lease is not revoked by hand (etcd deletes the records at once; the replica
+//! hears of it within moments, but a reconcile already running may finish). A process frozen
+//! (SIGSTOP, a stalled VM) resumes to find its lease unproven: no reconcile starts then, but
+//! one that was already past an `.await` when the process froze can still finish a write it
+//! had sent. Fence the writes that matter.
 //!
 //! On gaining a shard a replica reconciles every key its caches hold in that shard. A key
 //! deleted while its shard changed hands is not reconciled as deleted by either replica: make
@@ -289,7 +291,7 @@ impl ShardedRunner {
             queue: self.runner.queue().clone(),
             keys: self.runner.key_source(),
             status: self.status.clone(),
-            metrics: ShardMetrics::new(self.runner.name(), &self.member),
+            metrics: Arc::new(ShardMetrics::new(self.runner.name(), &self.member)),
         };
         let stop_runner = Notify::new();
         let runner = &mut self.runner;
@@ -319,7 +321,7 @@ struct Coordinator {
     queue: WorkQueue<String>,
     keys: crate::runner::KeySource,
     status: Arc<Status>,
-    metrics: ShardMetrics,
+    metrics: Arc<ShardMetrics>,
 }
 
 /// What a replica remembers between converges under one lease.
@@ -362,14 +364,16 @@ impl Coordinator {
             let why = loop {
                 // Raced with the lease: a partition can hang the requests of a converge.
                 tokio::select! {
+                    biased;
+                    why = lease.lost() => break why,
                     gone = self.converge(&informer, &lease, &mut round) => {
                         if let Err(why) = gone {
                             break why;
                         }
                     }
-                    why = lease.lost() => break why,
                 }
                 tokio::select! {
+                    biased;
                     why = lease.lost() => break why,
                     () = &mut shutdown => {
                         self.leave(lease).await;
@@ -429,36 +433,59 @@ impl Coordinator {
         Some((informer, task, wake))
     }
 
-    /// Grants a lease and announces this member, retrying until it works or `shutdown`.
+    /// Grants a lease and announces this member, retrying until it works or `shutdown`. The
+    /// lease, once lost, drops every shard at once, from its keeper task: the workers stop
+    /// starting reconciles without waiting for the coordinator's turn.
     async fn join(
         &self,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Option<KeptLease> {
         loop {
-            let span = tracing::info_span!("shard_lease", member = %self.member);
-            let attempt = async {
-                let lease = KeptLease::grant(&self.client, self.ttl, span, |_| {}).await?;
-                self.records.join(&self.member, lease.id()).await?;
-                Ok::<_, etcd_client::Error>(lease)
-            };
-            let attempt = tokio::select! {
-                a = tokio::time::timeout(self.ttl, attempt) => a,
+            match tokio::select! {
+                joined = self.try_join() => joined,
                 () = shutdown.as_mut() => return None,
-            };
-            match attempt {
-                Ok(Ok(lease)) => {
+            } {
+                Ok(lease) => {
                     tracing::info!(lease = lease.id(), "joined");
                     let mut health = lock(&self.status.health);
                     health.lease = Some(lease.id());
                     health.lease_alive = true;
                     return Some(lease);
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot join yet; retrying"),
-                Err(_) => tracing::warn!("joining timed out; retrying"),
+                Err(e) => tracing::warn!(error = %e, "cannot join yet; retrying"),
             }
             tokio::select! {
                 () = tokio::time::sleep(JOIN_RETRY) => {}
                 () = shutdown.as_mut() => return None,
+            }
+        }
+    }
+
+    async fn try_join(&self) -> Result<KeptLease, String> {
+        let span = tracing::info_span!("shard_lease", member = %self.member);
+        let (table, metrics) = (self.table.clone(), self.metrics.clone());
+        let on_lost = move |_: &str| {
+            let dropped = table.drop_all();
+            metrics.handoff(Handoff::Lost, dropped as u64, None);
+            metrics.held(0);
+        };
+        let grant = KeptLease::grant(&self.client, self.ttl, span, on_lost);
+        let lease = match tokio::time::timeout(self.ttl, grant).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) => return Err(format!("lease grant: {e}")),
+            Err(_) => return Err("lease grant timed out".into()),
+        };
+        self.table.bind(lease.validity());
+        let announce = self.records.join(&self.member, lease.id());
+        match tokio::time::timeout(self.ttl, announce).await {
+            Ok(Ok(())) => Ok(lease),
+            failed => {
+                // The member key may have landed: take it down with the lease.
+                lease.revoke_in_background();
+                Err(match failed {
+                    Ok(Err(e)) => format!("announcing the member: {e}"),
+                    _ => "announcing the member timed out".into(),
+                })
             }
         }
     }
@@ -495,8 +522,9 @@ impl Coordinator {
         let present = view.members.get(&*self.member) == Some(&lease.id());
         if round.seen_self && !present {
             return Err(format!(
-                "this member's key is gone: lease {} was revoked",
-                lease.id()
+                "this member's key is gone or on another lease: lease {} was revoked (or another replica uses the name {:?})",
+                lease.id(),
+                self.member
             ));
         }
         round.seen_self |= present;
@@ -516,40 +544,51 @@ impl Coordinator {
             if self.table.holds(shard) {
                 if !mine && self.table.begin_release(shard) {
                     tracing::debug!(shard, "handing over");
+                } else if mine && self.table.cancel_release(shard) {
+                    tracing::debug!(shard, "assigned back before it was handed over: kept");
                 }
                 continue;
+            }
+            // A record on this lease that the table does not hold: from an acquire whose
+            // answer was lost, or one this replica released and the view still shows.
+            if let Some((_, revision, held_by)) = view.owners.get(&shard) {
+                if *held_by == lease.id() {
+                    let fence = Fence::new(self.records.shard_key_full(shard), *revision);
+                    if mine && round.uncertain.remove(&shard) {
+                        self.table.insert(shard, fence);
+                        round.wanted_since.remove(&shard);
+                        acquired.insert(shard, Duration::ZERO);
+                    } else if !mine {
+                        // Deleted only if it is still that record: harmless when stale.
+                        let release = self.records.release(&fence);
+                        let _ = tokio::time::timeout(self.ttl, release).await;
+                        round.uncertain.remove(&shard);
+                    }
+                    continue;
+                }
             }
             if !mine {
                 round.wanted_since.remove(&shard);
                 continue;
             }
             let since = *round.wanted_since.entry(shard).or_insert_with(Instant::now);
-            let fence = match view.owners.get(&shard) {
-                // Ours under this lease, from an acquire whose answer was lost: only such an
-                // acquire can have made it (a record this lease released may still show).
-                Some((_, revision, held_by))
-                    if *held_by == lease.id() && round.uncertain.remove(&shard) =>
-                {
-                    Fence::new(self.records.shard_key_full(shard), *revision)
-                }
+            if view.owners.contains_key(&shard) {
                 // The owner hands it over when it sees the same membership, or its lease
                 // expires (maybe an earlier lease of this member's).
-                Some(_) => continue,
-                None => {
-                    let acquire = self.records.acquire(shard, &self.member, lease.id());
-                    match tokio::time::timeout(self.ttl, acquire).await {
-                        Ok(Ok(Some(fence))) => fence,
-                        Ok(Ok(None)) => continue, // the view was behind: someone owns it
-                        Ok(Err(e)) => {
-                            tracing::warn!(shard, error = %e, "cannot acquire shard");
-                            break;
-                        }
-                        Err(_) => {
-                            tracing::warn!(shard, "acquiring a shard timed out");
-                            round.uncertain.insert(shard);
-                            break;
-                        }
+                continue;
+            }
+            let acquire = self.records.acquire(shard, &self.member, lease.id());
+            let fence = match tokio::time::timeout(self.ttl, acquire).await {
+                Ok(Ok(Some(fence))) => fence,
+                Ok(Ok(None)) => continue, // the view was behind: someone owns it
+                failed => {
+                    // The record may have been created all the same: the view will show it.
+                    round.uncertain.insert(shard);
+                    match failed {
+                        Ok(Err(e)) => tracing::warn!(shard, error = %e, "cannot acquire shard"),
+                        _ => tracing::warn!(shard, "acquiring a shard timed out"),
                     }
+                    break;
                 }
             };
             self.table.insert(shard, fence);
@@ -606,20 +645,28 @@ impl Coordinator {
     }
 
     /// Hands every shard over once its reconciles have ended, then revokes the lease (which
-    /// deletes the membership key and any record left).
+    /// deletes the membership key and any record left). Gives up at [`RELEASE_TIMEOUT`], and at
+    /// once if the lease is lost meanwhile: reconciles still running are then abandoned before
+    /// anyone else can take their shards.
     async fn leave(&self, lease: KeptLease) {
         for shard in self.table.held().0 {
             self.table.begin_release(shard);
         }
         let deadline = Instant::now() + RELEASE_TIMEOUT;
-        while !self.table.held().0.is_empty() && Instant::now() < deadline {
-            self.hand_over().await;
-            if self.table.held().0.is_empty() {
-                break;
+        let handed_over = async {
+            while !self.table.held().0.is_empty() {
+                self.hand_over().await;
+                if self.table.held().0.is_empty() {
+                    break;
+                }
+                let _ = tokio::time::timeout(RECHECK, self.table.quiet()).await;
             }
-            let _ = tokio::time::timeout(RECHECK, self.table.quiet()).await;
+        };
+        tokio::select! {
+            biased;
+            why = lease.lost() => tracing::warn!(%why, "lease lost while handing shards over"),
+            _ = tokio::time::timeout_at(deadline, handed_over) => {}
         }
-        // Reconciles still running past the timeout are abandoned before the lease goes.
         self.table.drop_all();
         match tokio::time::timeout(self.ttl, lease.revoke()).await {
             Ok(Ok(())) => {}
