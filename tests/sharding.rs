@@ -483,10 +483,12 @@ async fn a_partitioned_replica_stops_before_its_lease_expires_and_its_fenced_wri
     })
     .await;
     println!("r2 stopped reconciling {stopped:?} after the cut (TTL {TTL:?})");
-    // Its last renewal may have been sent up to TTL/3 before the cut, so etcd may expire the
-    // lease 2/3 TTL after the cut: r2 must have stopped by then (plus this loop's polling).
+    // r2 gives up 2/3 TTL after its last renewal was sent, before the cut: at most 2/3 TTL
+    // after the cut (plus scheduling on a busy machine), against a full TTL from the cut for
+    // etcd (a TTL from when it received that renewal). The overlap check below is the strict
+    // one: nobody else begins r2's keys while r2 still reconciles.
     assert!(
-        stopped < TTL * 2 / 3 + Duration::from_millis(100),
+        stopped < TTL * 2 / 3 + Duration::from_millis(500),
         "r2 must stop before its lease can expire: {stopped:?}"
     );
     if let Some(last) = fleet.recorder.last_begin.lock().unwrap().get("r2") {
