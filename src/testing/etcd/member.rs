@@ -13,7 +13,7 @@ use etcd_client::Client;
 use tempfile::TempDir;
 
 use super::binary::{connect, log_tail, pick_ports, probe, reserved_ports, sweep_stale_dirs};
-use super::spawn::{send_signal, set_parent_death_signal, spawn_child};
+use super::spawn::{send_signal, set_parent_death_signal, spawn_child, wait_stopped};
 use super::{
     lock, HarnessError, ServerOptions, DATA_SUBDIR, DIR_PREFIX, LOG_FILE, POLL_INTERVAL,
     PORT_ATTEMPTS, READY_TIMEOUT, RESTART_ATTEMPTS, STOP_GRACE,
@@ -244,6 +244,9 @@ impl EtcdMember {
             .ok_or_else(|| self.invalid("not running"))?;
         send_signal(child, signal)
             .map_err(|e| HarnessError::io(format!("signalling etcd at {}", self.endpoint), e))?;
+        if signal == libc::SIGSTOP {
+            wait_stopped(child);
+        }
         state.paused = paused;
         Ok(())
     }

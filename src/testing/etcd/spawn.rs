@@ -78,3 +78,29 @@ pub(super) fn send_signal(child: &Child, signal: libc::c_int) -> io::Result<()> 
         Err(io::Error::last_os_error())
     }
 }
+
+/// Waits (up to 2 s) until every thread of `child` is stopped: `kill(SIGSTOP)` returns before
+/// the threads are, and a thread still running could answer one more request.
+pub(super) fn wait_stopped(child: &Child) {
+    let dir = format!("/proc/{}/task", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let Ok(tasks) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        let running = tasks.flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                // The state follows the parenthesized command name.
+                .and_then(|stat| {
+                    stat.rsplit_once(')')
+                        .map(|(_, rest)| rest.trim_start().to_owned())
+                })
+                .is_some_and(|rest| !rest.starts_with('T') && !rest.starts_with('t'))
+        });
+        if !running {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
