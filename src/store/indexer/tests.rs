@@ -1,0 +1,259 @@
+//! The indexer's unit tests.
+
+use super::*;
+use crate::store::{namespace_index_func, NAMESPACE_INDEX};
+
+fn obj(key: &str, rev: i64, labels: &[&str]) -> Arc<Object<Vec<String>>> {
+    Arc::new(Object::new(
+        key,
+        rev,
+        labels.iter().map(|s| s.to_string()).collect(),
+    ))
+}
+
+/// The index "label": the object's value, a list of labels.
+fn label_index() -> Indexers<Vec<String>> {
+    let mut indexers: Indexers<Vec<String>> = HashMap::new();
+    indexers.insert(
+        "label".into(),
+        Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
+    );
+    indexers
+}
+
+fn label_indexer() -> Indexer<Vec<String>> {
+    let indexer = Indexer::with_namespace_index();
+    indexer.add_indexers(label_index()).unwrap();
+    indexer
+}
+
+/// Comma-separated labels.
+fn parse_labels(bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
+    let text = std::str::from_utf8(bytes)?;
+    Ok(text
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect())
+}
+
+fn sorted(keys: Vec<Arc<str>>) -> Vec<String> {
+    let mut v: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn multi_value_index_follows_updates_and_deletes() {
+    let ix = label_indexer();
+    ix.add(obj("tmp/a", 1, &["x", "y"]));
+    ix.add(obj("tmp/b", 2, &["y"]));
+    assert_eq!(
+        sorted(ix.index_keys("label", "y").unwrap()),
+        ["tmp/a", "tmp/b"]
+    );
+    ix.update(obj("tmp/a", 3, &["z"]));
+    assert_eq!(sorted(ix.index_keys("label", "y").unwrap()), ["tmp/b"]);
+    assert!(ix.index_keys("label", "x").unwrap().is_empty());
+    assert_eq!(sorted(ix.index_keys("label", "z").unwrap()), ["tmp/a"]);
+    ix.delete("tmp/b");
+    let mut values = ix.list_index_func_values("label");
+    values.sort();
+    assert_eq!(values, ["z"], "empty index values are removed");
+    assert_eq!(ix.by_index("label", "z").unwrap()[0].mod_revision, 3);
+    let same = ix.index("label", &obj("other/c", 9, &["z", "q"])).unwrap();
+    assert_eq!(same.len(), 1);
+}
+
+#[test]
+fn unknown_index_is_an_error() {
+    let ix = label_indexer();
+    assert_eq!(
+        ix.by_index("nope", "x").unwrap_err(),
+        StoreError::IndexNotFound("nope".into())
+    );
+    let mut dup: Indexers<Vec<String>> = HashMap::new();
+    dup.insert(NAMESPACE_INDEX.into(), Arc::new(namespace_index_func));
+    assert_eq!(
+        ix.add_indexers(dup).unwrap_err(),
+        StoreError::IndexExists(NAMESPACE_INDEX.into())
+    );
+}
+
+#[test]
+fn indexer_added_later_indexes_existing_objects() {
+    let ix: Indexer<Vec<String>> = Indexer::default();
+    ix.add(obj("tmp/a", 1, &["x"]));
+    ix.add(obj("prod/b", 2, &["x"]));
+    let mut more: Indexers<Vec<String>> = HashMap::new();
+    more.insert(NAMESPACE_INDEX.into(), Arc::new(namespace_index_func));
+    ix.add_indexers(more).unwrap();
+    assert_eq!(
+        sorted(ix.index_keys(NAMESPACE_INDEX, "prod").unwrap()),
+        ["prod/b"]
+    );
+}
+
+#[test]
+fn replace_rebuilds_indexes_and_keys_are_shared() {
+    let ix = label_indexer();
+    ix.add(obj("tmp/a", 1, &["x"]));
+    ix.replace(vec![obj("tmp/b", 5, &["y"])]);
+    assert!(ix.get_by_key("tmp/a").is_none());
+    assert!(ix.index_keys("label", "x").unwrap().is_empty());
+    let stored = ix.get_by_key("tmp/b").unwrap();
+    let indexed = ix.index_keys("label", "y").unwrap();
+    assert!(
+        Arc::ptr_eq(stored.shared_key(), &indexed[0]),
+        "index shares the key"
+    );
+    assert_eq!(ix.len(), 1);
+}
+
+/// Labels as comma-separated text; "bad" does not round-trip (it decodes as an error).
+struct LabelCodec;
+
+impl Codec<Vec<String>> for LabelCodec {
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
+        let labels = parse_labels(bytes)?;
+        if labels.iter().any(|l| l == "bad") {
+            return Err("bad label".into());
+        }
+        Ok(labels)
+    }
+    fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
+        Ok(value.join(",").into_bytes())
+    }
+}
+
+fn snapshot(ix: &Indexer<Vec<String>>) -> Vec<String> {
+    let mut out: Vec<String> = ix
+        .list()
+        .iter()
+        .map(|o| format!("{} {} {} {:?}", o.key(), o.mod_revision, o.version, o.value))
+        .collect();
+    for name in ix.index_names() {
+        for value in ix.list_index_func_values(&name) {
+            let mut keys = sorted(ix.index_keys(&name, &value).unwrap());
+            let mut objects: Vec<String> = ix
+                .by_index(&name, &value)
+                .unwrap()
+                .iter()
+                .map(|o| format!("{}@{}", o.key(), o.mod_revision))
+                .collect();
+            objects.sort();
+            keys.push(format!("{objects:?}"));
+            out.push(format!("{name}={value}: {keys:?}"));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn compact_store_answers_exactly_as_the_shared_one() {
+    let shared = label_indexer();
+    let compact = Indexer::compact(namespace_indexers(), LabelCodec);
+    compact.add_indexers(label_index()).unwrap();
+    let labels = ["x", "y", "z", "bad"];
+    let mut rng = fastrand::Rng::with_seed(7);
+    for step in 0..3_000i64 {
+        let key = format!("ns{}/k{}", rng.usize(0..3), rng.usize(0..20));
+        match rng.usize(0..10) {
+            0..=5 => {
+                let value: Vec<&str> = (0..rng.usize(0..3))
+                    .map(|_| labels[rng.usize(0..labels.len())])
+                    .collect();
+                let mut o = Object::new(
+                    key.as_str(),
+                    step,
+                    value.iter().map(|l| l.to_string()).collect(),
+                );
+                o.version = step % 5 + 1;
+                o.lease = -step;
+                let o = Arc::new(o);
+                let (a, b) = (shared.add(o.clone()), compact.add(o));
+                assert_eq!(a.as_deref(), b.as_deref(), "replaced object at step {step}");
+            }
+            6..=8 => assert_eq!(
+                shared.delete(&key).as_deref(),
+                compact.delete(&key).as_deref(),
+                "deleted object at step {step}"
+            ),
+            _ => {
+                // A relist: content built away from each store, page by page, then
+                // installed (in the compact store, pages share chunks, repacked as they
+                // die).
+                let objects: Vec<_> = shared
+                    .list()
+                    .into_iter()
+                    .filter(|o| o.mod_revision % 3 != 0)
+                    .collect();
+                for ix in [&shared, &compact] {
+                    let mut next = ix.new_content();
+                    for page in objects.chunks(7) {
+                        next.add_page(page);
+                    }
+                    ix.transaction(|txn| txn.install(next));
+                }
+            }
+        }
+        assert_eq!(snapshot(&shared), snapshot(&compact), "after step {step}");
+        assert_eq!(
+            Store::mod_revision(&compact, &key),
+            shared.get_by_key(&key).map(|o| o.mod_revision),
+            "mod_revision without decoding, step {step}"
+        );
+    }
+    assert!(compact.is_compact() && !shared.is_compact());
+}
+
+/// Labels as comma-separated text that drops the label "secret" (it does not round-trip)
+/// and, while `broken`, decodes nothing.
+struct Lossy(Arc<std::sync::atomic::AtomicBool>);
+
+impl Codec<Vec<String>> for Lossy {
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("broken".into());
+        }
+        parse_labels(bytes)
+    }
+    fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
+        let kept: Vec<&str> = value
+            .iter()
+            .map(|l| l.as_str())
+            .filter(|l| *l != "secret")
+            .collect();
+        Ok(kept.join(",").into_bytes())
+    }
+}
+
+#[test]
+fn compact_indexes_follow_what_reads_see_even_when_the_codec_loses_or_fails() {
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ix = Indexer::compact(HashMap::new(), Lossy(broken.clone()));
+    ix.add_indexers(label_index()).unwrap();
+    ix.add(obj("ns/a", 1, &["x", "secret"]));
+    assert_eq!(
+        ix.get_by_key("ns/a").unwrap().value,
+        ["x"],
+        "reads see what comes back"
+    );
+    assert!(
+        ix.index_keys("label", "secret").unwrap().is_empty(),
+        "indexed as read"
+    );
+    assert_eq!(sorted(ix.index_keys("label", "x").unwrap()), ["ns/a"]);
+    // The old object can no longer be decoded: its index entries still go.
+    broken.store(true, std::sync::atomic::Ordering::SeqCst);
+    ix.add(obj("ns/a", 2, &["y"]));
+    broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        ix.index_keys("label", "x").unwrap().is_empty(),
+        "no stale entry"
+    );
+    assert_eq!(sorted(ix.index_keys("label", "y").unwrap()), ["ns/a"]);
+    ix.delete("ns/a");
+    assert!(ix.list_index_func_values("label").is_empty());
+}
