@@ -34,7 +34,7 @@ pub(crate) type Reconciler =
 /// The objects are looked up when the reconcile starts (after any wait for the key's last
 /// write, see [`Action::Wrote`]), so they stay the same throughout one reconcile; the listers
 /// read the caches as they are when called. Informers are numbered in the order they were
-/// passed to [`Runner::watch`] / [`Runner::watch_mapped`], from 0.
+/// passed to [`Runner::watch`](super::Runner::watch) / [`Runner::watch_mapped`](super::Runner::watch_mapped), from 0.
 ///
 /// ```no_run
 /// # async fn demo(specs: etcd_informer::SharedIndexInformer<u32>, pods: etcd_informer::SharedIndexInformer<String>) {
@@ -142,7 +142,7 @@ impl Context {
 }
 
 /// Turns a reconcile of keys into a reconcile of [`Context`]s, for
-/// [`run_as_leader`](Runner::run_as_leader).
+/// [`run_as_leader`](super::Runner::run_as_leader).
 pub fn by_key<F, Fut>(reconcile: F) -> impl Fn(Context) -> Fut + Send + Sync + 'static
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
