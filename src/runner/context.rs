@@ -34,7 +34,8 @@ pub(crate) type Reconciler =
 /// The objects are looked up when the reconcile starts (after any wait for the key's last
 /// write, see [`Action::Wrote`]), so they stay the same throughout one reconcile; the listers
 /// read the caches as they are when called. Informers are numbered in the order they were
-/// passed to [`Runner::watch`](super::Runner::watch) / [`Runner::watch_mapped`](super::Runner::watch_mapped), from 0.
+/// passed to [`Runner::watch`](super::Runner::watch) /
+/// [`Runner::watch_mapped`](super::Runner::watch_mapped), from 0.
 ///
 /// ```no_run
 /// # async fn demo(specs: etcd_informer::SharedIndexInformer<u32>, pods: etcd_informer::SharedIndexInformer<String>) {
