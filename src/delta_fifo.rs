@@ -422,12 +422,6 @@ impl<T> DeltaFifo<T> {
         self.applied.load(Ordering::Acquire)
     }
 
-    /// Raises [`applied_revision`](Self::applied_revision) to `revision`: the source proved
-    /// nothing changed up to it.
-    pub(crate) fn advance_applied(&self, revision: i64) {
-        self.applied.fetch_max(revision, Ordering::AcqRel);
-    }
-
     /// Records that every change up to `revision` is queued.
     fn reached(&self, revision: i64) {
         let mut inner = self.lock();

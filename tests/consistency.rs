@@ -284,8 +284,13 @@ async fn quiet_prefix_is_proven_fresh_at_once_while_etcd_moves_ahead() {
         now - before
     );
     assert!(
-        informer.revision() >= now,
-        "the proof advanced the cache's revision"
+        informer.proven_revision() >= now,
+        "the proof reached etcd's revision"
+    );
+    assert_eq!(
+        informer.revision(),
+        before,
+        "a proof never moves the revision itself"
     );
     let cached: Vec<String> = lister.list().iter().map(|o| o.key().to_string()).collect();
     assert_eq!(cached, ["a", "b"]);
@@ -567,4 +572,120 @@ async fn freshness_is_proven_at_the_revisions_it_names_not_at_the_watchs() {
     // And what is true is still proven: nothing changed on this prefix since the rewrite.
     let fresh = lw.freshness(rewritten, 1, None).await.unwrap();
     assert!(fresh.unchanged, "{fresh:?}");
+}
+
+/// Issue 28, finding 1: a consistent read's proof must never move `revision()` past changes
+/// still on their way to the cache. Key `x{i}` is put at P, put again and deleted at D while
+/// its puts are held in a slow transform; a consistent read runs meanwhile, and a reader thread samples
+/// `revision()`, every key, `revision()`. Whenever both revisions agree, the content must be
+/// etcd's there: in the atomic mode `x{i}` is present exactly when P <= revision < D; in the
+/// DeltaFifo mode (every change up to the revision, maybe later ones) never at or past D.
+async fn revision_never_runs_ahead_of_the_content(processing: Processing) {
+    const ROUNDS: usize = 16;
+    let client = shared_client().await;
+    let prefix = unique_prefix("ahead");
+    let lw = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap();
+    let slow: etcd_informer::reflector::TransformFn<String> = Arc::new(|o| {
+        if o.value == "slow" {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        o
+    });
+    let options = InformerOptions::default()
+        .with_name(prefix.clone())
+        .with_processing(processing)
+        .with_transform(Some(slow));
+    let informer = SharedIndexInformer::new(lw, options);
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+        .await
+        .expect("informer synced within 30 s");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (informer, stop) = (informer.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let lister = informer.lister();
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let before = informer.revision();
+                let present: Vec<bool> = (0..ROUNDS)
+                    .map(|i| lister.get(&format!("x{i}")).is_some())
+                    .collect();
+                if informer.revision() == before {
+                    samples.push((before, present));
+                }
+            }
+            samples
+        })
+    };
+    let mut kv = client.kv_client();
+    let mut writes = Vec::new();
+    for i in 0..ROUNDS {
+        let key = format!("{prefix}x{i}");
+        let put = kv.put(key.as_str(), "slow", None).await.unwrap();
+        // A second slow put keeps the first one applied, and the delete queued, for 250 ms.
+        kv.put(key.as_str(), "slow", None).await.unwrap();
+        let deleted = kv.delete(key.as_str(), None).await.unwrap();
+        let (put, deleted) = (
+            put.header().unwrap().revision(),
+            deleted.header().unwrap().revision(),
+        );
+        writes.push((put, deleted));
+        informer
+            .consistent_lister(Duration::from_secs(10))
+            .await
+            .expect("consistent read");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while informer.last_synced_revision() < deleted || informer.indexer().len() > 0 {
+            assert!(Instant::now() < deadline, "the cache applied round {i}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // Let the reader see the last round settled.
+    let settled = informer.revision();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while informer.revision() < writes[ROUNDS - 1].1 {
+        assert!(
+            Instant::now() < deadline,
+            "the cache reached the last delete"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let samples = reader.join().unwrap();
+    assert!(samples.len() > 100, "{} samples", samples.len());
+    let mut wrong = Vec::new();
+    for (revision, present) in &samples {
+        for (i, &(put, deleted)) in writes.iter().enumerate() {
+            let ok = match processing {
+                Processing::Atomic => present[i] == (put <= *revision && *revision < deleted),
+                _ => !(present[i] && *revision >= deleted),
+            };
+            if !ok {
+                wrong.push(format!(
+                    "x{i} (put at {put}, deleted at {deleted}) {} at revision {revision}",
+                    if present[i] { "present" } else { "absent" }
+                ));
+            }
+        }
+    }
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "{} of {} samples disagree with etcd (settled at {settled}): {:?}",
+        wrong.len(),
+        samples.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revision_never_runs_ahead_of_the_content_in_atomic_mode() {
+    revision_never_runs_ahead_of_the_content(Processing::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revision_never_runs_ahead_of_the_content_in_delta_fifo_mode() {
+    revision_never_runs_ahead_of_the_content(Processing::DeltaFifo).await;
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::shared_informer::SharedIndexInformer;
-use crate::listwatch::{Error as SourceError, Freshness, ListerWatcher};
+use crate::listwatch::{Error as SourceError, ListerWatcher};
 use crate::Lister;
 
 /// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
@@ -36,10 +36,19 @@ pub enum ConsistencyError {
     },
 }
 
+/// What the source said of the cache's freshness.
+struct Proof {
+    /// The revision asked about (the source's current one when none was named).
+    revision: i64,
+    /// The cache is the source's content at `revision`, and did not change while asked.
+    proven: bool,
+}
+
 impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
-    /// Asks the source whether the cache is its content at `at` (or now).
-    async fn freshness(&self, at: Option<i64>) -> Result<Freshness, ConsistencyError> {
-        let (since, cached) = self.revision_and_len();
+    /// Asks the source whether the cache is its content at `at` (or now). `proven` in the
+    /// answer: it is, and the cache did not change while the source was asked.
+    async fn freshness(&self, at: Option<i64>) -> Result<Proof, ConsistencyError> {
+        let (since, cached, writes) = self.revision_len_and_writes();
         let fresh = self
             .shared
             .source
@@ -50,22 +59,22 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 source,
             })?;
         // Only a synced cache can be the source's content.
-        if fresh.unchanged && self.has_synced() {
-            self.advance_revision(fresh.revision);
-        }
-        Ok(fresh)
+        let proven = fresh.unchanged && self.has_synced() && self.prove(writes, fresh.revision);
+        Ok(Proof {
+            revision: fresh.revision,
+            proven,
+        })
     }
 
-    /// Waits until the cache reflects the source at `revision` or later: its [`revision`]
-    /// reaches it, or the source shows that nothing under the prefix changed between the
-    /// cache's revision and `revision` (one read per change of the cache's revision, so a quiet
-    /// prefix on a busy etcd is answered at once, on every etcd version). Fails after
-    /// `timeout`, or when the source cannot be read; cancel it by dropping the future.
+    /// Waits until the cache reflects the source at `revision` or later: its
+    /// [`proven_revision`](Self::proven_revision) reaches it, or the source shows that nothing
+    /// under the prefix changed between the cache's revision and `revision` (one read per
+    /// change of the cache's revision, so a quiet prefix on a busy etcd is answered at once, on
+    /// every etcd version). Fails after `timeout`, or when the source cannot be read; cancel it
+    /// by dropping the future.
     ///
     /// Use it with the revision a write returned
     /// ([`TypedClient`](crate::client::TypedClient)) to read your own writes.
-    ///
-    /// [`revision`]: Self::revision
     pub async fn wait_for_revision(
         &self,
         revision: i64,
@@ -75,7 +84,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let deadline = started + timeout;
         let mut asked_at = None;
         loop {
-            let applied = self.revision();
+            let applied = self.proven_revision();
             if applied >= revision && self.has_synced() {
                 return Ok(());
             }
@@ -83,7 +92,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 asked_at = Some(applied);
                 let ask = tokio::time::timeout_at(deadline, self.freshness(Some(revision)));
                 match ask.await {
-                    Ok(Ok(fresh)) if fresh.unchanged => return Ok(()),
+                    Ok(Ok(fresh)) if fresh.proven => return Ok(()),
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => return Err(e),
                     Err(_elapsed) => {}
@@ -124,7 +133,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 informer: self.shared.name.clone(),
                 source: SourceError::transient(format!("no answer within {timeout:?}")),
             })??;
-        if !(current.unchanged && self.has_synced()) {
+        if !current.proven {
             let left = timeout.saturating_sub(started.elapsed());
             self.wait_for_revision(current.revision, left).await?;
         }

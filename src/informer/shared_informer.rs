@@ -339,20 +339,38 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         }
     }
 
-    /// The cache's revision and size, read so that the size is no older than the revision.
-    pub(super) fn revision_and_len(&self) -> (i64, usize) {
+    /// The latest revision at which etcd's content under the prefix is known to be the
+    /// cache's: [`revision`](Self::revision), or later while the proof of a consistent read
+    /// holds (the source showed nothing changed since). Falls back to `revision` when the
+    /// cache next changes: a proof lets a consistent read return, but never moves `revision`
+    /// past changes still on their way (a key put and deleted in between leaves no trace in
+    /// the proof, yet its put is applied afterwards).
+    pub fn proven_revision(&self) -> i64 {
         match &self.shared.queue {
-            Queue::Atomic(_) => self.shared.indexer.revision_and_len(),
-            Queue::DeltaFifo(fifo) => (fifo.applied_revision(), self.shared.indexer.len()),
+            Queue::Atomic(_) => self.shared.indexer.proven_revision(),
+            Queue::DeltaFifo(fifo) => fifo
+                .applied_revision()
+                .max(self.shared.indexer.proven_revision()),
         }
     }
 
-    /// Records that the source proved the cache is its content at `revision`.
-    pub(super) fn advance_revision(&self, revision: i64) {
+    /// The cache's revision and size, read so that the size is no older than the revision, and
+    /// the count of writes to the cache as of that moment or earlier (see [`Self::prove`]).
+    pub(super) fn revision_len_and_writes(&self) -> (i64, usize, u64) {
         match &self.shared.queue {
-            Queue::Atomic(_) => self.shared.indexer.advance_revision(revision),
-            Queue::DeltaFifo(fifo) => fifo.advance_applied(revision),
+            Queue::Atomic(_) => self.shared.indexer.revision_len_and_writes(),
+            Queue::DeltaFifo(fifo) => {
+                // Writes first: a change applied after it is read voids the proof.
+                let writes = self.shared.indexer.writes();
+                (fifo.applied_revision(), self.shared.indexer.len(), writes)
+            }
         }
+    }
+
+    /// Records that the source proved the cache, as it was after `writes` writes, to be its
+    /// content at `revision`; false if the cache changed since.
+    pub(super) fn prove(&self, writes: u64, revision: i64) -> bool {
+        self.shared.indexer.prove(writes, revision)
     }
 
     /// Whether [`run`](Self::run) has been called.

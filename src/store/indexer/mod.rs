@@ -49,6 +49,11 @@ struct Inner<T> {
     indexers: Indexers<T>,
     /// The revision the content was last written at (see [`Indexer::revision`]).
     revision: i64,
+    /// Counts the write locks taken: a proof about the content holds while it is unchanged.
+    writes: u64,
+    /// A later revision at which etcd's content was proven to be this content, or 0; reset by
+    /// every write (see [`Indexer::proven_revision`]).
+    proven: i64,
 }
 
 /// A store's next content, keys and indexes, built away from the store (page by page while a
@@ -77,6 +82,8 @@ impl<T> Clone for StoreContent<T> {
                 table: self.inner.table.boxed_clone(),
                 indexers: self.inner.indexers.clone(),
                 revision: self.inner.revision,
+                writes: 0,
+                proven: 0,
             },
             indexed: self.indexed,
         }
@@ -164,6 +171,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             table: Box::new(Table::new(Shared)),
             indexers: HashMap::new(),
             revision: 0,
+            writes: 0,
+            proven: 0,
         }
     }
 }
@@ -179,6 +188,8 @@ impl<T> Inner<T> {
             table,
             indexers: self.indexers.clone(),
             revision: 0,
+            writes: 0,
+            proven: 0,
         }
     }
 
@@ -265,6 +276,8 @@ impl<T: Send + Sync + 'static> Indexer<T> {
             table: Box::new(Table::new(PackedRepr::new(codec))),
             indexers: HashMap::new(),
             revision: 0,
+            writes: 0,
+            proven: 0,
         });
         let _ = indexer.add_indexers(indexers);
         indexer
@@ -285,8 +298,12 @@ impl<T> Indexer<T> {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lock for a write: whatever was proven about the content no longer holds.
     fn write(&self) -> RwLockWriteGuard<'_, Inner<T>> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        inner.writes += 1;
+        inner.proven = 0;
+        inner
     }
 
     /// Whether the store is compact (see [`Indexer::compact`]).
@@ -357,11 +374,47 @@ impl<T> Indexer<T> {
         (inner.revision, inner.table.len())
     }
 
-    /// Raises the revision to `revision` if it is lower: the source proved that nothing under
-    /// it changed in between.
+    /// Raises the revision to `revision` if it is lower: the watch reported progress there, so
+    /// no change at or below it is still on its way.
     pub(crate) fn advance_revision(&self, revision: i64) {
         let mut inner = self.write();
         inner.revision = inner.revision.max(revision);
+    }
+
+    /// [`revision`](Self::revision), the number of objects and the count of writes, read
+    /// together: the last one tells [`prove`](Self::prove) whether the content changed since.
+    pub(crate) fn revision_len_and_writes(&self) -> (i64, usize, u64) {
+        let inner = self.read();
+        (inner.revision, inner.table.len(), inner.writes)
+    }
+
+    /// The number of writes so far (see [`revision_len_and_writes`](Self::revision_len_and_writes)).
+    pub(crate) fn writes(&self) -> u64 {
+        self.read().writes
+    }
+
+    /// Records that the source proved the content, as it was after `writes` writes, to be its
+    /// content at `revision` too; false (nothing recorded) if the content changed since.
+    ///
+    /// Unlike [`advance_revision`](Self::advance_revision), a proof never moves the revision:
+    /// changes at or below `revision` may still be on their way (a key created and deleted in
+    /// between leaves no trace in the proof), and once one is applied the content is etcd's at
+    /// that change's revision, not at `revision`.
+    pub(crate) fn prove(&self, writes: u64, revision: i64) -> bool {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if inner.writes != writes {
+            return false;
+        }
+        inner.proven = inner.proven.max(revision);
+        true
+    }
+
+    /// The latest revision at which etcd's content is known to be the cache's: at least the
+    /// content's own revision, and later while a consistent read's proof holds (until the next
+    /// write).
+    pub(crate) fn proven_revision(&self) -> i64 {
+        let inner = self.read();
+        inner.revision.max(inner.proven)
     }
 
     /// The object under `key`.
