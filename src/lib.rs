@@ -59,9 +59,12 @@
 //! `metrics` facade; [`metrics`] lists every metric.
 //!
 //! ## Ordering
-//! Each handler sees one key's changes in revision order, after the cache holds them. Across
-//! keys, handlers see changes in the order the DeltaFIFO hands keys out: a key keeps its place
-//! in the queue while more changes for it arrive, and they are delivered together.
+//! Each handler sees changes after the cache holds them. In the default
+//! [`Processing::Atomic`] mode a handler sees every change in etcd's order, revision by
+//! revision, and a transaction's changes together. In the [`Processing::DeltaFifo`] mode a
+//! handler sees one key's changes in revision order; across keys, in the order the DeltaFIFO
+//! hands keys out: a key keeps its place in the queue while more changes for it arrive, and
+//! they are delivered together.
 
 #![warn(missing_docs)]
 

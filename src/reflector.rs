@@ -183,7 +183,8 @@ pub struct Relists {
     pub initial: u64,
     /// The watched revision was compacted (etcd's 410 Gone).
     pub compacted: u64,
-    /// The store was wiped, restored or replaced (see [`Error::StoreReplaced`]).
+    /// The store was wiped, restored or replaced (see [`Error::StoreReplaced`]), or the key
+    /// tally differed when a watch opened again ([`Error::TallyDiffers`]).
     pub store_replaced: u64,
     /// The reflector's task panicked and started over with a fresh list.
     pub error: u64,
@@ -311,13 +312,15 @@ enum ListReason {
     Initial,
     Compacted,
     StoreReplaced,
+    /// The key tally differed when a watch opened again (see [`Error::TallyDiffers`]).
+    TallyDiffers,
     /// The reflector's task panicked and started over.
     Restarted,
 }
 
 enum WatchEnd {
-    /// Relist: the revision is gone (and with `store_replaced`, the whole store was).
-    Expired { store_replaced: bool },
+    /// Relist, for this reason: the revision is gone, or the store with it.
+    Expired(ListReason),
     /// etcd cannot be reached: watch again as soon as it answers.
     Unavailable,
     /// etcd answered with an error: watch again after the protective backoff.
@@ -326,10 +329,12 @@ enum WatchEnd {
 
 impl WatchEnd {
     fn after(e: &Error) -> Self {
-        if e.is_expired() {
-            WatchEnd::Expired {
-                store_replaced: e.is_store_replaced(),
-            }
+        if e.is_store_replaced() {
+            WatchEnd::Expired(ListReason::StoreReplaced)
+        } else if e.is_tally_differs() {
+            WatchEnd::Expired(ListReason::TallyDiffers)
+        } else if e.is_expired() {
+            WatchEnd::Expired(ListReason::Compacted)
         } else if e.is_unavailable() {
             WatchEnd::Unavailable
         } else {
@@ -411,7 +416,9 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         let mut highest_seen = 0i64;
         loop {
             // Pages go into the queue's next content as they arrive when it can take them so.
-            let reuse_from = (reason != ListReason::StoreReplaced).then_some(highest_seen);
+            // After a replaced store or a tally that differed, every value is read afresh.
+            let afresh = matches!(reason, ListReason::StoreReplaced | ListReason::TallyDiffers);
+            let reuse_from = (!afresh).then_some(highest_seen);
             // A transform needs each object whole before it is queued, so transformed lists
             // are read whole.
             let sink = match self.transform {
@@ -450,7 +457,12 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 }
             };
             let replaced = list.revision < highest_seen || reason == ListReason::StoreReplaced;
-            if replaced {
+            if reason == ListReason::TallyDiffers && !replaced {
+                tracing::warn!(
+                    list_revision = list.revision,
+                    "the key tally differed; relisted, every value read afresh"
+                );
+            } else if replaced {
                 tracing::warn!(
                     list_revision = list.revision,
                     highest_seen,
@@ -459,8 +471,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             }
             {
                 let mut health = self.handle.lock();
+                // A tally that differed is counted with the replaced stores (it usually is
+                // one), but retires only the keys the list lacks: the revisions did not start
+                // over, so a key whose mod_revision is unchanged is not announced again.
                 let counted = match (replaced, reason) {
-                    (true, _) => {
+                    (true, _) | (_, ListReason::TallyDiffers) => {
                         health.relists.store_replaced += 1;
                         RelistReason::StoreReplaced
                     }
@@ -517,12 +532,8 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     reconnect.reset();
                 }
                 match end {
-                    WatchEnd::Expired { store_replaced } => {
-                        reason = if store_replaced {
-                            ListReason::StoreReplaced
-                        } else {
-                            ListReason::Compacted
-                        };
+                    WatchEnd::Expired(why) => {
+                        reason = why;
                         if watch_stayed_up {
                             backoff.reset();
                         } else {

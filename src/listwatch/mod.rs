@@ -144,6 +144,18 @@ pub enum Error {
         /// What showed it.
         reason: String,
     },
+    /// When a watch was opened again, etcd counted another number of keys under the prefix at
+    /// the watched revision than the list and the events since did: the store was replaced
+    /// (wiped and written past that revision) or an event was lost on the way. A relist reads
+    /// every value afresh; unlike [`Error::StoreReplaced`], a key whose `mod_revision` did not
+    /// change is not announced to handlers again, since the revisions did not start over.
+    #[error("the key tally differs at revision {revision}: {reason}")]
+    TallyDiffers {
+        /// The revision that was asked for.
+        revision: i64,
+        /// What showed it.
+        reason: String,
+    },
     /// etcd answered with an error that retrying may fix (no leader, too many requests, a
     /// permission it may yet be granted): retried with the protective backoff.
     #[error("{message}")]
@@ -214,14 +226,22 @@ impl Error {
             Error::Expired { source, .. }
             | Error::Transient { source, .. }
             | Error::Unavailable { source, .. } => *source = Some(cause),
-            Error::StoreReplaced { .. } => {}
+            Error::StoreReplaced { .. } | Error::TallyDiffers { .. } => {}
         }
         self
     }
 
     /// Whether only a relist can recover.
     pub fn is_expired(&self) -> bool {
-        matches!(self, Error::Expired { .. } | Error::StoreReplaced { .. })
+        matches!(
+            self,
+            Error::Expired { .. } | Error::StoreReplaced { .. } | Error::TallyDiffers { .. }
+        )
+    }
+
+    /// Whether the key tally differed ([`Error::TallyDiffers`]).
+    pub fn is_tally_differs(&self) -> bool {
+        matches!(self, Error::TallyDiffers { .. })
     }
 
     /// Whether etcd could not be reached ([`Error::Unavailable`]).
@@ -240,7 +260,7 @@ impl Error {
             Error::Expired { source, .. }
             | Error::Transient { source, .. }
             | Error::Unavailable { source, .. } => source.as_deref()?,
-            Error::StoreReplaced { .. } => return None,
+            Error::StoreReplaced { .. } | Error::TallyDiffers { .. } => return None,
         };
         source.downcast_ref()
     }

@@ -260,14 +260,17 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         }
         // One message per response: a revision's events stay together.
         // The bookkeeping locks are taken once per response, not once per event.
+        // A revision comes whole in one response, so one at or below the newest delivered
+        // before this response is a repeat (etcd 3.4 repeats responses to slow watchers): it
+        // must not reach the reflector nor move the tally again.
+        let delivered = self.delivered;
         let out = {
             let mut out = Vec::with_capacity(events.len());
             let mut tally = lock(&self.tally);
             for event in events {
                 let Some(kv) = event.kv else { continue };
                 let revision = kv.mod_revision;
-                if revision <= self.after {
-                    // Already delivered before a reconnect: etcd has shipped bugs that repeat events.
+                if revision <= delivered {
                     continue;
                 }
                 if tally.revision <= revision {
@@ -341,10 +344,10 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             .with_revision(self.after);
         let timeout = self.idle_timeout / 2;
         match read(&self.client, &self.range.0, options, timeout).await {
-            Hedged::Answered(resp) if resp.count() != tally.keys => Err(Error::StoreReplaced {
+            Hedged::Answered(resp) if resp.count() != tally.keys => Err(Error::TallyDiffers {
                 revision: self.after + 1,
                 reason: format!(
-                    "etcd counts {} keys under {} at revision {}, where the watch counted {}: the store was replaced",
+                    "etcd counts {} keys under {} at revision {}, where the watch counted {}: the store was replaced or an event lost",
                     resp.count(),
                     self.name,
                     self.after,
@@ -407,5 +410,85 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
     /// Reports the error that ends this watch.
     pub(super) async fn fail(&self, error: Error) {
         let _ = self.tx.send(vec![WatchEvent::Error(error)]).await;
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::listwatch::etcd::EtcdListerWatcher;
+    use crate::listwatch::ListerWatcher;
+    use crate::testing::etcd::{test_etcd, unique_prefix};
+    use crate::TextCodec;
+
+    /// Issue 28, finding 5: etcd 3.4.23 can send a watch response again. The repeat must
+    /// change nothing: no event forwarded twice, and the key tally moved once, so that the
+    /// next re-watch's tally check does not take the store for a replaced one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeated_response_changes_nothing_the_tally_included() {
+        let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+        let client = etcd.client().await;
+        let prefix = unique_prefix("repeated");
+        let mut kv = client.kv_client();
+        for k in ["a", "b"] {
+            kv.put(format!("{prefix}{k}"), k, None).await.unwrap();
+        }
+        let lw = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap();
+        let listed = lw.list().await.unwrap().revision;
+
+        // etcd's own response carrying the creation of c, as the watch receives it.
+        let mut watcher = client.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(listed + 1);
+        let (_keep, mut stream) = watcher
+            .watch(prefix.as_str(), Some(options))
+            .await
+            .unwrap()
+            .split();
+        let created = kv.put(format!("{prefix}c"), "c", None).await.unwrap();
+        let created = created.header().unwrap().revision();
+        let response = loop {
+            let r = stream.message().await.unwrap().expect("the watch goes on");
+            if !r.events().is_empty() {
+                break r;
+            }
+        };
+
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut task = WatchTask {
+            client: client.clone(),
+            range: lw.range(),
+            decoder: lw.decoder(),
+            identity: lw.identity.clone(),
+            tally: lw.tally.clone(),
+            name: lw.prefix(),
+            after: listed,
+            delivered: listed,
+            watch_id: response.watch_id(),
+            lag_confirmed: false,
+            trust_progress: false,
+            progress_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10),
+            tx,
+            token: lw.token.clone(),
+        };
+        task.handle(response.clone()).await.unwrap();
+        task.handle(response).await.unwrap();
+        drop(task.tx.clone());
+        let first = rx.try_recv().expect("the response is forwarded");
+        assert!(
+            matches!(&first[..], [WatchEvent::Added(o)] if o.key() == "c" && o.mod_revision == created),
+            "{first:?}"
+        );
+        assert!(rx.try_recv().is_err(), "the repeat is not forwarded");
+
+        // The re-watch from the revision delivered checks the tally there against etcd.
+        let tally = *lock(&lw.tally);
+        assert_eq!((tally.revision, tally.keys), (created, 3));
+        task.after = created;
+        task.check_tally()
+            .await
+            .expect("the tally agrees with etcd: the store was not replaced");
     }
 }
