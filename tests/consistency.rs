@@ -637,7 +637,7 @@ async fn revision_never_runs_ahead_of_the_content(processing: Processing) {
             .await
             .expect("consistent read");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while informer.last_synced_revision() < deleted || informer.indexer().len() > 0 {
+        while informer.last_synced_revision() < deleted || !informer.indexer().is_empty() {
             assert!(Instant::now() < deadline, "the cache applied round {i}");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
