@@ -143,9 +143,9 @@ async fn serve_metrics(addr: &str) {
             std::process::exit(2);
         }
     };
-    // Buckets from 1 ms to about 16 s for every duration histogram (the default would render
-    // them as summaries).
-    let buckets: Vec<f64> = (0..15).map(|i| 0.001 * 2f64.powi(i)).collect();
+    // Buckets from 50 µs (a change's stages take well under a millisecond) to about 13 s for
+    // every duration histogram (the default would render them as summaries).
+    let buckets: Vec<f64> = (0..19).map(|i| 0.000_05 * 2f64.powi(i)).collect();
     let handle = PrometheusBuilder::new()
         .set_buckets(&buckets)
         .and_then(PrometheusBuilder::install_recorder)

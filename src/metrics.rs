@@ -14,6 +14,7 @@
 //! | `etcd_informer_applied_revision` | gauge | `informer` | the cache reaches a new revision (sampled every second) |
 //! | `etcd_informer_revision_lag` | gauge | `informer` | revisions the reflector has read and the cache has not applied yet (sampled every second) |
 //! | `etcd_informer_seconds_since_proven_fresh` | gauge | `informer` | seconds since the source last proved the cache fresh: a list, an event, or an answered probe of the watch stream (sampled every second; alert above the source's idle timeout, 2 s by default) |
+//! | `etcd_informer_stage_seconds` | histogram | `informer`, `stage` (watch_to_cache; cache_to_handler, also `handler`) | a change passes a stage of the path: from the etcd watch task receiving its response to the cache applying it (revision-atomic mode), and from the cache applying it to a handler (or event stream) starting on it |
 //! | `etcd_informer_queue_depth` | gauge | `informer` | batches (RealFifo) or keys (DeltaFifo) queued between reflector and cache (sampled every second) |
 //! | `etcd_informer_handler_backlog` | gauge | `informer`, `handler` | notifications queued for a handler (or an event stream) and not delivered |
 //! | `etcd_informer_handler_delivered_total` | counter | `informer`, `handler` | a notification is delivered |
@@ -79,6 +80,11 @@ pub fn describe() {
             "etcd_informer_seconds_since_proven_fresh",
             Unit::Seconds,
             "Seconds since the source last proved an informer's cache fresh (a list, an event, an answered probe of its watch)."
+        );
+        describe_histogram!(
+            "etcd_informer_stage_seconds",
+            Unit::Seconds,
+            "Time a change spends on a stage of its path, by stage: watch_to_cache (the etcd watch task received it -> the cache applied it), cache_to_handler (applied -> a handler started on it)."
         );
         describe_gauge!(
             "etcd_informer_queue_depth",
@@ -226,6 +232,7 @@ pub(crate) struct InformerMetrics {
     revision_lag: Gauge,
     queue_depth: Gauge,
     since_proven_fresh: Gauge,
+    watch_to_cache: Histogram,
 }
 
 impl InformerMetrics {
@@ -240,7 +247,13 @@ impl InformerMetrics {
             revision_lag: handle!(gauge, "etcd_informer_revision_lag", "informer" => informer.to_owned()),
             queue_depth: handle!(gauge, "etcd_informer_queue_depth", "informer" => informer.to_owned()),
             since_proven_fresh: handle!(gauge, "etcd_informer_seconds_since_proven_fresh", "informer" => informer.to_owned()),
+            watch_to_cache: handle!(histogram, "etcd_informer_stage_seconds", "informer" => informer.to_owned(), "stage" => "watch_to_cache"),
         }
+    }
+
+    /// A revision the watch task received at `received` is applied to the cache now.
+    pub(crate) fn applied(&self, received: std::time::Instant) {
+        self.watch_to_cache.record(received.elapsed().as_secs_f64());
     }
 
     pub(crate) fn event(&self, kind: EventKind) {
@@ -315,6 +328,8 @@ pub(crate) struct HandlerMetrics {
     pub(crate) backlog: Gauge,
     pub(crate) delivered: Counter,
     pub(crate) panics: Counter,
+    /// From the cache applying a change to this handler starting on it.
+    pub(crate) cache_to_handler: Histogram,
 }
 
 impl HandlerMetrics {
@@ -324,6 +339,7 @@ impl HandlerMetrics {
             backlog: handle!(gauge, "etcd_informer_handler_backlog", "informer" => informer.to_owned(), "handler" => handler.to_owned()),
             delivered: handle!(counter, "etcd_informer_handler_delivered_total", "informer" => informer.to_owned(), "handler" => handler.to_owned()),
             panics: handle!(counter, "etcd_informer_handler_panics_total", "informer" => informer.to_owned(), "handler" => handler.to_owned()),
+            cache_to_handler: handle!(histogram, "etcd_informer_stage_seconds", "informer" => informer.to_owned(), "stage" => "cache_to_handler", "handler" => handler.to_owned()),
         }
     }
 

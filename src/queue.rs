@@ -184,3 +184,39 @@ pub(crate) fn clamp_resync(period: Duration) -> Duration {
         period.clamp(MIN_RESYNC_PERIOD, MAX_RESYNC_PERIOD)
     }
 }
+
+/// When the source received each committed revision (its first event), for an informer's
+/// watch-to-cache latency: the reflector records, the consumer takes. Bounded: stamps nobody
+/// takes (another processing mode, a relist in between) are dropped oldest first.
+#[derive(Default)]
+pub(crate) struct ReceivedAt(
+    std::sync::Mutex<std::collections::VecDeque<(i64, std::time::Instant)>>,
+);
+
+impl ReceivedAt {
+    /// Twice the RealFifo's default bound: the consumer is never that far behind.
+    const MAX: usize = 8192;
+
+    pub(crate) fn record(&self, revision: i64, at: std::time::Instant) {
+        let mut stamps = crate::lock(&self.0);
+        if stamps.len() >= Self::MAX {
+            stamps.pop_front();
+        }
+        stamps.push_back((revision, at));
+    }
+
+    /// The stamp of `revision`, dropping the older ones.
+    pub(crate) fn take(&self, revision: i64) -> Option<std::time::Instant> {
+        let mut stamps = crate::lock(&self.0);
+        while let Some(&(r, at)) = stamps.front() {
+            if r > revision {
+                return None;
+            }
+            stamps.pop_front();
+            if r == revision {
+                return Some(at);
+            }
+        }
+        None
+    }
+}

@@ -11,9 +11,9 @@ use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
 
-use crate::listwatch::{Error, ListResult, ListerWatcher, WatchEvent, WatchStream};
+use crate::listwatch::{take_received, Error, ListResult, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
-use crate::queue::{DeltaType, MAX_RESYNC_PERIOD};
+use crate::queue::{DeltaType, ReceivedAt, MAX_RESYNC_PERIOD};
 use crate::{lock, Object};
 
 pub use crate::backoff::Backoff;
@@ -174,6 +174,11 @@ pub struct Reflector<T, L> {
     /// When the current watch was opened.
     watching_since: Option<Instant>,
     transform: Option<TransformFn<T>>,
+    /// Where committed revisions' receipt times go (metrics only).
+    received_at: Option<Arc<ReceivedAt>>,
+    /// When the response being read arrived, and the first event of the revision being read.
+    response_at: Option<std::time::Instant>,
+    revision_at: Option<std::time::Instant>,
 }
 
 /// How many times a reflector listed, by reason.
@@ -355,6 +360,25 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             options,
             watching_since: None,
             transform: None,
+            received_at: None,
+            response_at: None,
+            revision_at: None,
+        }
+    }
+
+    /// Records when each committed revision was received, for the consumer's latency metric.
+    pub(crate) fn with_received_at(mut self, received_at: Arc<ReceivedAt>) -> Self {
+        self.received_at = Some(received_at);
+        self
+    }
+
+    /// Notes the receipt stamp the stream's last poll left, and the revision's first one.
+    fn note_received(&mut self, event: &Option<WatchEvent<T>>) {
+        if let Some(at) = take_received() {
+            self.response_at = Some(at);
+        }
+        if matches!(event, Some(e) if e.revision().is_some()) && self.revision_at.is_none() {
+            self.revision_at = self.response_at;
         }
     }
 
@@ -577,7 +601,10 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     };
                     tokio::select! {
                         biased;
-                        event = stream.next() => event,
+                        event = stream.next() => {
+                            self.note_received(&event);
+                            event
+                        }
                         _ = tick => {
                             if self.options.should_resync.as_ref().is_none_or(|f| f()) {
                                 tracing::trace!("resync");
@@ -626,11 +653,21 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             self.handle.revision.store(*revision, Ordering::Release);
             // A revision is complete once the stream has nothing more ready: sources yield a
             // revision's events together (etcd never splits a transaction across responses).
+            let stamp = self.revision_at.take();
             ready = ready_now(&mut stream);
             let more_of_this_revision =
                 matches!(&ready, Some(Some(e)) if e.revision() == Some(*revision));
+            if more_of_this_revision {
+                self.revision_at = stamp;
+            }
+            if let Some(event) = &ready {
+                self.note_received(event);
+            }
             if !more_of_this_revision {
                 self.fifo.commit(*revision);
+                if let (Some(stamps), Some(at)) = (&self.received_at, stamp) {
+                    stamps.record(*revision, at);
+                }
                 // Once per revision rather than per event: the proof's clock read is not free.
                 self.handle.proven();
                 if let Some(room) = self.fifo.room() {

@@ -196,24 +196,42 @@ impl Bench {
 
     /// A synced informer at the default page size with `handlers` handlers feeding `sinks`.
     pub(super) async fn synced_informer(&self, sinks: &[Arc<Sink>]) -> RunningInformer {
+        self.synced_informer_recorded(sinks, None).await
+    }
+
+    /// [`synced_informer`](Self::synced_informer) whose metrics go to `recorder` (none: the
+    /// `metrics` facade's no-op recorder).
+    pub(super) async fn synced_informer_recorded(
+        &self,
+        sinks: &[Arc<Sink>],
+        recorder: Option<&metrics_exporter_prometheus::PrometheusRecorder>,
+    ) -> RunningInformer {
         let client = self.informer_client().await;
-        let informer = self.informer(client, self.args.page_size);
-        let mut registrations = Vec::new();
-        for sink in sinks {
-            let (a, u) = (sink.clone(), sink.clone());
-            let handler = ResourceEventHandlerFuncs::new()
-                .on_add(move |o, initial| {
-                    if !initial {
-                        a.record(&o.value)
-                    }
-                })
-                .on_update(move |_, new| u.record(&new.value));
-            registrations.push(
-                informer
-                    .add_event_handler(handler)
-                    .unwrap_or_else(|e| fail(e)),
-            );
-        }
+        // Metric handles are registered when the informer and its handlers are created.
+        let create = || {
+            let informer = self.informer(client, self.args.page_size);
+            let mut registrations = Vec::new();
+            for sink in sinks {
+                let (a, u) = (sink.clone(), sink.clone());
+                let handler = ResourceEventHandlerFuncs::new()
+                    .on_add(move |o, initial| {
+                        if !initial {
+                            a.record(&o.value)
+                        }
+                    })
+                    .on_update(move |_, new| u.record(&new.value));
+                registrations.push(
+                    informer
+                        .add_event_handler(handler)
+                        .unwrap_or_else(|e| fail(e)),
+                );
+            }
+            (informer, registrations)
+        };
+        let (informer, registrations) = match recorder {
+            Some(recorder) => metrics::with_local_recorder(recorder, create),
+            None => create(),
+        };
         let task = tokio::spawn(informer.clone().run());
         let deadline = Duration::from_secs(600);
         let synced = tokio::time::timeout(deadline, async {

@@ -67,6 +67,11 @@
 //!   their time to `has_synced`. A relist child measures the compact cache's relist peak and its
 //!   list time (`compact_relist_list_s`). The table checks the relist peaks (<= 1.5) and the
 //!   compact cache (<= 1.3x key + value bytes) as rows of their own.
+//! - `metrics`: what the `metrics` feature costs on the watch path: CPU per event of this process
+//!   (the `watch` scenario's informer side, one handler) with the informer's metrics going to
+//!   the facade's no-op recorder (baseline) and to a Prometheus recorder with buckets
+//!   (counters, gauges, and the stage histograms of `etcd_informer_stage_seconds`). Lower is
+//!   better; also the cost of one clock read (`clock_read_ns`).
 //! - `prevkv`: etcd's write throughput (W writers, M/4 puts) while a raw watch of the prefix is
 //!   open without prev_kv (baseline column) and with prev_kv ("informer" column): does prev_kv
 //!   cost etcd throughput? Higher is better.
@@ -99,7 +104,9 @@ const LOADERS: usize = 8;
 const MAX_MESSAGE: usize = 1 << 30;
 /// "Unpaged" for the informer, whose page size must be at least 1.
 const HUGE_PAGE: i64 = 1_000_000_000;
-const ALL_SCENARIOS: [&str; 6] = ["sync", "watch", "fanout", "latency", "memory", "prevkv"];
+const ALL_SCENARIOS: [&str; 7] = [
+    "sync", "watch", "fanout", "latency", "memory", "prevkv", "metrics",
+];
 
 /// A ConfigMap-like object, stored as JSON.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -295,6 +302,7 @@ async fn main() {
                 continue;
             }
             "prevkv" => scenario_prevkv(&bench).await,
+            "metrics" => scenario_metrics(&bench).await,
             _ => unreachable!(),
         };
         eprintln!("{s} took {:.1} s", t.elapsed().as_secs_f64());

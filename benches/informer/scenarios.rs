@@ -252,11 +252,21 @@ pub(super) async fn watch_informer_once(
     handlers: usize,
     deadline: Duration,
 ) -> WatchRun {
+    watch_informer_recorded(b, handlers, deadline, None).await
+}
+
+/// [`watch_informer_once`] with the informer's metrics going to `recorder`.
+pub(super) async fn watch_informer_recorded(
+    b: &Bench,
+    handlers: usize,
+    deadline: Duration,
+    recorder: Option<&metrics_exporter_prometheus::PrometheusRecorder>,
+) -> WatchRun {
     let m = b.args.events;
     let sinks: Vec<Arc<Sink>> = (0..handlers)
         .map(|_| Sink::new(m, 0, false, Instant::now()))
         .collect();
-    let running = b.synced_informer(&sinks).await;
+    let running = b.synced_informer_recorded(&sinks, recorder).await;
     let cpu = CpuMark::now(b.etcd_pid);
     let (started, took) = b.write_updates(m).await;
     let mut last = started;
@@ -764,4 +774,64 @@ pub(super) async fn scenario_prevkv(b: &Bench) -> Row {
         met: None,
     };
     emit(line, &row, false)
+}
+
+/// What the metrics cost on the watch path: CPU per event of this process (informer, one
+/// handler, writers) with the informer's metrics going nowhere (the facade's no-op recorder:
+/// the baseline) and into a Prometheus recorder with buckets (counters, gauges, and the stage
+/// histograms with their clock reads). Lower is better.
+pub(super) async fn scenario_metrics(b: &Bench) -> Row {
+    let m = b.args.events;
+    let deadline = Duration::from_secs(60 + (m / 1000) as u64);
+    let buckets: Vec<f64> = (0..19).map(|i| 0.000_05 * 2f64.powi(i)).collect();
+    let (mut off, mut on) = (vec![], vec![]);
+    for run in 0..b.args.runs {
+        let r = watch_informer_recorded(b, 1, deadline, None).await;
+        eprintln!(
+            "metrics run {run}: no recorder: {:.0} events/s, CPU/event {:.2} us",
+            r.rate, r.own_cpu_us
+        );
+        off.push(r.own_cpu_us);
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets(&buckets)
+            .unwrap_or_else(|e| fail(e))
+            .build_recorder();
+        let r = watch_informer_recorded(b, 1, deadline, Some(&recorder)).await;
+        let rendered = recorder.handle().render();
+        if !rendered.contains("stage=\"watch_to_cache\"") {
+            fail("the recorder got no stage histogram");
+        }
+        eprintln!(
+            "metrics run {run}: Prometheus recorder: {:.0} events/s, CPU/event {:.2} us",
+            r.rate, r.own_cpu_us
+        );
+        on.push(r.own_cpu_us);
+    }
+    let (baseline, informer) = (median(&off), median(&on));
+    let mut line = b.base_json("metrics");
+    line.insert("events".into(), json!(m));
+    line.insert("no_recorder_cpu_us_runs".into(), json!(off));
+    line.insert("recorder_cpu_us_runs".into(), json!(on));
+    // The clock reads the stage histograms add, per event here (one apply per event, one
+    // handler): Instant::now at receipt, at apply, and elapsed() at apply and at delivery.
+    let t = Instant::now();
+    let mut last = t;
+    for _ in 0..1_000_000 {
+        last = std::hint::black_box(Instant::now());
+    }
+    let clock_ns = last.duration_since(t).as_nanos() as f64 / 1e6;
+    line.insert("clock_read_ns".into(), json!(round(clock_ns, 1)));
+    let row = Row {
+        scenario: "metrics".into(),
+        baseline,
+        informer,
+        ratio: informer / baseline,
+        unit: "CPU us/event".into(),
+        target: format!(
+            "stated, not a target (recorder - none: {:+.2} us/event)",
+            informer - baseline
+        ),
+        met: None,
+    };
+    emit(line, &row, true)
 }

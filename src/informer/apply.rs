@@ -47,17 +47,19 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
 
     /// Counts and hands the notifications of one apply to the handlers, in order.
     fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, Notice)>) {
+        // One clock read per apply, for the cache-to-handler latency.
+        let applied = crate::metrics::ENABLED.then(std::time::Instant::now);
         for (event, notice) in events {
             match (notice, self.shared.relist_unchanged) {
                 (Notice::Change, _) => {
                     self.shared.metrics.event(event_kind(&event));
-                    processor.distribute(event, false);
+                    processor.distribute(event, false, applied);
                 }
                 (Notice::Resync, _) | (Notice::Unchanged, RelistUnchanged::ResyncingHandlers) => {
-                    processor.distribute(event, true)
+                    processor.distribute(event, true, applied)
                 }
                 (Notice::Unchanged, RelistUnchanged::Everyone) => {
-                    processor.distribute(event, false)
+                    processor.distribute(event, false, applied)
                 }
                 (Notice::Unchanged, RelistUnchanged::Nobody) => {}
             }
@@ -70,11 +72,19 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let processor = self.processor();
         let indexer = &self.shared.indexer;
         let events = match batch {
-            Batch::Changes { revision, deltas } => indexer.transaction(|txn| {
-                let events: Vec<_> = deltas.iter().map(|d| apply_delta(txn, d, false)).collect();
-                txn.set_revision(revision.max(txn.revision()));
+            Batch::Changes { revision, deltas } => {
+                let received = self.shared.received_at.take(revision);
+                let events = indexer.transaction(|txn| {
+                    let events: Vec<_> =
+                        deltas.iter().map(|d| apply_delta(txn, d, false)).collect();
+                    txn.set_revision(revision.max(txn.revision()));
+                    events
+                });
+                if let Some(received) = received {
+                    self.shared.metrics.applied(received);
+                }
                 events
-            }),
+            }
             Batch::Replace {
                 revision,
                 items,

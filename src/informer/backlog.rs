@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::handler::Event;
 
@@ -128,5 +129,90 @@ mod tests {
             })
             .collect();
         assert_eq!(got, ["add a 3", "delete b 4", "add b 9"]);
+    }
+}
+
+/// When the events of a handler's backlog were applied to the cache, one entry per apply
+/// rather than a timestamp per event: the cache-to-handler latency at the cost of a clock read
+/// per apply and per delivery (metrics only).
+///
+/// Invariant: entry `(n, at)` says the events numbered up to `n` (counting every event ever
+/// pushed) from the previous entry on were applied at `at`; `taken` counts the events taken.
+#[derive(Default)]
+pub(super) struct Arrivals {
+    applies: VecDeque<(u64, Option<Instant>)>,
+    pushed: u64,
+    taken: u64,
+}
+
+impl Arrivals {
+    /// One event was queued, applied at `at` (`None`: not timed).
+    pub(super) fn pushed(&mut self, at: Option<Instant>) {
+        self.pushed += 1;
+        match self.applies.back_mut() {
+            Some((n, last)) if *last == at => *n = self.pushed,
+            _ => self.applies.push_back((self.pushed, at)),
+        }
+    }
+
+    /// The next event was taken: when it was applied, if timed.
+    pub(super) fn taken(&mut self) -> Option<Instant> {
+        self.taken += 1;
+        while self.applies.front().is_some_and(|(n, _)| *n < self.taken) {
+            self.applies.pop_front();
+        }
+        self.applies.front().and_then(|(_, at)| *at)
+    }
+
+    /// The backlog now holds `left` events (merged or cleared): the next is counted as
+    /// applied with the oldest apply that was still due, so merging never hides a wait.
+    pub(super) fn shrunk(&mut self, left: usize) {
+        let oldest = self
+            .applies
+            .iter()
+            .find(|(n, _)| *n > self.taken)
+            .and_then(|(_, at)| *at);
+        self.taken = self.pushed - left as u64;
+        while self.applies.front().is_some_and(|(n, _)| *n <= self.taken) {
+            self.applies.pop_front();
+        }
+        if let (Some(front), Some(oldest)) = (self.applies.front_mut(), oldest) {
+            front.1 = Some(oldest);
+        }
+    }
+}
+
+#[cfg(test)]
+mod arrival_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn each_event_is_timed_from_its_own_apply() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(5);
+        let mut a = Arrivals::default();
+        a.pushed(Some(t0));
+        a.pushed(Some(t0));
+        a.pushed(Some(t1));
+        a.pushed(None);
+        assert_eq!(a.taken(), Some(t0));
+        assert_eq!(a.taken(), Some(t0));
+        assert_eq!(a.taken(), Some(t1));
+        assert_eq!(a.taken(), None);
+        assert_eq!(a.applies.len(), 1, "bounded by what is queued");
+    }
+
+    #[test]
+    fn a_merged_backlog_keeps_the_oldest_wait() {
+        let t0 = Instant::now();
+        let mut a = Arrivals::default();
+        for i in 0..10 {
+            a.pushed(Some(t0 + Duration::from_millis(i)));
+        }
+        assert_eq!(a.taken(), Some(t0));
+        // Nine left, merged down to three: the next is timed from the oldest still due.
+        a.shrunk(3);
+        assert_eq!(a.taken(), Some(t0 + Duration::from_millis(1)));
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::backlog::{compact, is_initial};
+use super::backlog::{compact, is_initial, Arrivals};
 use super::handler::{Event, ResourceEventHandler};
 use super::watchdog::{watchdog, Watched, STUCK_AFTER};
 use crate::lock;
@@ -68,7 +68,12 @@ impl<T: Send + Sync + 'static> Processor<T> {
         }
     }
 
-    pub(crate) fn distribute(&self, event: Event<T>, is_sync: bool) {
+    pub(crate) fn distribute(
+        &self,
+        event: Event<T>,
+        is_sync: bool,
+        applied: Option<std::time::Instant>,
+    ) {
         // Queue for everyone first, then wake each thread once.
         let mut wake: Option<Arc<Worker<T>>> = None;
         let mut more: Vec<Arc<Worker<T>>> = Vec::new();
@@ -76,7 +81,7 @@ impl<T: Send + Sync + 'static> Processor<T> {
             if is_sync && !self.syncing.contains(&l.id) {
                 continue;
             }
-            if let Some(worker) = l.push_quietly(event.clone()) {
+            if let Some(worker) = l.push_quietly(event.clone(), applied) {
                 match &wake {
                     Some(w) if Arc::ptr_eq(w, &worker) => {}
                     None => wake = Some(worker),
@@ -427,6 +432,8 @@ pub(crate) struct Listener<T> {
 
 struct Buffer<T> {
     queue: VecDeque<Event<T>>,
+    /// When the queued events were applied to the cache (metrics only).
+    arrivals: Arrivals,
     /// The handler a worker calls; dropped when the listener ends.
     handler: Option<Arc<dyn ResourceEventHandler<T>>>,
     /// The stream's consumer waits for an event.
@@ -444,8 +451,15 @@ struct Buffer<T> {
 
 impl<T> Buffer<T> {
     /// The next event, releasing the memory of a large drained backlog.
-    fn pop(&mut self) -> Option<Event<T>> {
+    fn pop(&mut self, metrics: &HandlerMetrics) -> Option<Event<T>> {
         let e = self.queue.pop_front()?;
+        if crate::metrics::ENABLED {
+            if let Some(applied) = self.arrivals.taken() {
+                metrics
+                    .cache_to_handler
+                    .record(applied.elapsed().as_secs_f64());
+            }
+        }
         if self.queue.is_empty() && self.queue.capacity() > SHRINK_ABOVE {
             // The initial list fills every backlog; do not keep that memory.
             self.queue.shrink_to_fit();
@@ -472,6 +486,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
             next_resync: Mutex::new(Instant::now() + resync_period),
             buf: Mutex::new(Buffer {
                 queue: VecDeque::new(),
+                arrivals: Arrivals::default(),
                 handler: None,
                 waker: None,
                 compact_at: max_backlog.unwrap_or(usize::MAX),
@@ -500,7 +515,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
         let Some(handler) = buf.handler.clone() else {
             return Take::Empty;
         };
-        let Some(event) = buf.pop() else {
+        let Some(event) = buf.pop(&self.metrics) else {
             return Take::Empty;
         };
         self.metrics.backlog(buf.queue.len());
@@ -533,7 +548,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
         if buf.stopped {
             return Poll::Ready(None);
         }
-        if let Some(event) = buf.pop() {
+        if let Some(event) = buf.pop(&self.metrics) {
             self.metrics.backlog(buf.queue.len());
             drop(buf);
             self.count_delivered(&event);
@@ -554,7 +569,7 @@ impl<T: Send + Sync + 'static> Listener<T> {
     pub(crate) fn push_all(&self, events: impl IntoIterator<Item = Event<T>>) {
         let mut worker = None;
         for event in events {
-            worker = self.push_quietly(event).or(worker);
+            worker = self.push_quietly(event, None).or(worker);
         }
         if let Some(worker) = worker {
             worker.kick();
@@ -562,7 +577,11 @@ impl<T: Send + Sync + 'static> Listener<T> {
     }
 
     /// Queues an event; returns the worker to wake, if any (a stream's consumer is woken here).
-    fn push_quietly(&self, event: Event<T>) -> Option<Arc<Worker<T>>> {
+    fn push_quietly(
+        &self,
+        event: Event<T>,
+        applied: Option<std::time::Instant>,
+    ) -> Option<Arc<Worker<T>>> {
         if is_initial(&event) {
             self.initial_pending.fetch_add(1, Ordering::AcqRel);
         }
@@ -571,8 +590,11 @@ impl<T: Send + Sync + 'static> Listener<T> {
             return None;
         }
         buf.queue.push_back(event);
+        buf.arrivals.pushed(applied);
         if buf.queue.len() > buf.compact_at {
             let removed_initial = compact(&mut buf.queue);
+            let left = buf.queue.len();
+            buf.arrivals.shrunk(left);
             self.initial_pending
                 .fetch_sub(removed_initial, Ordering::AcqRel);
             let max = self.max_backlog.unwrap_or(usize::MAX);
@@ -657,6 +679,7 @@ impl<T> Listener<T> {
         let mut buf = self.lock();
         buf.stopped = true;
         buf.queue.clear();
+        buf.arrivals.shrunk(0);
         let waker = buf.waker.take();
         drop(buf);
         self.metrics.backlog(0);

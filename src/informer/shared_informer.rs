@@ -17,6 +17,7 @@ use crate::delta_fifo::DeltaFifo;
 use crate::listwatch::ListerWatcher;
 use crate::metrics::InformerMetrics;
 use crate::queue::clamp_resync;
+use crate::queue::ReceivedAt;
 use crate::real_fifo::RealFifo;
 use crate::reflector::{
     Backoff, Reflector, ReflectorOptions, RevisionHandle, TransformFn, WatchErrorHandler,
@@ -110,6 +111,8 @@ pub(super) struct Shared<T> {
     /// Batches whose application panicked.
     pub(super) apply_panics: AtomicU64,
     pub(super) metrics: InformerMetrics,
+    /// When the source received each revision the reflector committed (metrics only).
+    pub(super) received_at: Arc<ReceivedAt>,
 }
 
 impl<T> Drop for Shared<T> {
@@ -180,6 +183,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 next_id: AtomicU64::new(0),
                 apply_panics: AtomicU64::new(0),
                 metrics: InformerMetrics::new(&options.name),
+                received_at: Arc::default(),
                 name: options.name,
             }),
         }
@@ -239,8 +243,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             }
             Queue::Atomic(fifo) => {
                 let span = tracing::info_span!("controller", name = %self.shared.name);
-                let reflector = Reflector::new(source, fifo.clone(), reflector)
+                let mut reflector = Reflector::new(source, fifo.clone(), reflector)
                     .with_transform(self.shared.transform.clone());
+                if crate::metrics::ENABLED {
+                    reflector = reflector.with_received_at(self.shared.received_at.clone());
+                }
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
                 async {

@@ -44,6 +44,24 @@ pub trait ListSink<T>: Send + Sync {
 /// The stream of changes returned by [`ListerWatcher::watch`].
 pub type WatchStream<T> = Pin<Box<dyn Stream<Item = WatchEvent<T>> + Send>>;
 
+std::thread_local! {
+    /// When the source received the response whose events its stream is yielding now; set by
+    /// the stream inside `poll_next`, taken by the reflector right after that poll returns on
+    /// the same thread (so the stage latencies need no timestamp in `WatchEvent`).
+    static RECEIVED: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Called by a [`WatchStream`] inside `poll_next` as it yields the first event of a response
+/// received at `at`.
+pub(crate) fn stamp_received(at: std::time::Instant) {
+    RECEIVED.with(|r| r.set(Some(at)));
+}
+
+/// The stamp the stream just polled left, if it left one.
+pub(crate) fn take_received() -> Option<std::time::Instant> {
+    RECEIVED.with(std::cell::Cell::take)
+}
+
 /// Result alias of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -329,6 +329,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 progress_interval: self.options.progress_interval,
                 idle_timeout: self.options.idle_timeout,
                 tx,
+                received: std::time::Instant::now(),
                 token: self.token.clone(),
             };
             let span =

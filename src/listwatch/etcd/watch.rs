@@ -24,7 +24,8 @@ use crate::lock;
 /// The watch stream: etcd's responses, one at a time, flattened into events. A response is
 /// taken whole, so a revision's events are yielded without a wait in between.
 pub(super) struct Responses<T> {
-    pub(super) rx: mpsc::Receiver<Vec<WatchEvent<T>>>,
+    /// Each response's events, with when the watch task received it.
+    pub(super) rx: mpsc::Receiver<(std::time::Instant, Vec<WatchEvent<T>>)>,
     pub(super) current: VecDeque<WatchEvent<T>>,
 }
 
@@ -39,7 +40,12 @@ impl<T> Stream for Responses<T> {
                 return Poll::Ready(Some(event));
             }
             match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(events)) => self.current = events.into(),
+                Poll::Ready(Some((received, events))) => {
+                    if !events.is_empty() {
+                        crate::listwatch::stamp_received(received);
+                    }
+                    self.current = events.into();
+                }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
@@ -73,7 +79,9 @@ pub(super) struct WatchTask<T> {
     pub(super) trust_progress: bool,
     pub(super) progress_interval: Duration,
     pub(super) idle_timeout: Duration,
-    pub(super) tx: mpsc::Sender<Vec<WatchEvent<T>>>,
+    pub(super) tx: mpsc::Sender<(std::time::Instant, Vec<WatchEvent<T>>)>,
+    /// When the response being handled arrived.
+    pub(super) received: std::time::Instant,
     pub(super) token: TokenRenewal,
 }
 
@@ -145,6 +153,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 }
             };
             probing = false;
+            if crate::metrics::ENABLED {
+                self.received = std::time::Instant::now();
+            }
             // etcd answers progress requests with watch id -1.
             let probe_answer = response.watch_id() != self.watch_id && response.watch_id() != -1;
             let handled = if probe_answer {
@@ -402,14 +413,17 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
 
     pub(super) async fn send(&self, events: Vec<WatchEvent<T>>) -> Result<(), Error> {
         self.tx
-            .send(events)
+            .send((self.received, events))
             .await
             .map_err(|_| Error::transient("the reflector stopped watching"))
     }
 
     /// Reports the error that ends this watch.
     pub(super) async fn fail(&self, error: Error) {
-        let _ = self.tx.send(vec![WatchEvent::Error(error)]).await;
+        let _ = self
+            .tx
+            .send((self.received, vec![WatchEvent::Error(error)]))
+            .await;
     }
 }
 
@@ -471,12 +485,13 @@ mod tests {
             progress_interval: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(10),
             tx,
+            received: std::time::Instant::now(),
             token: lw.token.clone(),
         };
         task.handle(response.clone()).await.unwrap();
         task.handle(response).await.unwrap();
         drop(task.tx.clone());
-        let first = rx.try_recv().expect("the response is forwarded");
+        let (_, first) = rx.try_recv().expect("the response is forwarded");
         assert!(
             matches!(&first[..], [WatchEvent::Added(o)] if o.key() == "c" && o.mod_revision == created),
             "{first:?}"
