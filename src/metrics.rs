@@ -9,7 +9,9 @@
 //! | metric | type | labels | moves when |
 //! | --- | --- | --- | --- |
 //! | `etcd_informer_events_total` | counter | `informer`, `kind` (added, updated, deleted) | a change is applied to the cache (resyncs excluded) |
-//! | `etcd_informer_relists_total` | counter | `informer`, `reason` (initial, compacted, store_replaced, error) | the reflector lists: first list, watched revision compacted, store wiped or restored, restart after a panic |
+//! | `etcd_informer_relists_total` | counter | `informer`, `reason` (initial, compacted, store_replaced, error, audit) | the reflector lists: first list, watched revision compacted, store wiped or restored (or the key tally differed), restart after a panic, the audit found a difference |
+//! | `etcd_informer_audits_total` | counter | `informer`, `result` (clean, repaired, skipped, failed) | an audit of the cache against etcd ends |
+//! | `etcd_informer_audit_repairs_total` | counter | `informer` | an audit finds keys whose `mod_revision` differs from etcd's (an event lost), repaired by a relist |
 //! | `etcd_informer_decode_errors_total` | counter | `informer` | a value under the prefix does not decode (sampled every second) |
 //! | `etcd_informer_applied_revision` | gauge | `informer` | the cache reaches a new revision (sampled every second) |
 //! | `etcd_informer_revision_lag` | gauge | `informer` | revisions the reflector has read and the cache has not applied yet (sampled every second) |
@@ -62,7 +64,15 @@ pub fn describe() {
         );
         describe_counter!(
             "etcd_informer_relists_total",
-            "Lists made by a reflector, by reason (initial, compacted, store_replaced, error)."
+            "Lists made by a reflector, by reason (initial, compacted, store_replaced, error, audit)."
+        );
+        describe_counter!(
+            "etcd_informer_audits_total",
+            "Audits of an informer's cache against etcd, by result (clean, repaired, skipped, failed)."
+        );
+        describe_counter!(
+            "etcd_informer_audit_repairs_total",
+            "Keys an audit found differing from etcd (a lost event), each repaired by a relist."
         );
         describe_counter!(
             "etcd_informer_decode_errors_total",
@@ -233,6 +243,11 @@ pub(crate) struct InformerMetrics {
     queue_depth: Gauge,
     since_proven_fresh: Gauge,
     watch_to_cache: Histogram,
+    audits_clean: Counter,
+    audits_repaired: Counter,
+    audits_skipped: Counter,
+    audits_failed: Counter,
+    audit_repairs: Counter,
 }
 
 impl InformerMetrics {
@@ -248,7 +263,27 @@ impl InformerMetrics {
             queue_depth: handle!(gauge, "etcd_informer_queue_depth", "informer" => informer.to_owned()),
             since_proven_fresh: handle!(gauge, "etcd_informer_seconds_since_proven_fresh", "informer" => informer.to_owned()),
             watch_to_cache: handle!(histogram, "etcd_informer_stage_seconds", "informer" => informer.to_owned(), "stage" => "watch_to_cache"),
+            audits_clean: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "clean"),
+            audits_repaired: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "repaired"),
+            audits_skipped: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "skipped"),
+            audits_failed: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "failed"),
+            audit_repairs: handle!(counter, "etcd_informer_audit_repairs_total", "informer" => informer.to_owned()),
         }
+    }
+
+    /// An audit ended so.
+    pub(crate) fn audit(&self, result: AuditResult) {
+        match result {
+            AuditResult::Clean => self.audits_clean.increment(1),
+            AuditResult::Repaired => self.audits_repaired.increment(1),
+            AuditResult::Skipped => self.audits_skipped.increment(1),
+            AuditResult::Failed => self.audits_failed.increment(1),
+        }
+    }
+
+    /// An audit found `keys` keys differing from etcd.
+    pub(crate) fn audit_repairs(&self, keys: u64) {
+        self.audit_repairs.increment(keys);
     }
 
     /// A revision the watch task received at `received` is applied to the cache now.
@@ -285,6 +320,20 @@ impl InformerMetrics {
     }
 }
 
+/// How an audit of the cache against etcd ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuditResult {
+    /// The cache agreed with etcd.
+    Clean,
+    /// Differences were found, and a relist asked for.
+    Repaired,
+    /// Not a moment to audit (not synced, a relist running, changes queued, the revision
+    /// compacted): tried again next period.
+    Skipped,
+    /// The source could not be read.
+    Failed,
+}
+
 /// Why a reflector listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RelistReason {
@@ -292,6 +341,7 @@ pub(crate) enum RelistReason {
     Compacted,
     StoreReplaced,
     Error,
+    Audit,
 }
 
 /// A reflector's relists, by reason.
@@ -300,6 +350,7 @@ pub(crate) struct RelistMetrics {
     compacted: Counter,
     store_replaced: Counter,
     error: Counter,
+    audit: Counter,
 }
 
 impl RelistMetrics {
@@ -310,6 +361,7 @@ impl RelistMetrics {
             compacted: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "compacted"),
             store_replaced: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "store_replaced"),
             error: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "error"),
+            audit: handle!(counter, "etcd_informer_relists_total", "informer" => informer.to_owned(), "reason" => "audit"),
         }
     }
 
@@ -319,6 +371,7 @@ impl RelistMetrics {
             RelistReason::Compacted => self.compacted.increment(1),
             RelistReason::StoreReplaced => self.store_replaced.increment(1),
             RelistReason::Error => self.error.increment(1),
+            RelistReason::Audit => self.audit.increment(1),
         }
     }
 }

@@ -179,6 +179,8 @@ pub struct Reflector<T, L> {
     /// When the response being read arrived, and the first event of the revision being read.
     response_at: Option<std::time::Instant>,
     revision_at: Option<std::time::Instant>,
+    /// Notified when the informer's audit asks for a relist.
+    relist: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// How many times a reflector listed, by reason.
@@ -193,6 +195,16 @@ pub struct Relists {
     pub store_replaced: u64,
     /// The reflector's task panicked and started over with a fresh list.
     pub error: u64,
+    /// The informer's audit found the cache differing from etcd (an event lost) and asked
+    /// for a relist to repair it.
+    pub audit: u64,
+}
+
+impl Relists {
+    /// Relists of every reason.
+    pub fn total(&self) -> u64 {
+        self.initial + self.compacted + self.store_replaced + self.error + self.audit
+    }
 }
 
 /// What a reflector has been through, for readiness probes: a cache that stops changing must
@@ -319,6 +331,8 @@ enum ListReason {
     StoreReplaced,
     /// The key tally differed when a watch opened again (see [`Error::TallyDiffers`]).
     TallyDiffers,
+    /// The informer's audit found the cache differing from etcd.
+    Audit,
     /// The reflector's task panicked and started over.
     Restarted,
 }
@@ -363,7 +377,15 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             received_at: None,
             response_at: None,
             revision_at: None,
+            relist: None,
         }
+    }
+
+    /// Ends the watch and relists when `relist` is notified (the informer's audit found the
+    /// cache differing from etcd).
+    pub(crate) fn with_relist_trigger(mut self, relist: Arc<tokio::sync::Notify>) -> Self {
+        self.relist = Some(relist);
+        self
     }
 
     /// Records when each committed revision was received, for the consumer's latency metric.
@@ -511,6 +533,10 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                         health.relists.error += 1;
                         RelistReason::Error
                     }
+                    (false, ListReason::Audit) => {
+                        health.relists.audit += 1;
+                        RelistReason::Audit
+                    }
                     _ => {
                         health.relists.initial += 1;
                         RelistReason::Initial
@@ -560,7 +586,9 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                         reason = why;
                         if watch_stayed_up {
                             backoff.reset();
-                        } else {
+                        } else if why != ListReason::Audit {
+                            // The audit asks at most once per period, and only once its last
+                            // repair is done: never a storm, and a repair should not wait.
                             tokio::time::sleep(backoff.next_delay()).await;
                         }
                         break;
@@ -599,8 +627,20 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                             None => std::future::pending().await,
                         }
                     };
+                    let relist = self.relist.clone();
+                    let audit = async {
+                        match &relist {
+                            Some(relist) => relist.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         biased;
+                        _ = audit => {
+                            tracing::info!(revision = *revision, "relisting: the audit found the cache differing from etcd");
+                            self.fifo.commit(*revision);
+                            return WatchEnd::Expired(ListReason::Audit);
+                        }
                         event = stream.next() => {
                             self.note_received(&event);
                             event

@@ -1,8 +1,8 @@
 //! The memory scenario's child processes: the bench re-executed with `--child`.
 
 use etcd_informer::listwatch::{
-    BoxFuture, Error as LwError, Freshness, ListResult, ListSink, Result as LwResult, WatchEvent,
-    WatchStream,
+    BoxFuture, Error as LwError, Freshness, KeyRevisionsSink, ListResult, ListSink,
+    Result as LwResult, WatchEvent, WatchStream,
 };
 
 use super::*;
@@ -160,6 +160,9 @@ impl ListerWatcher<ConfigMap> for Expiring {
 
     fn decode_errors(&self) -> u64 {
         self.inner.decode_errors()
+    }
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
+        self.inner.key_revisions(at, page)
     }
 }
 

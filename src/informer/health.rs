@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::audit::AuditHealth;
 use super::shared_informer::SharedIndexInformer;
 use crate::reflector::{Health, RevisionHandle};
 
@@ -21,6 +22,8 @@ pub struct InformerHealth {
     pub apply_panics: u64,
     /// The reflector's connection, last error, relists and restarts.
     pub reflector: Health,
+    /// What the audits against etcd found ([`InformerOptions::audit_period`](crate::InformerOptions::audit_period)).
+    pub audit: AuditHealth,
 }
 
 impl InformerHealth {
@@ -55,6 +58,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 .get()
                 .map(RevisionHandle::health)
                 .unwrap_or_default(),
+            audit: self.shared.audit.get(),
         }
     }
 }

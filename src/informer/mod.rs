@@ -1,6 +1,7 @@
 //! Informers: the controller loop, the single-handler `Informer` and the `SharedIndexInformer`.
 
 mod apply;
+mod audit;
 mod backlog;
 mod consistency;
 mod controller;
@@ -16,6 +17,7 @@ mod watchdog;
 
 pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
 pub use crate::reflector::TransformFn;
+pub use audit::AuditHealth;
 pub use consistency::ConsistencyError;
 pub(crate) use controller::AbortOnDrop;
 pub use controller::{Controller, ControllerConfig, ProcessError, ProcessFn};
@@ -23,7 +25,9 @@ pub use event_stream::EventStream;
 pub use factory::SharedInformerFactory;
 pub use handler::{DeletedObject, Event, ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use health::InformerHealth;
-pub use options::{InformerOptions, Processing, RelistUnchanged, DEFAULT_STREAM_BACKLOG};
+pub use options::{
+    InformerOptions, Processing, RelistUnchanged, DEFAULT_AUDIT_PERIOD, DEFAULT_STREAM_BACKLOG,
+};
 pub use registration::{HandlerRegistration, REMOVE_PATIENCE};
 pub use shared_informer::{InformerError, SharedIndexInformer};
 

@@ -97,7 +97,17 @@ pub struct InformerOptions<T> {
     pub compact: Option<Arc<dyn Codec<T>>>,
     /// What handlers hear of the keys a relist finds unchanged; see [`RelistUnchanged`].
     pub relist_unchanged: RelistUnchanged,
+    /// How often the cache is audited against etcd ([`DEFAULT_AUDIT_PERIOD`]; `None`: never):
+    /// a keys-only read of the prefix at the cache's revision, compared key by key with the
+    /// cache's `mod_revision`s, that finds an event the watch lost and repairs it with a
+    /// relist. Revision-atomic mode only. See the README's "The audit".
+    pub audit_period: Option<Duration>,
 }
+
+/// The default [`InformerOptions::audit_period`]: 5 minutes, the Kubernetes apiserver's
+/// consistency check period (KEP-4988). An audit of 1M keys reads their keys only (no values)
+/// and costs about a second of this process's CPU (BENCHMARKS.md, "The audit").
+pub const DEFAULT_AUDIT_PERIOD: Duration = Duration::from_secs(300);
 
 impl<T> InformerOptions<T> {
     /// Sets the name for logs, spans and handler threads (`name`).
@@ -188,6 +198,20 @@ impl<T> InformerOptions<T> {
         self.compact = Some(Arc::new(codec));
         self
     }
+
+    /// Sets how often the cache is audited against etcd (`audit_period`; `None`: never).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use etcd_informer::InformerOptions;
+    /// let options = InformerOptions::<String>::default().with_audit_period(Some(Duration::from_secs(60)));
+    /// assert_eq!(options.audit_period, Some(Duration::from_secs(60)));
+    /// ```
+    #[must_use]
+    pub fn with_audit_period(mut self, audit_period: Option<Duration>) -> Self {
+        self.audit_period = audit_period;
+        self
+    }
 }
 
 impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
@@ -204,6 +228,7 @@ impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
             processing: Processing::default(),
             compact: None,
             relist_unchanged: RelistUnchanged::default(),
+            audit_period: Some(DEFAULT_AUDIT_PERIOD),
         }
     }
 }
@@ -218,6 +243,7 @@ impl<T> fmt::Debug for InformerOptions<T> {
             .field("processing", &self.processing)
             .field("compact", &self.compact.is_some())
             .field("relist_unchanged", &self.relist_unchanged)
+            .field("audit_period", &self.audit_period)
             .finish_non_exhaustive()
     }
 }

@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::audit::{AuditCounts, Audited};
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::options::{InformerOptions, Processing, RelistUnchanged};
 use super::processor::{merge_due, Processor};
@@ -113,6 +115,8 @@ pub(super) struct Shared<T> {
     pub(super) metrics: InformerMetrics,
     /// When the source received each revision the reflector committed (metrics only).
     pub(super) received_at: Arc<ReceivedAt>,
+    pub(super) audit_period: Option<Duration>,
+    pub(super) audit: Arc<AuditCounts>,
 }
 
 impl<T> Drop for Shared<T> {
@@ -184,6 +188,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 apply_panics: AtomicU64::new(0),
                 metrics: InformerMetrics::new(&options.name),
                 received_at: Arc::default(),
+                audit_period: options.audit_period,
+                audit: Arc::default(),
                 name: options.name,
             }),
         }
@@ -248,6 +254,15 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 if crate::metrics::ENABLED {
                     reflector = reflector.with_received_at(self.shared.received_at.clone());
                 }
+                // Only this mode's cache is exactly etcd at one revision, as the audit needs.
+                let mut _auditor = None;
+                if let Some(period) = self.shared.audit_period {
+                    let relist = Arc::new(Notify::new());
+                    reflector = reflector.with_relist_trigger(relist.clone());
+                    let audits = self.audited(relist).every(period);
+                    let span = tracing::info_span!("audit", informer = %self.shared.name);
+                    _auditor = Some(AbortOnDrop(tokio::spawn(audits.instrument(span))));
+                }
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
                 async {
@@ -265,6 +280,30 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 .instrument(span)
                 .await;
             }
+        }
+    }
+
+    /// What the audit task needs: the cache, the source, and when it may audit.
+    fn audited(&self, relist: Arc<Notify>) -> Audited<T> {
+        let weak = Arc::downgrade(&self.shared);
+        Audited {
+            name: self.shared.name.clone(),
+            indexer: self.shared.indexer.clone(),
+            source: self.shared.source.clone(),
+            metrics: self.shared.metrics.clone(),
+            counts: self.shared.audit.clone(),
+            ready: Box::new(move || {
+                let health = SharedIndexInformer {
+                    shared: weak.upgrade()?,
+                }
+                .health();
+                let quiet = health.synced
+                    && health.reflector.connected
+                    && health.last_synced_revision == health.revision;
+                quiet.then_some(health.reflector.relists.total())
+            }),
+            relist,
+            asked_at: Mutex::new(None),
         }
     }
 

@@ -338,7 +338,17 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// How many values failed to decode so far (0 for sources that do not decode), for the
     /// informer's `etcd_informer_decode_errors_total` [metric](crate::metrics).
     fn decode_errors(&self) -> u64;
+    /// Every key at revision `at` with its `mod_revision`, in key order, handed to `page` a
+    /// page at a time, without values: the informer's audit compares them with the cache.
+    /// Keys the source could not turn into objects at that `mod_revision` (undecodable) are
+    /// left out, as the cache lacks them too. [`Error::Expired`] when `at` is gone; a source
+    /// that cannot tell returns an error that says so.
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>>;
 }
+
+/// Receives the pages of [`ListerWatcher::key_revisions`]: keys relative to the source, with
+/// their `mod_revision`s.
+pub type KeyRevisionsSink = Box<dyn FnMut(Vec<(Arc<str>, i64)>) + Send>;
 
 /// [`ListerWatcher::list_into`] for a source that reads its list whole: lists, then hands
 /// everything to `sink` as one page.
@@ -382,6 +392,9 @@ macro_rules! forward_lister_watcher {
             }
             fn liveness_bound(&self) -> Option<std::time::Duration> {
                 (**self).liveness_bound()
+            }
+            fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
+                (**self).key_revisions(at, page)
             }
         }
     )*};
@@ -444,5 +457,13 @@ where
     }
     fn decode_errors(&self) -> u64 {
         0
+    }
+    /// Closures cannot read keys at a revision: the informer's audit stops with this error.
+    fn key_revisions(&self, _: i64, _: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async {
+            Err(Error::transient(
+                "a ListWatch made of closures cannot read its keys at a revision; implement ListerWatcher::key_revisions for the audit",
+            ))
+        })
     }
 }

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use etcd_informer::listwatch::{BoxFuture, Freshness, ListResult, ListSink, Result as LwResult};
+use etcd_informer::listwatch::{
+    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, Result as LwResult,
+};
 use etcd_informer::testing::etcd::test_etcd;
 use etcd_informer::{
     connect, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchStream,
@@ -147,6 +149,9 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
     }
     fn decode_errors(&self) -> u64 {
         self.inner.decode_errors()
+    }
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
+        self.inner.key_revisions(at, page)
     }
 }
 

@@ -1,8 +1,9 @@
 //! From etcd's bytes to objects: keys relative to the prefix, values through the codec, and
 //! the report of what does not decode.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use etcd_client::proto::PbKeyValue;
 
@@ -16,6 +17,47 @@ pub(super) struct Decoder<T> {
     pub(super) codec: Arc<dyn Codec<T>>,
     pub(super) errors: Arc<AtomicU64>,
     pub(super) on_error: Option<DecodeErrorHandler>,
+    pub(super) undecodable: Arc<Undecodable>,
+}
+
+/// The keys under the prefix that are not objects now (the key is not UTF-8, or the value
+/// does not decode), with the `mod_revision` they failed at: the cache lacks them on purpose,
+/// and the audit must not take them for lost events. Bounded by the keys under the prefix.
+#[derive(Default)]
+pub(super) struct Undecodable {
+    keys: Mutex<HashMap<Box<[u8]>, i64>>,
+    /// `keys.len()`, read without the lock on the decode path (almost always 0).
+    len: AtomicUsize,
+}
+
+impl Undecodable {
+    fn insert(&self, key: &[u8], mod_revision: i64) {
+        let mut keys = crate::lock(&self.keys);
+        keys.insert(key.into(), mod_revision);
+        self.len.store(keys.len(), Ordering::Relaxed);
+    }
+
+    /// `key` is an object again, or deleted.
+    pub(super) fn remove(&self, key: &[u8]) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut keys = crate::lock(&self.keys);
+        keys.remove(key);
+        self.len.store(keys.len(), Ordering::Relaxed);
+    }
+
+    /// Forgets everything: a list reports anew what does not decode.
+    pub(super) fn clear(&self) {
+        crate::lock(&self.keys).clear();
+        self.len.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether `key` failed to decode at `mod_revision`.
+    pub(super) fn holds(&self, key: &[u8], mod_revision: i64) -> bool {
+        self.len.load(Ordering::Relaxed) > 0
+            && crate::lock(&self.keys).get(key) == Some(&mod_revision)
+    }
 }
 
 impl<T: 'static> Decoder<T> {
@@ -32,6 +74,7 @@ impl<T: 'static> Decoder<T> {
         let key = self.key(&kv.key, kv.mod_revision)?;
         match self.codec.decode(&kv.value) {
             Ok(value) => {
+                self.undecodable.remove(&kv.key);
                 let mut obj = Object::new(key, kv.mod_revision, value);
                 obj.create_revision = kv.create_revision;
                 obj.version = kv.version;
@@ -48,6 +91,7 @@ impl<T: 'static> Decoder<T> {
     pub(super) fn report(&self, key: &[u8], revision: i64, kind: DecodeErrorKind) {
         let error = DecodeError::new(key.to_vec(), revision, kind);
         self.errors.fetch_add(1, Ordering::Relaxed);
+        self.undecodable.insert(key, revision);
         tracing::warn!(key = %error.escaped_key(), revision, %error, "undecodable key or value; treating the key as absent");
         if let Some(h) = &self.on_error {
             h(&error);

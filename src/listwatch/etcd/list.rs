@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use super::decode::relative;
 use super::identity::Tally;
 use super::options::{FIRST_PAGE, LIST_PAGES};
-use super::request::{is_message_too_large, member_unreachable};
+use super::request::{is_message_too_large, member_unreachable, read};
 use super::EtcdListerWatcher;
 use crate::listwatch::hedged::{hedged, Hedged};
-use crate::listwatch::{Error, ListResult, ListSink, Result};
+use crate::listwatch::{Error, KeyRevisionsSink, ListResult, ListSink, Result};
 use crate::lock;
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
@@ -25,6 +25,8 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         sink: Option<Arc<dyn ListSink<T>>>,
     ) -> Result<ListResult<T>> {
         self.token.renew_if_refused(&self.client).await;
+        // The list reports anew what does not decode.
+        self.undecodable.clear();
         let kv = self
             .client
             .kv_client()
@@ -175,5 +177,62 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         };
         tracing::debug!(prefix = %self.prefix(), revision, pages, items = decoded, "listed");
         Ok(ListResult { items, revision })
+    }
+}
+
+impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
+    /// [`ListerWatcher::key_revisions`]: keys-only pages of the prefix at `at`, in key order,
+    /// each read hedged as a list page is; keys not UTF-8 or undecodable at their
+    /// `mod_revision` are left out.
+    pub(super) async fn key_revisions_inner(
+        &self,
+        at: i64,
+        mut page: KeyRevisionsSink,
+    ) -> Result<()> {
+        self.token.renew_if_refused(&self.client).await;
+        let mut start = self.first_key();
+        let mut pages = 0;
+        loop {
+            let options = GetOptions::new()
+                .with_range(self.range_end.clone())
+                .with_keys_only()
+                .with_revision(at)
+                .with_limit(self.options.page_size);
+            let resp = match read(&self.client, &start, options, self.options.page_timeout).await {
+                Hedged::Answered(resp) => resp,
+                Hedged::Failed(e) => return Err(self.failed(e, at)),
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
+                    "reading the keys of {} at revision {at} timed out after {:?} (page {pages})",
+                    self.prefix(),
+                    self.options.page_timeout
+                )))
+                }
+            };
+            pages += 1;
+            let kvs = resp.kvs();
+            if resp.more() {
+                let Some(last) = kvs.last() else {
+                    return Err(Error::transient(format!(
+                        "reading the keys of {}: etcd said more keys follow an empty page",
+                        self.prefix()
+                    )));
+                };
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            let keys = kvs
+                .iter()
+                .filter(|kv| !self.undecodable.holds(kv.key(), kv.mod_revision()))
+                .filter_map(|kv| {
+                    let key = std::str::from_utf8(relative(&self.prefix, kv.key())).ok()?;
+                    Some((Arc::from(key), kv.mod_revision()))
+                })
+                .collect();
+            page(keys);
+            if !resp.more() {
+                return Ok(());
+            }
+        }
     }
 }

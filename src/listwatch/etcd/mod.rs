@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use self::auth::TokenRenewal;
-use self::decode::{prefix_range_end, Decoder};
+use self::decode::{prefix_range_end, Decoder, Undecodable};
 use self::identity::{store_changed, Identity, Tally};
 use self::options::MIN_MESSAGE_BYTES;
 use self::request::{classify, classify_code, member_unreachable, named, read};
@@ -28,7 +28,8 @@ use self::versions::{progress_is_trustworthy, warn_of_known_watch_bugs};
 use self::watch::{Responses, WatchTask};
 use super::hedged::{hedged, Hedged, HEDGE_AFTER};
 use super::{
-    BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result, WatchStream,
+    BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
+    WatchStream,
 };
 use crate::codec::Codec;
 use crate::lock;
@@ -89,6 +90,8 @@ pub struct EtcdListerWatcher<T> {
     codec: Arc<dyn Codec<T>>,
     options: EtcdOptions,
     decode_errors: Arc<AtomicU64>,
+    /// What does not decode now, for the audit.
+    undecodable: Arc<Undecodable>,
     /// The store last seen; see [`Identity`].
     identity: Arc<Mutex<Identity>>,
     /// How many keys the prefix held at a revision, by the list and the events since; a
@@ -159,6 +162,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             codec: Arc::new(codec),
             options,
             decode_errors: Arc::new(AtomicU64::new(0)),
+            undecodable: Arc::default(),
             identity: Arc::new(Mutex::new(Identity::default())),
             tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
@@ -182,6 +186,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             codec: self.codec.clone(),
             errors: self.decode_errors.clone(),
             on_error: self.options.on_decode_error.clone(),
+            undecodable: self.undecodable.clone(),
         }
     }
 
@@ -263,6 +268,10 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
 
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin(self.list_inner(None))
+    }
+
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.key_revisions_inner(at, page))
     }
 
     fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {

@@ -311,7 +311,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                         },
                     },
                     (DELETE, _) => {
-                        let Some(key) = self.decoder.key(&kv.key, revision) else {
+                        let key = self.decoder.key(&kv.key, revision);
+                        self.decoder.undecodable.remove(&kv.key);
+                        let Some(key) = key else {
                             continue;
                         };
                         WatchEvent::Deleted {

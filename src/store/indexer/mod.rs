@@ -409,6 +409,22 @@ impl<T> Indexer<T> {
         true
     }
 
+    /// Every key with its `mod_revision`, sorted by key, and the latest revision the content is
+    /// known to be etcd's at ([`proven_revision`](Self::proven_revision)), read together: what
+    /// the audit compares with etcd.
+    pub(crate) fn key_revisions(&self) -> (i64, Vec<(Box<str>, i64)>) {
+        let (at, mut keys) = {
+            let inner = self.read();
+            let mut keys = Vec::with_capacity(inner.table.len());
+            inner
+                .table
+                .for_each_revision(&mut |key, revision| keys.push((key.into(), revision)));
+            (inner.revision.max(inner.proven), keys)
+        };
+        keys.sort_unstable();
+        (at, keys)
+    }
+
     /// The latest revision at which etcd's content is known to be the cache's: at least the
     /// content's own revision, and later while a consistent read's proof holds (until the next
     /// write).

@@ -71,7 +71,7 @@ use self::checker::{diff, recorder, Checker, History, Kind, State};
 use super::etcd::{EtcdCluster, HarnessError};
 use crate::codec::TextCodec;
 use crate::listwatch::{
-    BoxFuture, Freshness, ListResult, ListSink, ListerWatcher, Result as LwResult,
+    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result as LwResult,
 };
 use crate::{
     lock, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, SharedIndexInformer,
@@ -172,6 +172,9 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for CountingLists<L> {
     }
     fn decode_errors(&self) -> u64 {
         self.inner.decode_errors()
+    }
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
+        self.inner.key_revisions(at, page)
     }
     fn freshness(
         &self,
