@@ -87,9 +87,11 @@ impl ShardTable {
         held.in_flight += 1;
         let fence = held.fence.clone();
         let id = held.id;
-        drop(state);
+        // Under the state lock, as `drop_all` bumps it: an epoch read after releasing the lock
+        // could already be the one that dropped this holding, and nothing would withdraw it.
         let mut epoch = self.epoch.subscribe();
         let given = *epoch.borrow_and_update();
+        drop(state);
         Some(Admitted {
             fence: Some(fence),
             revoked: Box::pin(async move {
@@ -169,7 +171,9 @@ impl ShardTable {
     /// The lease is lost: every shard is dropped at once, and reconciles in flight are
     /// abandoned. Returns how many shards were held.
     pub(crate) fn drop_all(&self) -> usize {
-        let dropped = std::mem::take(&mut lock(&self.state).held).len();
+        let mut state = lock(&self.state);
+        let dropped = std::mem::take(&mut state.held).len();
+        // Before the lock is released: a shard inserted meanwhile is not withdrawn with these.
         self.epoch.send_modify(|e| *e += 1);
         dropped
     }
@@ -287,5 +291,51 @@ mod tests {
         assert!(table.released().is_empty());
         drop(again);
         assert_eq!(table.released().len(), 1);
+    }
+
+    /// Polls `revoked` once: whether the leave is withdrawn already.
+    fn withdrawn(mut revoked: crate::listwatch::BoxFuture<'static, ()>) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        revoked.as_mut().poll(&mut cx).is_ready()
+    }
+
+    /// Issue 28, finding 4: a leave given while `drop_all` runs on another thread is
+    /// withdrawn by that `drop_all`, whichever of the two takes the state first.
+    #[test]
+    fn a_leave_given_while_the_lease_is_lost_is_withdrawn_with_the_others() {
+        let table = table();
+        let key = key_in(&table, 0);
+        let (mut given, mut missed, mut rounds) = (0, 0, 0);
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_secs(3) {
+            rounds += 1;
+            table.insert(0, Fence::new("/s/0000", rounds));
+            let go = Arc::new(std::sync::Barrier::new(2));
+            let admitting = std::thread::spawn({
+                let (table, key, go) = (table.clone(), key.clone(), go.clone());
+                move || {
+                    go.wait();
+                    let mut all = Vec::new();
+                    while let Some(admitted) = table.admit(&key) {
+                        all.push(admitted);
+                    }
+                    all
+                }
+            });
+            go.wait();
+            for _ in 0..fastrand::usize(0..2000) {
+                std::hint::spin_loop();
+            }
+            table.drop_all();
+            for admitted in admitting.join().expect("the admitting thread") {
+                given += 1;
+                missed += usize::from(!withdrawn(admitted.revoked));
+            }
+        }
+        assert_eq!(
+            missed, 0,
+            "{missed} of {given} leaves outlived the drop_all of their holding ({rounds} rounds)"
+        );
+        println!("{given} leaves given in {rounds} rounds racing drop_all: all withdrawn");
     }
 }
