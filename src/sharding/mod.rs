@@ -612,6 +612,16 @@ impl Coordinator {
             lock(&self.status.health).acquired += acquired.len() as u64;
             tracing::info!(shards = ?acquired.keys().collect::<Vec<_>>(), queued, "acquired shards");
         }
+        // Keys refused in a shard kept after all (its handover called off, its lease proven
+        // again by a late renewal): nobody else will reconcile them.
+        let refused = self.table.readmit();
+        if !refused.is_empty() {
+            tracing::info!(
+                keys = refused.len(),
+                "reconciling keys refused while their shard could not admit them"
+            );
+            refused.into_iter().for_each(|key| self.queue.add(key));
+        }
         self.hand_over().await;
         self.metrics.held(self.table.held().0.len());
         Ok(())
