@@ -18,7 +18,9 @@ use etcd_informer::runner::{Action, Context, Runner};
 use etcd_informer::sharding::{ShardHandle, ShardedRunner};
 use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer, TcpProxy};
 use etcd_informer::workqueue::WorkQueue;
-use etcd_informer::{connect, EtcdListerWatcher, InformerOptions, SharedIndexInformer, TextCodec};
+use etcd_informer::{
+    connect, EtcdListerWatcher, InformerOptions, Object, SharedIndexInformer, TextCodec,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -722,4 +724,117 @@ async fn changes_refused_during_a_handover_called_off_are_reconciled() {
         limbo.len()
     );
     a.stop().await;
+}
+
+/// Issue 28, finding 3: the new owner of a shard reconciles only once every informer it
+/// watches has reached the revision it acquired the shard at, so it sees what the old owner
+/// wrote last. The new owner's second informer lags (a slow transform); the reconcile creates a
+/// child only when its cache has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_new_owner_sees_the_old_owners_last_write_before_it_reconciles() {
+    let fleet = Fleet::new("sharding_fresh_owner").await;
+    let writer = fleet.client().await;
+    // The replica whose children informer lags.
+    let slow: Arc<Mutex<Option<String>>> = Arc::default();
+    let created: Arc<Mutex<Vec<String>>> = Arc::default();
+    let conflicts: Arc<Mutex<Vec<String>>> = Arc::default();
+    // (replica, whether its cache held the child) per reconcile.
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let start = |name: &'static str| {
+        let (fleet, slow) = (&fleet, slow.clone());
+        let (created, conflicts, seen) = (created.clone(), conflicts.clone(), seen.clone());
+        async move {
+            let client = fleet.client().await;
+            let jobs = fleet.informer(&client, &fleet.jobs, None);
+            let lag = move |o: Object<String>| {
+                if slow.lock().unwrap().as_deref() == Some(name) {
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                o
+            };
+            let children = fleet.informer(&client, &fleet.done, Some(Arc::new(lag)));
+            let runner = Runner::new("jobs").watch(&jobs).watch(&children).workers(2);
+            let children_client =
+                TypedClient::<String>::new(client, fleet.done.clone(), TextCodec).unwrap();
+            let reconcile = move |ctx: Context| {
+                let (created, conflicts, seen) = (created.clone(), conflicts.clone(), seen.clone());
+                let children_client = children_client.clone();
+                async move {
+                    if ctx.object_in::<String>(0).is_none() {
+                        return Ok(Action::Done);
+                    }
+                    let child = ctx.object_in::<String>(1).is_some();
+                    seen.lock().unwrap().push((name.to_owned(), child));
+                    if !child {
+                        match children_client.create(ctx.key(), &name.to_owned()).await {
+                            Ok(_) => created.lock().unwrap().push(name.to_owned()),
+                            Err(e) if e.is_conflict() => {
+                                conflicts.lock().unwrap().push(format!("{name}: {e}"))
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                    Ok(Action::Done)
+                }
+            };
+            fleet
+                .start_runner(name, 1, runner, vec![jobs, children], reconcile)
+                .await
+        }
+    };
+    let replicas = [start("r0").await, start("r1").await];
+    eventually(
+        "one replica holds the shard",
+        Duration::from_secs(15),
+        || {
+            let hs: Vec<_> = replicas.iter().map(|r| r.handle.health()).collect();
+            hs.iter()
+                .all(|h| h.members.len() == 2 && h.releasing.is_empty())
+                && hs.iter().map(|h| h.held.len()).sum::<usize>() == 1
+        },
+    )
+    .await;
+    let [first, second] = replicas;
+    let (old, new) = match first.held() {
+        1 => (first, second),
+        _ => (second, first),
+    };
+    *slow.lock().unwrap() = Some(new.name.clone());
+
+    writer
+        .kv_client()
+        .put(format!("{}job-0", fleet.jobs), "spec", None)
+        .await
+        .expect("put a job");
+    eventually(
+        "the owner creates the child",
+        Duration::from_secs(15),
+        || created.lock().unwrap().len() == 1,
+    )
+    .await;
+    // The old owner hands the shard over; the new one's children cache is still behind.
+    let old_name = old.name.clone();
+    old.stop().await;
+    eventually(
+        "the new owner reconciled the job, and its caches caught up",
+        Duration::from_secs(20),
+        || {
+            let reconciled = seen.lock().unwrap().iter().any(|(who, _)| *who == new.name);
+            reconciled
+                && new.informers[1].lister().get("job-0").is_some()
+                && new.queue.metrics().processing == 0
+                && new.queue.is_empty()
+        },
+    )
+    .await;
+    let conflicts = conflicts.lock().unwrap().clone();
+    let created = created.lock().unwrap().clone();
+    let seen = seen.lock().unwrap().clone();
+    println!("reconciles (replica, saw the child): {seen:?}; created by {created:?}");
+    assert!(
+        conflicts.is_empty(),
+        "the new owner acted on a cache older than the old owner's write: {conflicts:?}"
+    );
+    assert_eq!(created, vec![old_name], "one child, made by the old owner");
+    new.stop().await;
 }

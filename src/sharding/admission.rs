@@ -98,6 +98,7 @@ impl ShardTable {
         let given = *epoch.borrow_and_update();
         drop(state);
         Some(Admitted {
+            fresh_from: fence.revision(),
             fence: Some(fence),
             revoked: Box::pin(async move {
                 let _ = epoch.wait_for(|e| *e != given).await;

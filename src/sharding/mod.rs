@@ -31,9 +31,13 @@
 //! one that was already past an `.await` when the process froze can still finish a write it
 //! had sent. Fence the writes that matter.
 //!
-//! On gaining a shard a replica reconciles every key its caches hold in that shard. A key
-//! deleted while its shard changed hands is not reconciled as deleted by either replica: make
-//! the clean-up of deleted keys level-based (e.g. on resync), not only per key.
+//! On gaining a shard a replica reconciles every key its caches hold in that shard, and none
+//! before every informer the runner watches has reached the revision the shard was acquired
+//! at: the new owner sees everything the old one wrote. A key changed while its shard could not
+//! admit it (being handed over, or the lease unproven) is reconciled by whoever holds the shard
+//! next, this replica included if it keeps it. A key deleted while its shard changed hands is
+//! not reconciled as deleted by either replica: make the clean-up of deleted keys level-based
+//! (e.g. on resync), not only per key.
 //!
 //! Every replica's informers cache the whole prefix (reads stay local), so memory is that of
 //! one unsharded replica in each.
