@@ -60,6 +60,8 @@
 mod admission;
 mod assignment;
 mod ownership;
+#[cfg(all(test, feature = "testing"))]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -314,6 +316,23 @@ impl ShardedRunner {
     }
 }
 
+/// A lease being joined with: revoked if dropped before [`joined`](Self::joined).
+struct Joining(Option<KeptLease>);
+
+impl Joining {
+    fn joined(mut self) -> KeptLease {
+        self.0.take().expect("a lease until joined")
+    }
+}
+
+impl Drop for Joining {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            lease.revoke_in_background();
+        }
+    }
+}
+
 /// Keeps this replica's shards matched to the membership.
 struct Coordinator {
     records: Records,
@@ -445,9 +464,12 @@ impl Coordinator {
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Option<KeptLease> {
         loop {
+            // Shutdown first: a join it cuts short revokes its lease (`Joining`), with the member
+            // key if that landed, rather than leave a member nobody is behind for a TTL.
             match tokio::select! {
-                joined = self.try_join() => joined,
+                biased;
                 () = shutdown.as_mut() => return None,
+                joined = self.try_join() => joined,
             } {
                 Ok(lease) => {
                     tracing::info!(lease = lease.id(), "joined");
@@ -459,8 +481,9 @@ impl Coordinator {
                 Err(e) => tracing::warn!(error = %e, "cannot join yet; retrying"),
             }
             tokio::select! {
-                () = tokio::time::sleep(JOIN_RETRY) => {}
+                biased;
                 () = shutdown.as_mut() => return None,
+                () = tokio::time::sleep(JOIN_RETRY) => {}
             }
         }
     }
@@ -481,16 +504,13 @@ impl Coordinator {
         };
         self.table.bind(lease.validity());
         let announce = self.records.join(&self.member, lease.id());
+        // Failed, timed out or cancelled, the member key may have landed all the same: it goes
+        // with the lease.
+        let joining = Joining(Some(lease));
         match tokio::time::timeout(self.ttl, announce).await {
-            Ok(Ok(())) => Ok(lease),
-            failed => {
-                // The member key may have landed: take it down with the lease.
-                lease.revoke_in_background();
-                Err(match failed {
-                    Ok(Err(e)) => format!("announcing the member: {e}"),
-                    _ => "announcing the member timed out".into(),
-                })
-            }
+            Ok(Ok(())) => Ok(joining.joined()),
+            Ok(Err(e)) => Err(format!("announcing the member: {e}")),
+            Err(_) => Err("announcing the member timed out".into()),
         }
     }
 
