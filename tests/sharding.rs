@@ -732,6 +732,10 @@ async fn changes_refused_during_a_handover_called_off_are_reconciled() {
 /// child only when its cache has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn a_new_owner_sees_the_old_owners_last_write_before_it_reconciles() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let fleet = Fleet::new("sharding_fresh_owner").await;
     let writer = fleet.client().await;
     // The replica whose children informer lags.
@@ -748,7 +752,9 @@ async fn a_new_owner_sees_the_old_owners_last_write_before_it_reconciles() {
             let jobs = fleet.informer(&client, &fleet.jobs, None);
             let lag = move |o: Object<String>| {
                 if slow.lock().unwrap().as_deref() == Some(name) {
-                    std::thread::sleep(Duration::from_secs(2));
+                    // Off the runtime's worker: a blocked worker would also hold up the tasks
+                    // queued on it (the lease keepers among them).
+                    tokio::task::block_in_place(|| std::thread::sleep(Duration::from_secs(2)));
                 }
                 o
             };
@@ -806,12 +812,19 @@ async fn a_new_owner_sees_the_old_owners_last_write_before_it_reconciles() {
         .put(format!("{}job-0", fleet.jobs), "spec", None)
         .await
         .expect("put a job");
-    eventually(
-        "the owner creates the child",
-        Duration::from_secs(15),
-        || created.lock().unwrap().len() == 1,
-    )
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while created.lock().unwrap().len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the owner did not create the child: old {:?} {:?}, new {:?} {:?}, seen {:?}",
+            old.handle.health(),
+            old.queue.metrics(),
+            new.handle.health(),
+            new.queue.metrics(),
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The old owner hands the shard over; the new one's children cache is still behind.
     let old_name = old.name.clone();
     old.stop().await;
