@@ -18,13 +18,13 @@ use crate::metrics::{ReconcileResult, RunnerMetrics};
 use crate::reflector::{panic_message, CatchUnwind};
 use crate::workqueue::WorkQueue;
 
-/// How long a key with a recorded write waits for the informers before it is retried with
-/// backoff.
+/// How long a key waits for the informers (to apply its last write, or to reach the revision
+/// its shard was acquired at) before it is retried with backoff.
 const READ_YOUR_WRITES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether this process may reconcile a key now, and under which fence: a sharded runner's
-/// shards. `None`: not now (another replica's shard); the key is dropped from the queue, and
-/// whoever holds its shard reconciles it.
+/// shards. `None`: not now; the key is dropped from the queue, and whoever holds its shard
+/// reconciles it (the admission queues it again if that is still this process).
 pub(crate) type Admit = Arc<dyn Fn(&str) -> Option<Admitted> + Send + Sync>;
 
 /// Leave to reconcile one key, held for the whole reconcile.
