@@ -24,7 +24,7 @@ const READ_YOUR_WRITES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether this process may reconcile a key now, and under which fence: a sharded runner's
 /// shards. `None`: not now; the key is dropped from the queue, and whoever holds its shard
-/// reconciles it (the admission queues it again if that is still this process).
+/// reconciles it (a sharded runner queues it again if that is still this process).
 pub(crate) type Admit = Arc<dyn Fn(&str) -> Option<Admitted> + Send + Sync>;
 
 /// Leave to reconcile one key, held for the whole reconcile.
