@@ -64,7 +64,9 @@ async fn a_shutdown_during_join_leaves_no_member_behind() {
                 lease.map(|l| l.id())
             );
         }
-        let waited = Instant::now() + Duration::from_millis(200);
+        // Long enough for a put once sent to be seen (it is not answered until the next poll);
+        // spent in full only while join is still in its grant.
+        let waited = Instant::now() + Duration::from_secs(1);
         while Instant::now() < waited && !present().await {
             tokio::task::yield_now().await;
         }
