@@ -1,6 +1,7 @@
 //! Sharded runners against real etcd: three replicas (and more joining and leaving) share
 //! 1,000 keys; every change is reconciled by exactly one replica, never by two at once, and a
-//! replica that crashes, loses its lease or is cut off has its keys taken over.
+//! replica that crashes, loses its lease or is cut off has its keys taken over. A handover
+//! called off loses no change, and a new owner whose caches lag waits for them.
 #![cfg(feature = "testing")]
 
 mod common;
