@@ -100,3 +100,54 @@ async fn a_shutdown_during_join_leaves_no_member_behind() {
         shut_down.elapsed()
     );
 }
+
+/// Issue 28, finding 2 (the narrower variant), through the coordinator: a key refused while
+/// the lease's proof had lapsed, with the lease going on (a renewal accepted late, no
+/// `drop_all`), is queued again at the next converge.
+#[tokio::test]
+async fn a_key_refused_while_the_lease_was_unproven_is_queued_again_once_it_is_proven() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect(&etcd.endpoints).await.expect("connect");
+    let prefix = unique_prefix("sharding_unproven");
+    let coordinator = coordinator(client, &prefix, "m", Duration::from_secs(10));
+    let (informer, _task, _wake) = coordinator.watch_records().await.expect("records");
+    informer.wait_for_cache_sync().await;
+    let mut shutdown = pin!(std::future::pending::<()>());
+    let lease = coordinator.join(&mut shutdown).await.expect("joined");
+    let mut round = Round::default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while coordinator.table.held().0.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the only member never held every shard"
+        );
+        coordinator
+            .converge(&informer, &lease, &mut round)
+            .await
+            .expect("converge");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(coordinator.queue.len(), 0, "the runner watches no informer");
+
+    // The proof lapses for a moment (the keeper task ran late), then a renewal is accepted.
+    coordinator
+        .table
+        .bind(crate::lease::Validity::until(Instant::now()));
+    assert!(
+        coordinator.table.admit("k").is_none(),
+        "refused while unproven"
+    );
+    coordinator.table.bind(lease.validity());
+    coordinator
+        .converge(&informer, &lease, &mut round)
+        .await
+        .expect("converge");
+    assert_eq!(
+        coordinator.queue.len(),
+        1,
+        "the refused key is queued again"
+    );
+    assert_eq!(coordinator.queue.get().await.as_deref(), Some("k"));
+    let _ = lease.revoke().await;
+    informer.stop();
+}
