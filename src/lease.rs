@@ -129,6 +129,12 @@ impl Validity {
         Validity(Arc::new(Mutex::new(at)))
     }
 
+    /// Moves the end of the proof to `at`, as a renewal does, for tests.
+    #[cfg(test)]
+    pub(crate) fn renewed_until(&self, at: Instant) {
+        *crate::lock(&self.0) = at;
+    }
+
     pub(crate) fn is_valid(&self) -> bool {
         Instant::now() < *crate::lock(&self.0)
     }

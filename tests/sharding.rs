@@ -1,11 +1,14 @@
 //! Sharded runners against real etcd: three replicas (and more joining and leaving) share
 //! 1,000 keys; every change is reconciled by exactly one replica, never by two at once, and a
-//! replica that crashes, loses its lease or is cut off has its keys taken over.
+//! replica that crashes, loses its lease or is cut off has its keys taken over. A handover
+//! called off loses no change, and a new owner whose caches lag waits for them.
 #![cfg(feature = "testing")]
 
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +18,10 @@ use etcd_informer::client::{Fence, TypedClient, WriteError};
 use etcd_informer::runner::{Action, Context, Runner};
 use etcd_informer::sharding::{ShardHandle, ShardedRunner};
 use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer, TcpProxy};
-use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
+use etcd_informer::workqueue::WorkQueue;
+use etcd_informer::{
+    connect, EtcdListerWatcher, InformerOptions, Object, SharedIndexInformer, TextCodec,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -119,7 +125,9 @@ struct Fleet {
 struct Replica {
     name: String,
     handle: ShardHandle,
-    informer: SharedIndexInformer<String>,
+    informers: Vec<SharedIndexInformer<String>>,
+    /// The runner's work queue.
+    queue: WorkQueue<String>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -134,13 +142,13 @@ impl Replica {
             .await
             .expect("a replica stops within 20 s")
             .expect("the replica's task");
-        self.informer.stop();
+        self.informers.iter().for_each(SharedIndexInformer::stop);
     }
 
     /// Dies without a word: its records stay until its lease expires.
     fn crash(self) {
         self.task.abort();
-        self.informer.stop();
+        self.informers.iter().for_each(SharedIndexInformer::stop);
     }
 
     fn held(&self) -> usize {
@@ -176,6 +184,7 @@ impl Fleet {
         let informer = SharedIndexInformer::new(lw, Default::default());
         tokio::spawn(informer.clone().run());
         let runner = Runner::new("jobs").watch(&informer).workers(4);
+        let queue = runner.queue().clone();
         let sharded = ShardedRunner::new(runner, client.clone(), name)
             .shards(SHARDS)
             .lease_ttl(TTL)
@@ -231,7 +240,55 @@ impl Fleet {
         Replica {
             name: name.to_owned(),
             handle,
-            informer,
+            informers: vec![informer],
+            queue,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
+    /// A running informer of `prefix`, its objects passed through `transform`.
+    fn informer(
+        &self,
+        client: &Client,
+        prefix: &str,
+        transform: Option<etcd_informer::informer::TransformFn<String>>,
+    ) -> SharedIndexInformer<String> {
+        let lw = EtcdListerWatcher::new(client.clone(), prefix.to_owned(), TextCodec).unwrap();
+        let options = InformerOptions::default().with_transform(transform);
+        let informer = SharedIndexInformer::new(lw, options);
+        tokio::spawn(informer.clone().run());
+        informer
+    }
+
+    /// A replica `name` of `runner` (watching `informers`, running), sharing `shards` shards.
+    async fn start_runner<F, Fut>(
+        &self,
+        name: &str,
+        shards: u32,
+        runner: Runner,
+        informers: Vec<SharedIndexInformer<String>>,
+        reconcile: F,
+    ) -> Replica
+    where
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, String>> + Send + 'static,
+    {
+        let queue = runner.queue().clone();
+        let sharded = ShardedRunner::new(runner, self.client().await, name)
+            .shards(shards)
+            .lease_ttl(TTL)
+            .records_prefix(self.records.clone());
+        let handle = sharded.handle();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(sharded.run_with_context(reconcile, async {
+            let _ = rx.await;
+        }));
+        Replica {
+            name: name.to_owned(),
+            handle,
+            informers,
+            queue,
             shutdown: Some(tx),
             task,
         }
@@ -529,4 +586,269 @@ async fn a_partitioned_replica_stops_before_its_lease_expires_and_its_fenced_wri
     for r in [r0, r1, r2] {
         r.stop().await;
     }
+}
+
+/// Issue 28, finding 2: a shard assigned back to its holder before its handover finished (the
+/// replica it was going to left first) loses none of the changes the holder refused meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_refused_during_a_handover_called_off_are_reconciled() {
+    const FEW: u32 = 8;
+    const HOLDS: usize = 24;
+    let fleet = Fleet::new("sharding_called_off").await;
+    let writer = fleet.client().await;
+    let (gate, gate_rx) = tokio::sync::watch::channel(false);
+    let reconciled: Arc<Mutex<HashSet<(String, i64)>>> = Arc::default();
+    let holding = Arc::new(AtomicUsize::new(0));
+    // Reconciles of `hold-*` keys wait for the gate: they keep their shards' handovers open.
+    let gated = || {
+        let (reconciled, holding, gate) = (reconciled.clone(), holding.clone(), gate_rx.clone());
+        move |ctx: Context| {
+            let (reconciled, holding, mut gate) =
+                (reconciled.clone(), holding.clone(), gate.clone());
+            async move {
+                if let Some(o) = ctx.object::<String>() {
+                    if ctx.key().starts_with("hold-") && !*gate.borrow() {
+                        holding.fetch_add(1, Ordering::SeqCst);
+                        let _ = gate.wait_for(|open| *open).await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    reconciled
+                        .lock()
+                        .unwrap()
+                        .insert((ctx.key().to_owned(), o.mod_revision));
+                }
+                Ok::<_, String>(Action::Done)
+            }
+        }
+    };
+    let start = |name: &'static str, workers: usize| {
+        let (fleet, reconcile) = (&fleet, gated());
+        async move {
+            let client = fleet.client().await;
+            let informer = fleet.informer(&client, &fleet.jobs, None);
+            let runner = Runner::new("jobs").watch(&informer).workers(workers);
+            fleet
+                .start_runner(name, FEW, runner, vec![informer], reconcile)
+                .await
+        }
+    };
+
+    let a = start("a", HOLDS + 8).await;
+    eventually("a holds every shard", Duration::from_secs(15), || {
+        a.handle.health().held.len() == FEW as usize
+    })
+    .await;
+    let mut kv = writer.kv_client();
+    let holds: Vec<TxnOp> = (0..HOLDS)
+        .map(|i| TxnOp::put(format!("{}hold-{i:02}", fleet.jobs), "hold", None))
+        .collect();
+    kv.txn(Txn::new().and_then(holds)).await.expect("put holds");
+    eventually(
+        "every hold reconcile in flight",
+        Duration::from_secs(15),
+        || holding.load(Ordering::SeqCst) == HOLDS,
+    )
+    .await;
+
+    // b joins; a hands over the shards assigned to b, and those with a reconcile in flight
+    // stay releasing.
+    let b = start("b", 4).await;
+    eventually(
+        "b holds the shards nothing holds up; a still releases the others",
+        Duration::from_secs(15),
+        || {
+            let (ha, hb) = (a.handle.health(), b.handle.health());
+            hb.members.len() == 2
+                && !ha.releasing.is_empty()
+                && ha.held.len() + hb.held.len() == FEW as usize
+        },
+    )
+    .await;
+    let written = fleet.write_jobs(&writer, 200, 0).await;
+    let limbo: Vec<&String> = written
+        .keys()
+        .filter(|k| !a.handle.holds_key(k) && !b.handle.holds_key(k))
+        .collect();
+    assert!(
+        !limbo.is_empty(),
+        "no job fell in a shard being handed over"
+    );
+    eventually(
+        "the other jobs reconciled, and a's workers past the jobs of releasing shards",
+        Duration::from_secs(15),
+        || {
+            let done = reconciled.lock().unwrap();
+            let m = a.queue.metrics();
+            written
+                .iter()
+                .filter(|(k, _)| !limbo.contains(k))
+                .all(|(k, r)| done.contains(&(k.clone(), *r)))
+                && m.depth == 0
+                && m.processing == HOLDS
+        },
+    )
+    .await;
+
+    // b leaves before a's reconciles end: a keeps the shards it was handing over.
+    b.stop().await;
+    eventually("a keeps every shard", Duration::from_secs(15), || {
+        let h = a.handle.health();
+        h.held.len() == FEW as usize && h.releasing.is_empty() && h.members.len() == 1
+    })
+    .await;
+    gate.send_replace(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let missing: Vec<String> = {
+            let done = reconciled.lock().unwrap();
+            written
+                .iter()
+                .filter(|(k, r)| !done.contains(&((*k).clone(), **r)))
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} jobs never reconciled ({} fell in shards being handed over): {:?}",
+            missing.len(),
+            written.len(),
+            limbo.len(),
+            &missing[..missing.len().min(10)]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "{} jobs changed in shards whose handover was called off: all reconciled",
+        limbo.len()
+    );
+    a.stop().await;
+}
+
+/// Issue 28, finding 3: the new owner of a shard reconciles only once every informer it
+/// watches has reached the revision it acquired the shard at, so it sees what the old owner
+/// wrote last. The new owner's second informer lags (a slow transform); the reconcile creates a
+/// child only when its cache has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_new_owner_sees_the_old_owners_last_write_before_it_reconciles() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let fleet = Fleet::new("sharding_fresh_owner").await;
+    let writer = fleet.client().await;
+    // The replica whose children informer lags.
+    let slow: Arc<Mutex<Option<String>>> = Arc::default();
+    let created: Arc<Mutex<Vec<String>>> = Arc::default();
+    let conflicts: Arc<Mutex<Vec<String>>> = Arc::default();
+    // (replica, whether its cache held the child) per reconcile.
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let start = |name: &'static str| {
+        let (fleet, slow) = (&fleet, slow.clone());
+        let (created, conflicts, seen) = (created.clone(), conflicts.clone(), seen.clone());
+        async move {
+            let client = fleet.client().await;
+            let jobs = fleet.informer(&client, &fleet.jobs, None);
+            let lag = move |o: Object<String>| {
+                if slow.lock().unwrap().as_deref() == Some(name) {
+                    // Off the runtime's worker: a blocked worker would also hold up the tasks
+                    // queued on it (the lease keepers among them).
+                    tokio::task::block_in_place(|| std::thread::sleep(Duration::from_secs(2)));
+                }
+                o
+            };
+            let children = fleet.informer(&client, &fleet.done, Some(Arc::new(lag)));
+            let runner = Runner::new("jobs").watch(&jobs).watch(&children).workers(2);
+            let children_client =
+                TypedClient::<String>::new(client, fleet.done.clone(), TextCodec).unwrap();
+            let reconcile = move |ctx: Context| {
+                let (created, conflicts, seen) = (created.clone(), conflicts.clone(), seen.clone());
+                let children_client = children_client.clone();
+                async move {
+                    if ctx.object_in::<String>(0).is_none() {
+                        return Ok(Action::Done);
+                    }
+                    let child = ctx.object_in::<String>(1).is_some();
+                    seen.lock().unwrap().push((name.to_owned(), child));
+                    if !child {
+                        match children_client.create(ctx.key(), &name.to_owned()).await {
+                            Ok(_) => created.lock().unwrap().push(name.to_owned()),
+                            Err(e) if e.is_conflict() => {
+                                conflicts.lock().unwrap().push(format!("{name}: {e}"))
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                    Ok(Action::Done)
+                }
+            };
+            fleet
+                .start_runner(name, 1, runner, vec![jobs, children], reconcile)
+                .await
+        }
+    };
+    let replicas = [start("r0").await, start("r1").await];
+    eventually(
+        "one replica holds the shard",
+        Duration::from_secs(15),
+        || {
+            let hs: Vec<_> = replicas.iter().map(|r| r.handle.health()).collect();
+            hs.iter()
+                .all(|h| h.members.len() == 2 && h.releasing.is_empty())
+                && hs.iter().map(|h| h.held.len()).sum::<usize>() == 1
+        },
+    )
+    .await;
+    let [first, second] = replicas;
+    let (old, new) = match first.held() {
+        1 => (first, second),
+        _ => (second, first),
+    };
+    *slow.lock().unwrap() = Some(new.name.clone());
+
+    writer
+        .kv_client()
+        .put(format!("{}job-0", fleet.jobs), "spec", None)
+        .await
+        .expect("put a job");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while created.lock().unwrap().len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the owner did not create the child: old {:?} {:?}, new {:?} {:?}, seen {:?}",
+            old.handle.health(),
+            old.queue.metrics(),
+            new.handle.health(),
+            new.queue.metrics(),
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The old owner hands the shard over; the new one's children cache is still behind.
+    let old_name = old.name.clone();
+    old.stop().await;
+    eventually(
+        "the new owner reconciled the job, and its caches caught up",
+        Duration::from_secs(20),
+        || {
+            let reconciled = seen.lock().unwrap().iter().any(|(who, _)| *who == new.name);
+            reconciled
+                && new.informers[1].lister().get("job-0").is_some()
+                && new.queue.metrics().processing == 0
+                && new.queue.is_empty()
+        },
+    )
+    .await;
+    let conflicts = conflicts.lock().unwrap().clone();
+    let created = created.lock().unwrap().clone();
+    let seen = seen.lock().unwrap().clone();
+    println!("reconciles (replica, saw the child): {seen:?}; created by {created:?}");
+    assert!(
+        conflicts.is_empty(),
+        "the new owner acted on a cache older than the old owner's write: {conflicts:?}"
+    );
+    assert_eq!(created, vec![old_name], "one child, made by the old owner");
+    new.stop().await;
 }

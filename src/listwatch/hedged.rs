@@ -40,8 +40,9 @@ pub(crate) enum Hedged<R, E> {
 /// [`MAX_IN_FLIGHT`] at once) or an attempt fails in a way another member might not
 /// (`elsewhere`: a refused connection, say; at most [`MAX_FAILED`] times), until one answers or
 /// `deadline`. The first success wins and the other attempts are dropped (a dropped etcd request
-/// or watch stream is canceled). Otherwise the last error ends the request once no other
-/// attempt is waiting: the caller's retry policy decides what comes next.
+/// or watch stream is canceled). An error that is not `elsewhere` ends the request at once;
+/// otherwise the last error ends it once no other attempt is waiting: the caller's retry policy
+/// decides what comes next.
 pub(crate) async fn hedged<R, E, F, Fut, G>(
     hedge: Duration,
     deadline: Instant,
@@ -68,8 +69,13 @@ where
                 done = running.join_next(), if !running.is_empty() => match done {
                     Some(Ok(Ok(answer))) => return Hedged::Answered(answer),
                     Some(Ok(Err(e))) => {
+                        if !elsewhere(&e) {
+                            // Every member would answer the same (a compacted revision, say):
+                            // waiting for the others would only turn it into a timeout.
+                            return Hedged::Failed(e);
+                        }
                         failed += 1;
-                        let again = failed < MAX_FAILED && elsewhere(&e);
+                        let again = failed < MAX_FAILED;
                         last_error = Some(e);
                         if again {
                             // Another member may answer: try it now rather than at the hedge.
@@ -186,12 +192,13 @@ mod tests {
             MAX_FAILED,
             "a refusal is tried again at once"
         );
-        // The first attempt hangs, the second fails, the third answers.
+        // The first attempt hangs, the second is refused (another member may answer), the third
+        // answers.
         let n = Arc::new(AtomicUsize::new(0));
         let answered = hedged(
             HEDGE_AFTER,
             deadline,
-            |_| false,
+            |_| true,
             || {
                 let n = n.fetch_add(1, Ordering::SeqCst);
                 async move {
@@ -205,5 +212,37 @@ mod tests {
         )
         .await;
         assert!(matches!(answered, Hedged::Answered(2)), "{answered:?}");
+    }
+
+    /// Issue 28, minor: one attempt hangs (a stopped member), another fails at once with an
+    /// error every member would give (a compacted revision): the request ends with that error
+    /// then, not at the deadline as "timed out".
+    #[tokio::test(start_paused = true)]
+    async fn an_error_no_other_member_would_fix_ends_it_at_once_beside_a_hung_attempt() {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(3);
+        let n = Arc::new(AtomicUsize::new(0));
+        let result = hedged(
+            HEDGE_AFTER,
+            deadline,
+            |e: &&str| *e != "compacted",
+            || {
+                let n = n.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match n {
+                        0 => std::future::pending().await,
+                        _ => Err::<usize, _>("compacted"),
+                    }
+                }
+            },
+        )
+        .await;
+        assert!(
+            matches!(result, Hedged::Failed("compacted")),
+            "{result:?} after {:?}",
+            start.elapsed()
+        );
+        assert_eq!(start.elapsed(), HEDGE_AFTER, "ended as the error came");
+        assert_eq!(n.load(Ordering::SeqCst), 2, "nothing sent after it");
     }
 }

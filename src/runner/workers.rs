@@ -1,5 +1,6 @@
-//! The workers of one run: they take keys from the queue, admit them (a sharded runner's
-//! shards), wait for the key's last write, and reconcile each in isolation.
+//! The workers of one run: they take keys from the queue, wait for the key's last write,
+//! admit them (a sharded runner's shards, once the caches have reached the revision the shard
+//! was acquired at), and reconcile each in isolation.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,18 +18,22 @@ use crate::metrics::{ReconcileResult, RunnerMetrics};
 use crate::reflector::{panic_message, CatchUnwind};
 use crate::workqueue::WorkQueue;
 
-/// How long a key with a recorded write waits for the informers before it is retried with
-/// backoff.
+/// How long a key waits for the informers (to apply its last write, or to reach the revision
+/// its shard was acquired at) before it is retried with backoff.
 const READ_YOUR_WRITES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether this process may reconcile a key now, and under which fence: a sharded runner's
-/// shards. `None`: not now (another replica's shard); the key is dropped from the queue, and
-/// whoever holds its shard reconciles it.
+/// shards. `None`: not now; the key is dropped from the queue, and whoever holds its shard
+/// reconciles it (a sharded runner queues it again if that is still this process).
 pub(crate) type Admit = Arc<dyn Fn(&str) -> Option<Admitted> + Send + Sync>;
 
 /// Leave to reconcile one key, held for the whole reconcile.
 pub(crate) struct Admitted {
     pub(crate) fence: Option<Fence>,
+    /// No reconcile starts under this leave before every watched informer has reached this
+    /// revision: a newly held shard's acquire revision, above the previous owner's last write
+    /// (read-your-writes does not carry over from one process to another).
+    pub(crate) fresh_from: i64,
     /// Resolves if the leave is withdrawn mid-reconcile (the lease that backs it was lost):
     /// the reconcile is then abandoned at its next `.await`.
     pub(crate) revoked: BoxFuture<'static, ()>,
@@ -82,10 +87,16 @@ impl Workers {
             // shard.
             let admitted = match &self.admit {
                 None => None,
-                Some(admit) => match admit(&key) {
-                    Some(admitted) => Some(admitted),
-                    None => {
+                Some(admit) => match self.admitted(admit, &key).await {
+                    Ok(Some(admitted)) => Some(admitted),
+                    Ok(None) => {
                         queue.forget(&key);
+                        queue.done(&key);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "the cache has not caught up with the revision the key's shard was acquired at; backing off");
+                        queue.add_rate_limited(key.clone());
                         queue.done(&key);
                         continue;
                     }
@@ -93,6 +104,33 @@ impl Workers {
             };
             self.reconcile(&key, admitted).await;
             queue.done(&key);
+        }
+    }
+
+    /// Leave to reconcile `key`, once every informer has reached the revision the leave asks
+    /// for. The wait is made without the leave, so that it does not hold up a handover of the
+    /// key's shard; the leave is asked for again after it.
+    async fn admitted(
+        &self,
+        admit: &Admit,
+        key: &str,
+    ) -> Result<Option<Admitted>, ConsistencyError> {
+        // Reached by every informer, as shown by a wait (maybe by a proof that nothing changed,
+        // which need not move their revisions).
+        let mut reached = 0;
+        loop {
+            let Some(admitted) = admit(key) else {
+                return Ok(None);
+            };
+            let at = admitted.fresh_from;
+            if at <= reached || self.watched.iter().all(|w| (w.revision)() >= at) {
+                return Ok(Some(admitted));
+            }
+            drop(admitted);
+            for w in self.watched.iter() {
+                (w.wait_for)(at, READ_YOUR_WRITES_TIMEOUT).await?;
+            }
+            reached = at;
         }
     }
 

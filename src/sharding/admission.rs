@@ -2,7 +2,7 @@
 //! that is held and not being handed over, and is counted until it ends, so that a shard is
 //! released only once its reconciles have ended.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
@@ -24,6 +24,9 @@ struct Held {
     /// Being handed over: no reconcile starts in it any more.
     releasing: Option<Instant>,
     in_flight: usize,
+    /// Keys refused while the shard was held but could not admit them (releasing, or the
+    /// lease unproven): nobody else reconciles them if this replica keeps the shard.
+    refused: BTreeSet<String>,
 }
 
 /// The shards held and their reconciles in flight.
@@ -31,7 +34,9 @@ struct Held {
 /// Invariant: a reconcile runs only under an [`Admitted`] taken while its shard was held and
 /// not releasing, and is counted in `in_flight` until it ends; [`ShardTable::released`] hands
 /// a shard back only when none is counted. [`ShardTable::drop_all`] (the lease is lost) drops
-/// every shard at once and withdraws the leave of the reconciles in flight.
+/// every shard at once and withdraws the leave of the reconciles in flight. A key refused while
+/// its shard is held stays with the shard until [`ShardTable::readmit`] hands it back (the
+/// shard can admit again) or the shard goes (its next owner queues all its keys).
 pub(crate) struct ShardTable {
     shards: u32,
     shard_by: ShardBy,
@@ -75,22 +80,25 @@ impl ShardTable {
     /// Leave to reconcile `key` now, if its shard is held and not being handed over, and the
     /// lease is still proven alive.
     pub(crate) fn admit(self: &Arc<Self>, key: &str) -> Option<Admitted> {
-        if !lock(&self.lease).as_ref().is_some_and(Validity::is_valid) {
-            return None;
-        }
         let shard = self.shard_of(key);
         let mut state = lock(&self.state);
         let held = state.held.get_mut(&shard)?;
-        if held.releasing.is_some() {
+        if held.releasing.is_some() || !self.proven() {
+            // The handover may be called off, or the lease go on after a late renewal, with
+            // no new owner to queue the key: remember it.
+            held.refused.insert(key.to_owned());
             return None;
         }
         held.in_flight += 1;
         let fence = held.fence.clone();
         let id = held.id;
-        drop(state);
+        // Under the state lock, as `drop_all` bumps it: an epoch read after releasing the lock
+        // could already be the one that dropped this holding, and nothing would withdraw it.
         let mut epoch = self.epoch.subscribe();
         let given = *epoch.borrow_and_update();
+        drop(state);
         Some(Admitted {
+            fresh_from: fence.revision(),
             fence: Some(fence),
             revoked: Box::pin(async move {
                 let _ = epoch.wait_for(|e| *e != given).await;
@@ -115,6 +123,7 @@ impl ShardTable {
                 fence,
                 releasing: None,
                 in_flight: 0,
+                refused: BTreeSet::new(),
             },
         );
     }
@@ -161,6 +170,25 @@ impl ShardTable {
             .collect()
     }
 
+    /// The keys refused in shards that can admit them again (kept after all, or the lease
+    /// proven again), each once.
+    pub(crate) fn readmit(&self) -> Vec<String> {
+        if !self.proven() {
+            return Vec::new();
+        }
+        lock(&self.state)
+            .held
+            .values_mut()
+            .filter(|held| held.releasing.is_none())
+            .flat_map(|held| std::mem::take(&mut held.refused))
+            .collect()
+    }
+
+    /// Whether the lease the shards are held with is proven alive now.
+    fn proven(&self) -> bool {
+        lock(&self.lease).as_ref().is_some_and(Validity::is_valid)
+    }
+
     /// Forgets `shard` (its owner record is gone).
     pub(crate) fn remove(&self, shard: u32) {
         lock(&self.state).held.remove(&shard);
@@ -169,7 +197,9 @@ impl ShardTable {
     /// The lease is lost: every shard is dropped at once, and reconciles in flight are
     /// abandoned. Returns how many shards were held.
     pub(crate) fn drop_all(&self) -> usize {
-        let dropped = std::mem::take(&mut lock(&self.state).held).len();
+        let mut state = lock(&self.state);
+        let dropped = std::mem::take(&mut state.held).len();
+        // Before the lock is released: a shard inserted meanwhile is not withdrawn with these.
         self.epoch.send_modify(|e| *e += 1);
         dropped
     }
@@ -287,5 +317,95 @@ mod tests {
         assert!(table.released().is_empty());
         drop(again);
         assert_eq!(table.released().len(), 1);
+    }
+
+    /// Polls `revoked` once: whether the leave is withdrawn already.
+    fn withdrawn(mut revoked: crate::listwatch::BoxFuture<'static, ()>) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        revoked.as_mut().poll(&mut cx).is_ready()
+    }
+
+    /// Issue 28, finding 4: a leave given while `drop_all` runs on another thread is
+    /// withdrawn by that `drop_all`, whichever of the two takes the state first.
+    #[test]
+    fn a_leave_given_while_the_lease_is_lost_is_withdrawn_with_the_others() {
+        let table = table();
+        let key = key_in(&table, 0);
+        let (mut given, mut missed, mut rounds) = (0, 0, 0);
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_secs(3) {
+            rounds += 1;
+            table.insert(0, Fence::new("/s/0000", rounds));
+            let go = Arc::new(std::sync::Barrier::new(2));
+            let admitting = std::thread::spawn({
+                let (table, key, go) = (table.clone(), key.clone(), go.clone());
+                move || {
+                    go.wait();
+                    let mut all = Vec::new();
+                    while let Some(admitted) = table.admit(&key) {
+                        all.push(admitted);
+                    }
+                    all
+                }
+            });
+            go.wait();
+            for _ in 0..fastrand::usize(0..2000) {
+                std::hint::spin_loop();
+            }
+            table.drop_all();
+            for admitted in admitting.join().expect("the admitting thread") {
+                given += 1;
+                missed += usize::from(!withdrawn(admitted.revoked));
+            }
+        }
+        assert_eq!(
+            missed, 0,
+            "{missed} of {given} leaves outlived the drop_all of their holding ({rounds} rounds)"
+        );
+        println!("{given} leaves given in {rounds} rounds racing drop_all: all withdrawn");
+    }
+
+    /// Issue 28, finding 2: keys refused while their shard was being handed over come back
+    /// when the handover is called off.
+    #[tokio::test]
+    async fn keys_refused_during_a_handover_called_off_come_back() {
+        let table = table();
+        let (k1, k3) = (key_in(&table, 1), key_in(&table, 3));
+        table.insert(1, Fence::new("/s/0001", 4));
+        table.insert(3, Fence::new("/s/0003", 5));
+        assert!(table.begin_release(1));
+        assert!(table.begin_release(3));
+        assert!(table.admit(&k1).is_none());
+        assert!(table.admit(&k3).is_none());
+        assert!(table.readmit().is_empty(), "both still releasing");
+        assert!(table.cancel_release(1));
+        assert_eq!(table.readmit(), vec![k1.clone()], "shard 1 is kept");
+        assert!(table.readmit().is_empty(), "handed back once");
+        // Shard 3 is handed over: its refused keys go with it (the new owner queues them all).
+        assert_eq!(table.released().len(), 1);
+        table.remove(3);
+        table.insert(3, Fence::new("/s/0003", 9));
+        assert!(table.readmit().is_empty());
+        // A key refused because its shard is not held at all is nobody's to remember here.
+        table.remove(1);
+        assert!(table.admit(&k1).is_none());
+        table.insert(1, Fence::new("/s/0001", 10));
+        assert!(table.readmit().is_empty());
+    }
+
+    /// Issue 28, finding 2 (the narrower variant): keys refused while the lease's proof had
+    /// lapsed come back once a renewal (accepted late) proves it again, with no `drop_all`.
+    #[tokio::test]
+    async fn keys_refused_while_the_lease_was_unproven_come_back_when_it_is_proven_again() {
+        let table = table();
+        let key = key_in(&table, 2);
+        table.insert(2, Fence::new("/s/0002", 3));
+        let validity = Validity::until(Instant::now());
+        table.bind(validity.clone());
+        assert!(table.admit(&key).is_none(), "the proof lapsed");
+        assert!(table.readmit().is_empty(), "still unproven");
+        validity.renewed_until(Instant::now() + std::time::Duration::from_secs(60));
+        assert_eq!(table.readmit(), vec![key.clone()]);
+        assert!(table.admit(&key).is_some());
     }
 }

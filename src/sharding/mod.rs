@@ -31,9 +31,13 @@
 //! one that was already past an `.await` when the process froze can still finish a write it
 //! had sent. Fence the writes that matter.
 //!
-//! On gaining a shard a replica reconciles every key its caches hold in that shard. A key
-//! deleted while its shard changed hands is not reconciled as deleted by either replica: make
-//! the clean-up of deleted keys level-based (e.g. on resync), not only per key.
+//! On gaining a shard a replica reconciles every key its caches hold in that shard, and none
+//! before every informer the runner watches has reached the revision the shard was acquired
+//! at: the new owner sees everything the old one wrote. A key changed while its shard could not
+//! admit it (being handed over, or the lease unproven) is reconciled by whoever holds the shard
+//! next, this replica included if it keeps it. A key deleted while its shard changed hands is
+//! not reconciled as deleted by either replica: make the clean-up of deleted keys level-based
+//! (e.g. on resync), not only per key.
 //!
 //! Every replica's informers cache the whole prefix (reads stay local), so memory is that of
 //! one unsharded replica in each.
@@ -56,6 +60,8 @@
 mod admission;
 mod assignment;
 mod ownership;
+#[cfg(all(test, feature = "testing"))]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -310,6 +316,23 @@ impl ShardedRunner {
     }
 }
 
+/// A lease being joined with: revoked if dropped before [`joined`](Self::joined).
+struct Joining(Option<KeptLease>);
+
+impl Joining {
+    fn joined(mut self) -> KeptLease {
+        self.0.take().expect("a lease until joined")
+    }
+}
+
+impl Drop for Joining {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            lease.revoke_in_background();
+        }
+    }
+}
+
 /// Keeps this replica's shards matched to the membership.
 struct Coordinator {
     records: Records,
@@ -441,9 +464,12 @@ impl Coordinator {
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Option<KeptLease> {
         loop {
+            // Shutdown first: a join it cuts short revokes its lease (`Joining`), with the member
+            // key if that landed, rather than leave a member nobody is behind for a TTL.
             match tokio::select! {
-                joined = self.try_join() => joined,
+                biased;
                 () = shutdown.as_mut() => return None,
+                joined = self.try_join() => joined,
             } {
                 Ok(lease) => {
                     tracing::info!(lease = lease.id(), "joined");
@@ -455,8 +481,9 @@ impl Coordinator {
                 Err(e) => tracing::warn!(error = %e, "cannot join yet; retrying"),
             }
             tokio::select! {
-                () = tokio::time::sleep(JOIN_RETRY) => {}
+                biased;
                 () = shutdown.as_mut() => return None,
+                () = tokio::time::sleep(JOIN_RETRY) => {}
             }
         }
     }
@@ -477,16 +504,13 @@ impl Coordinator {
         };
         self.table.bind(lease.validity());
         let announce = self.records.join(&self.member, lease.id());
+        // Failed, timed out or cancelled, the member key may have landed all the same: it goes
+        // with the lease.
+        let joining = Joining(Some(lease));
         match tokio::time::timeout(self.ttl, announce).await {
-            Ok(Ok(())) => Ok(lease),
-            failed => {
-                // The member key may have landed: take it down with the lease.
-                lease.revoke_in_background();
-                Err(match failed {
-                    Ok(Err(e)) => format!("announcing the member: {e}"),
-                    _ => "announcing the member timed out".into(),
-                })
-            }
+            Ok(Ok(())) => Ok(joining.joined()),
+            Ok(Err(e)) => Err(format!("announcing the member: {e}")),
+            Err(_) => Err("announcing the member timed out".into()),
         }
     }
 
@@ -611,6 +635,16 @@ impl Coordinator {
             }
             lock(&self.status.health).acquired += acquired.len() as u64;
             tracing::info!(shards = ?acquired.keys().collect::<Vec<_>>(), queued, "acquired shards");
+        }
+        // Keys refused in a shard kept after all (its handover called off, its lease proven
+        // again by a late renewal): nobody else will reconcile them.
+        let refused = self.table.readmit();
+        if !refused.is_empty() {
+            tracing::info!(
+                keys = refused.len(),
+                "reconciling keys refused while their shard could not admit them"
+            );
+            refused.into_iter().for_each(|key| self.queue.add(key));
         }
         self.hand_over().await;
         self.metrics.held(self.table.held().0.len());
