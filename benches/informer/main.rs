@@ -72,6 +72,10 @@
 //!   the facade's no-op recorder (baseline) and to a Prometheus recorder with buckets
 //!   (counters, gauges, and the stage histograms of `etcd_informer_stage_seconds`). Lower is
 //!   better; also the cost of one clock read (`clock_read_ns`).
+//! - `audit`: what the informer's audit costs: a synced informer (no handler) runs
+//!   `audit_now` R times; the time of each, the bytes etcd sent for it (its
+//!   `etcd_network_client_grpc_sent_bytes_total`) beside those of the informer's full list,
+//!   and the CPU of this process and of etcd. Baseline: the list's time; lower is better.
 //! - `prevkv`: etcd's write throughput (W writers, M/4 puts) while a raw watch of the prefix is
 //!   open without prev_kv (baseline column) and with prev_kv ("informer" column): does prev_kv
 //!   cost etcd throughput? Higher is better.
@@ -104,8 +108,8 @@ const LOADERS: usize = 8;
 const MAX_MESSAGE: usize = 1 << 30;
 /// "Unpaged" for the informer, whose page size must be at least 1.
 const HUGE_PAGE: i64 = 1_000_000_000;
-const ALL_SCENARIOS: [&str; 7] = [
-    "sync", "watch", "fanout", "latency", "memory", "prevkv", "metrics",
+const ALL_SCENARIOS: [&str; 8] = [
+    "sync", "watch", "fanout", "latency", "memory", "prevkv", "metrics", "audit",
 ];
 
 /// A ConfigMap-like object, stored as JSON.
@@ -303,6 +307,7 @@ async fn main() {
             }
             "prevkv" => scenario_prevkv(&bench).await,
             "metrics" => scenario_metrics(&bench).await,
+            "audit" => scenario_audit(&bench).await,
             _ => unreachable!(),
         };
         eprintln!("{s} took {:.1} s", t.elapsed().as_secs_f64());

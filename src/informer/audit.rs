@@ -109,26 +109,31 @@ pub(super) struct Audited<T> {
 
 impl<T: Send + Sync + 'static> Audited<T> {
     /// Audits every `period`; runs until dropped (the informer's `run` aborts it).
-    pub(super) async fn every(self, period: Duration) {
+    pub(super) async fn every(self: Arc<Self>, period: Duration) {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let outcome = self.once().await;
-            self.counts.ran(outcome);
-            self.metrics.audit(outcome);
+            self.once().await;
         }
     }
 
-    /// Audits the cache once: see the [module docs](self).
-    pub(super) async fn once(&self) -> Outcome {
+    /// Audits the cache once (see the [module docs](self)) and counts it.
+    pub(super) async fn once(&self) -> Option<AuditReport> {
+        let (outcome, report) = self.compare().await;
+        self.counts.ran(outcome);
+        self.metrics.audit(outcome);
+        report
+    }
+
+    async fn compare(&self) -> (Outcome, Option<AuditReport>) {
         let Some(relists) = (self.ready)() else {
-            return Outcome::Skipped;
+            return (Outcome::Skipped, None);
         };
         {
             let mut asked_at = lock(&self.asked_at);
             if *asked_at == Some(relists) {
-                return Outcome::Skipped;
+                return (Outcome::Skipped, None);
             }
             *asked_at = None;
         }
@@ -154,23 +159,29 @@ impl<T: Send + Sync + 'static> Audited<T> {
             Ok(()) => {}
             Err(e) if e.is_expired() => {
                 tracing::debug!(informer = %name, revision = at, error = %e, "audit skipped: the cache's revision is compacted");
-                return Outcome::Skipped;
+                return (Outcome::Skipped, None);
             }
             Err(e) => {
                 tracing::warn!(informer = %name, revision = at, error = %e, "audit failed");
-                return Outcome::Failed;
+                return (Outcome::Failed, None);
             }
         }
         if (self.ready)() != Some(relists) {
             // The cache was relisted meanwhile: what was read compares with nothing.
-            return Outcome::Skipped;
+            return (Outcome::Skipped, None);
         }
         let mut compare = lock(&compare);
         compare.finish();
         let took = started.elapsed();
+        let report = AuditReport {
+            revision: at,
+            keys,
+            differing: compare.found,
+            took,
+        };
         if compare.found == 0 {
             tracing::debug!(informer = %name, revision = at, keys, ?took, "audit: the cache agrees with etcd");
-            return Outcome::Clean;
+            return (Outcome::Clean, Some(report));
         }
         for d in &compare.differences {
             tracing::warn!(
@@ -189,8 +200,22 @@ impl<T: Send + Sync + 'static> Audited<T> {
         self.metrics.audit_repairs(compare.found as u64);
         *lock(&self.asked_at) = Some(relists);
         self.relist.notify_one();
-        Outcome::Repaired
+        (Outcome::Repaired, Some(report))
     }
+}
+
+/// What one audit found ([`SharedIndexInformer::audit_now`](crate::SharedIndexInformer::audit_now)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditReport {
+    /// The revision compared at: the cache's, or a later one a consistent read proved.
+    pub revision: i64,
+    /// The keys the cache held.
+    pub keys: usize,
+    /// Keys on which the cache and etcd differed; a relist repairs them.
+    pub differing: usize,
+    /// How long the audit took.
+    pub took: Duration,
 }
 
 /// What the audits found, for [`InformerHealth`](super::InformerHealth).

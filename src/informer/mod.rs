@@ -17,7 +17,7 @@ mod watchdog;
 
 pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
 pub use crate::reflector::TransformFn;
-pub use audit::AuditHealth;
+pub use audit::{AuditHealth, AuditReport};
 pub use consistency::ConsistencyError;
 pub(crate) use controller::AbortOnDrop;
 pub use controller::{Controller, ControllerConfig, ProcessError, ProcessFn};

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::audit::{AuditCounts, Audited};
+use super::audit::{AuditCounts, AuditReport, Audited};
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::options::{InformerOptions, Processing, RelistUnchanged};
 use super::processor::{merge_due, Processor};
@@ -117,6 +117,8 @@ pub(super) struct Shared<T> {
     pub(super) received_at: Arc<ReceivedAt>,
     pub(super) audit_period: Option<Duration>,
     pub(super) audit: Arc<AuditCounts>,
+    /// Set by `run` in the revision-atomic mode.
+    pub(super) auditor: OnceLock<Arc<Audited<T>>>,
 }
 
 impl<T> Drop for Shared<T> {
@@ -190,6 +192,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 received_at: Arc::default(),
                 audit_period: options.audit_period,
                 audit: Arc::default(),
+                auditor: OnceLock::new(),
                 name: options.name,
             }),
         }
@@ -255,14 +258,16 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                     reflector = reflector.with_received_at(self.shared.received_at.clone());
                 }
                 // Only this mode's cache is exactly etcd at one revision, as the audit needs.
-                let mut _auditor = None;
-                if let Some(period) = self.shared.audit_period {
-                    let relist = Arc::new(Notify::new());
-                    reflector = reflector.with_relist_trigger(relist.clone());
-                    let audits = self.audited(relist).every(period);
+                let relist = Arc::new(Notify::new());
+                reflector = reflector.with_relist_trigger(relist.clone());
+                let auditor = self
+                    .shared
+                    .auditor
+                    .get_or_init(|| Arc::new(self.audited(relist)));
+                let _audits = self.shared.audit_period.map(|period| {
                     let span = tracing::info_span!("audit", informer = %self.shared.name);
-                    _auditor = Some(AbortOnDrop(tokio::spawn(audits.instrument(span))));
-                }
+                    AbortOnDrop(tokio::spawn(auditor.clone().every(period).instrument(span)))
+                });
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
                 async {
@@ -281,6 +286,24 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 .await;
             }
         }
+    }
+
+    /// Audits the cache against etcd now, as the periodic audit does
+    /// ([`InformerOptions::audit_period`]): etcd's keys and `mod_revision`s at the cache's
+    /// revision compared key by key, any difference repaired by a relist. `None` when it could
+    /// not (not running in the revision-atomic mode, not synced, a relist under way, changes
+    /// queued, the revision compacted, etcd unreachable: the log says which).
+    ///
+    /// ```no_run
+    /// # async fn demo(informer: etcd_informer::SharedIndexInformer<String>) {
+    /// if let Some(report) = informer.audit_now().await {
+    ///     println!("{} keys audited at {}: {} differed", report.keys, report.revision, report.differing);
+    /// }
+    /// # }
+    /// ```
+    pub async fn audit_now(&self) -> Option<AuditReport> {
+        let auditor = self.shared.auditor.get()?.clone();
+        auditor.once().await
     }
 
     /// What the audit task needs: the cache, the source, and when it may audit.

@@ -29,10 +29,10 @@ pub(super) fn known_watch_bugs(version: &str) -> Vec<Bug> {
         bug("responses going back in time, progress out of step with the stream (fixed in 3.4.25 / 3.5.8): a member behind the watched revision is checked, progress never advances the cache", true);
     }
     if before(4, 31) {
-        bug("events lost after a compaction (fixed in 3.4.31): not detectable on the stream; the key tally at each re-watch and every relist repair the cache", false);
+        bug("events lost after a compaction (fixed in 3.4.31): not detectable on the stream; the key tally at each re-watch and the informer's audit find it, and a relist repairs the cache", false);
     }
     if before(4, 36) {
-        bug("a missing delete when a watch opens at the compaction revision (fixed in 3.4.36): not detectable on the stream; the next relist repairs it", false);
+        bug("a missing delete when a watch opens at the compaction revision (fixed in 3.4.36): not detectable on the stream; the informer's audit finds it and relists", false);
     }
     if (major, minor) == (3, 5) && patch < 3 {
         bug("a member killed during an apply can come back with its revisions off from its cluster's for good (etcd-io/etcd#13766, fixed in 3.5.3): not detectable by a client of that member alone; etcd's --experimental-initial-corrupt-check finds it", false);
@@ -50,7 +50,7 @@ pub(super) fn summary(version: &str, bugs: &[Bug]) -> Option<String> {
     }
     let guarded = bugs.iter().filter(|b| b.guarded).count();
     Some(format!(
-        "etcd {version} has {} known watch bugs, {guarded} guarded on the stream, {} repaired only by a later check or relist; see the README's \"etcd versions\"",
+        "etcd {version} has {} known watch bugs: {guarded} guarded on the stream, {} caught by the key tally or the audit and repaired by a relist; see the README's \"etcd versions\"",
         bugs.len(),
         bugs.len() - guarded
     ))
@@ -138,7 +138,7 @@ mod tests {
         let line = summary("3.4.23", &known_watch_bugs("3.4.23")).unwrap();
         assert_eq!(
             line,
-            "etcd 3.4.23 has 5 known watch bugs, 3 guarded on the stream, 2 repaired only by a later check or relist; see the README's \"etcd versions\""
+            "etcd 3.4.23 has 5 known watch bugs: 3 guarded on the stream, 2 caught by the key tally or the audit and repaired by a relist; see the README's \"etcd versions\""
         );
         assert!(line.len() < 160 && !line.contains('\n'));
         assert!(summary("3.5.1", &known_watch_bugs("3.5.1")).unwrap().len() < 160);
