@@ -877,8 +877,16 @@ pub(super) async fn scenario_audit(b: &Bench) -> Row {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let sent = etcd_sent_bytes(&endpoint);
         let cpu = CpuMark::now(b.etcd_pid);
-        let Some(report) = informer.audit_now().await else {
-            fail("the audit did not run");
+        let mut report = None;
+        for _ in 0..50 {
+            report = informer.audit_now().await;
+            if report.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let Some(report) = report else {
+            fail(format!("the audit did not run: {:?}", informer.health()));
         };
         let (own_us, etcd_us) = cpu.per_event(b.etcd_pid, 1);
         let audit_bytes = etcd_sent_bytes(&endpoint).zip(sent).map(|(a, b)| a - b);

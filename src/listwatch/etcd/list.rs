@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::decode::relative;
 use super::identity::Tally;
 use super::options::{FIRST_PAGE, LIST_PAGES};
-use super::request::{is_message_too_large, member_unreachable, read};
+use super::request::{is_message_too_large, member_unreachable};
 use super::EtcdListerWatcher;
 use crate::listwatch::hedged::{hedged, Hedged};
 use crate::listwatch::{Error, KeyRevisionsSink, ListResult, ListSink, Result};
@@ -190,47 +190,69 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         mut page: KeyRevisionsSink,
     ) -> Result<()> {
         self.token.renew_if_refused(&self.client).await;
+        let kv = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(self.options.max_message_bytes);
         let mut start = self.first_key();
         let mut pages = 0;
+        let mut page_size = self.options.page_size;
         loop {
             let options = GetOptions::new()
                 .with_range(self.range_end.clone())
                 .with_keys_only()
                 .with_revision(at)
-                .with_limit(self.options.page_size);
-            let resp = match read(&self.client, &start, options, self.options.page_timeout).await {
+                .with_limit(page_size);
+            let deadline = Instant::now() + self.options.page_timeout;
+            let got = hedged(
+                self.options.idle_timeout,
+                deadline,
+                member_unreachable,
+                || {
+                    let mut kv = kv.clone();
+                    let (start, options) = (start.clone(), options.clone());
+                    async move { kv.get(start, Some(options)).await }
+                },
+            )
+            .await;
+            let mut resp = match got {
                 Hedged::Answered(resp) => resp,
+                Hedged::Failed(e) if page_size > 1 && is_message_too_large(&e) => {
+                    page_size = (page_size / 4).max(1);
+                    continue;
+                }
                 Hedged::Failed(e) => return Err(self.failed(e, at)),
                 Hedged::TimedOut => {
                     return Err(Error::unavailable(format!(
-                    "reading the keys of {} at revision {at} timed out after {:?} (page {pages})",
-                    self.prefix(),
-                    self.options.page_timeout
-                )))
+                        "reading the keys of {} at revision {at} timed out after {:?} (page {pages})",
+                        self.prefix(),
+                        self.options.page_timeout
+                    )))
                 }
             };
             pages += 1;
-            let kvs = resp.kvs();
-            if resp.more() {
+            let more = resp.more();
+            let kvs: Vec<PbKeyValue> = resp.take_kvs().into_iter().map(|kv| kv.0).collect();
+            if more {
                 let Some(last) = kvs.last() else {
                     return Err(Error::transient(format!(
                         "reading the keys of {}: etcd said more keys follow an empty page",
                         self.prefix()
                     )));
                 };
-                start = last.key().to_vec();
+                start = last.key.clone();
                 start.push(0);
             }
             let keys = kvs
-                .iter()
-                .filter(|kv| !self.undecodable.holds(kv.key(), kv.mod_revision()))
+                .into_iter()
+                .filter(|kv| !self.undecodable.holds(&kv.key, kv.mod_revision))
                 .filter_map(|kv| {
-                    let key = std::str::from_utf8(relative(&self.prefix, kv.key())).ok()?;
-                    Some((Arc::from(key), kv.mod_revision()))
+                    let key = std::str::from_utf8(relative(&self.prefix, &kv.key)).ok()?;
+                    Some((Arc::from(key), kv.mod_revision))
                 })
                 .collect();
             page(keys);
-            if !resp.more() {
+            if !more {
                 return Ok(());
             }
         }
