@@ -1,8 +1,8 @@
 //! The memory scenario's child processes: the bench re-executed with `--child`.
 
 use etcd_informer::listwatch::{
-    BoxFuture, Error as LwError, Freshness, ListResult, ListSink, Result as LwResult, WatchEvent,
-    WatchStream,
+    BoxFuture, Error as LwError, Freshness, ListResult, ListSink, Result as LwResult, Resume,
+    SourceIdentity, WatchEvent, WatchStream,
 };
 
 use super::*;
@@ -160,6 +160,18 @@ impl ListerWatcher<ConfigMap> for Expiring {
 
     fn decode_errors(&self) -> u64 {
         self.inner.decode_errors()
+    }
+    // Warm restart from a snapshot (issue 26).
+    fn identity(&self) -> SourceIdentity {
+        self.inner.identity()
+    }
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, LwResult<Resume>> {
+        self.inner.can_resume(revision, keys, cluster_id)
     }
 }
 

@@ -12,6 +12,7 @@ mod options;
 mod processor;
 mod registration;
 mod shared_informer;
+mod snapshot;
 mod watchdog;
 
 pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};

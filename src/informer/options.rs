@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::codec::Codec;
 use crate::reflector::{Backoff, TransformFn, WatchErrorHandler};
+use crate::snapshot::SnapshotOptions;
 use crate::store::Indexers;
 
 /// The backlog bound of an [`EventStream`](crate::EventStream) when [`InformerOptions::max_handler_backlog`] is
@@ -97,6 +98,10 @@ pub struct InformerOptions<T> {
     pub compact: Option<Arc<dyn Codec<T>>>,
     /// What handlers hear of the keys a relist finds unchanged; see [`RelistUnchanged`].
     pub relist_unchanged: RelistUnchanged,
+    /// `Some`: the cache is saved to a local file and a restart resumes from it when etcd
+    /// agrees (warm restart, see [`snapshot`](crate::snapshot)); `None` (the default): every
+    /// start lists the prefix.
+    pub snapshot: Option<SnapshotOptions<T>>,
 }
 
 impl<T> InformerOptions<T> {
@@ -188,6 +193,39 @@ impl<T> InformerOptions<T> {
         self.compact = Some(Arc::new(codec));
         self
     }
+
+    // ---- Warm restart from a snapshot (issue 26) ----
+    /// Saves the cache to `path` (values encoded with `codec`) every
+    /// [`DEFAULT_SNAPSHOT_PERIOD`](crate::snapshot::DEFAULT_SNAPSHOT_PERIOD) and when the
+    /// informer stops, and starts from that file instead of a list when etcd still has its
+    /// revision (`snapshot`; see [`snapshot`](crate::snapshot)). Needs the default
+    /// [`Processing::Atomic`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use etcd_informer::{EtcdListerWatcher, InformerOptions, JsonCodec, SharedIndexInformer};
+    /// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+    /// let lw = EtcdListerWatcher::new(client, "/registry/configmaps/", JsonCodec::<serde_json::Value>::new())?;
+    /// let options = InformerOptions::default()
+    ///     .with_snapshot("/var/lib/agent/configmaps.snap", JsonCodec::new());
+    /// let informer = SharedIndexInformer::new(lw, options);
+    /// tokio::spawn(informer.clone().run());
+    /// informer.wait_for_cache_sync().await;
+    /// // "warm start from the snapshot at revision 1234 (1000 keys), no list", or why cold.
+    /// println!("{}", informer.snapshot_start().expect("decided once synced"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_snapshot(self, path: impl Into<std::path::PathBuf>, codec: impl Codec<T>) -> Self {
+        self.with_snapshot_options(SnapshotOptions::new(path, codec))
+    }
+
+    /// Sets the snapshot's options (`snapshot`), for a period or codec id of your own.
+    #[must_use]
+    pub fn with_snapshot_options(mut self, snapshot: SnapshotOptions<T>) -> Self {
+        self.snapshot = Some(snapshot);
+        self
+    }
 }
 
 impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
@@ -204,6 +242,7 @@ impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
             processing: Processing::default(),
             compact: None,
             relist_unchanged: RelistUnchanged::default(),
+            snapshot: None,
         }
     }
 }
@@ -218,6 +257,7 @@ impl<T> fmt::Debug for InformerOptions<T> {
             .field("processing", &self.processing)
             .field("compact", &self.compact.is_some())
             .field("relist_unchanged", &self.relist_unchanged)
+            .field("snapshot", &self.snapshot)
             .finish_non_exhaustive()
     }
 }

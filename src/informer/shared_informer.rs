@@ -22,6 +22,7 @@ use crate::real_fifo::RealFifo;
 use crate::reflector::{
     Backoff, Reflector, ReflectorOptions, RevisionHandle, TransformFn, WatchErrorHandler,
 };
+use crate::snapshot::{SnapshotStart, Snapshots, WarmSource};
 use crate::store::{Indexer, Indexers, StoreError};
 use crate::{lock, Lister};
 
@@ -113,6 +114,8 @@ pub(super) struct Shared<T> {
     pub(super) metrics: InformerMetrics,
     /// When the source received each revision the reflector committed (metrics only).
     pub(super) received_at: Arc<ReceivedAt>,
+    /// Warm restart from a snapshot (issue 26): `None` when off.
+    pub(super) snapshots: Option<Snapshots<T>>,
 }
 
 impl<T> Drop for Shared<T> {
@@ -162,6 +165,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             Processing::DeltaFifo => Queue::DeltaFifo(Arc::new(DeltaFifo::new(Some(known)))),
         };
         let source: Arc<dyn ListerWatcher<T>> = Arc::new(source);
+        let (source, snapshots) = with_snapshots(source, options.snapshot, options.processing);
         let default_resync = clamp_resync(options.resync_period);
         SharedIndexInformer {
             shared: Arc::new(Shared {
@@ -184,6 +188,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 apply_panics: AtomicU64::new(0),
                 metrics: InformerMetrics::new(&options.name),
                 received_at: Arc::default(),
+                snapshots,
                 name: options.name,
             }),
         }
@@ -250,6 +255,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 }
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
+                let _snapshots = self.write_snapshots_periodically();
                 async {
                     while fifo
                         .pop(|batch| self.apply_guarded(|| self.handle_batch(batch)))
@@ -264,6 +270,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 }
                 .instrument(span)
                 .await;
+                self.write_snapshot_on_stop().await;
             }
         }
     }
@@ -395,6 +402,37 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     pub fn name(&self) -> &str {
         &self.shared.name
     }
+}
+
+/// The source and snapshot state of an informer (warm restart, issue 26): with snapshots on,
+/// the source is wrapped so that its first list may come from the snapshot. Only the
+/// revision-atomic mode's cache is etcd at one revision, which a snapshot must be.
+fn with_snapshots<T: Send + Sync + 'static>(
+    source: Arc<dyn ListerWatcher<T>>,
+    options: Option<crate::snapshot::SnapshotOptions<T>>,
+    processing: Processing,
+) -> (Arc<dyn ListerWatcher<T>>, Option<Snapshots<T>>) {
+    let Some(options) = options else {
+        return (source, None);
+    };
+    let start = Arc::new(OnceLock::new());
+    let source = match processing {
+        Processing::Atomic => Arc::new(WarmSource::new(source, options.clone(), start.clone())),
+        Processing::DeltaFifo => {
+            let reason = "snapshots need Processing::Atomic (a DeltaFifo cache is not etcd at one revision); none read or written";
+            tracing::warn!(path = %options.path.display(), "cold start: {reason}");
+            let _ = start.set(SnapshotStart::Cold {
+                reason: reason.into(),
+            });
+            source
+        }
+    };
+    let snapshots = Snapshots {
+        options,
+        start,
+        written: tokio::sync::Mutex::new(0),
+    };
+    (source, Some(snapshots))
 }
 
 /// Marks the informer stopped and closes its handlers when dropped.

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use etcd_informer::listwatch::{BoxFuture, Freshness, ListResult, ListSink, Result as LwResult};
+use etcd_informer::listwatch::{
+    BoxFuture, Freshness, ListResult, ListSink, Result as LwResult, Resume, SourceIdentity,
+};
 use etcd_informer::testing::etcd::test_etcd;
 use etcd_informer::{
     connect, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchStream,
@@ -147,6 +149,18 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
     }
     fn decode_errors(&self) -> u64 {
         self.inner.decode_errors()
+    }
+    // Warm restart from a snapshot (issue 26).
+    fn identity(&self) -> SourceIdentity {
+        self.inner.identity()
+    }
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, LwResult<Resume>> {
+        self.inner.can_resume(revision, keys, cluster_id)
     }
 }
 
