@@ -101,4 +101,10 @@ impl<T: Send + Sync + 'static> Informer<T> {
     pub fn lister(&self) -> Lister<T> {
         self.inner.lister()
     }
+
+    /// How the informer started when snapshots are on (warm restart, issue 26); see
+    /// [`SharedIndexInformer::snapshot_start`].
+    pub fn snapshot_start(&self) -> Option<crate::snapshot::SnapshotStart> {
+        self.inner.snapshot_start()
+    }
 }
