@@ -228,11 +228,7 @@ async fn warm_start_reads_no_list_and_hears_the_changes_made_while_down() {
     );
     assert_eq!(
         log[50..],
-        [
-            format!("add ns/new=n"),
-            format!("update ns/k001=changed"),
-            format!("delete ns/k002"),
-        ]
+        ["add ns/new=n", "update ns/k001=changed", "delete ns/k002",]
     );
     // Only the changes' two values were read from etcd (the snapshot's are decoded by the
     // snapshot's own codec).
