@@ -424,3 +424,97 @@ async fn a_crash_mid_write_leaves_the_previous_snapshot_usable() {
     );
     run.stop().await;
 }
+
+/// The in-memory source answers as etcd's does (no etcd needed).
+#[tokio::test]
+async fn the_fake_source_answers_as_etcd_does() {
+    use etcd_informer::listwatch::Resume;
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::ListerWatcher;
+
+    let source = FakeSource::<String>::new();
+    source.put("a", "1".into());
+    let at = source.put("b", "2".into());
+    source.delete("a");
+    source.put("c", "3".into());
+    assert_eq!(source.can_resume(at, 2, 1).await.unwrap(), Resume::Ready);
+    let refused = |r: Resume, what: &str| match r {
+        Resume::Refused(why) => assert!(why.contains(what), "{why}"),
+        other => panic!("expected refused ({what}), got {other:?}"),
+    };
+    refused(source.can_resume(at, 3, 1).await.unwrap(), "tally differs");
+    refused(
+        source.can_resume(at, 2, 9).await.unwrap(),
+        "another cluster",
+    );
+    refused(source.can_resume(at + 10, 2, 1).await.unwrap(), "ahead");
+    source.compact();
+    assert!(matches!(
+        source.can_resume(at, 2, 1).await.unwrap(),
+        Resume::Compacted(_)
+    ));
+}
+
+/// A DeltaFifo cache is not etcd at one revision: no snapshot is read or written.
+#[tokio::test]
+async fn the_delta_fifo_mode_neither_reads_nor_writes_snapshots() {
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::Processing;
+
+    let path = snapshot_path("delta_fifo");
+    let source = FakeSource::<String>::new();
+    source.put("a", "1".into());
+    let options = InformerOptions::default()
+        .with_processing(Processing::DeltaFifo)
+        .with_snapshot(&path, TextCodec);
+    let informer = SharedIndexInformer::new(source, options);
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    match informer.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => assert!(reason.contains("Processing::Atomic")),
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+    assert_eq!(informer.write_snapshot().await.unwrap(), None);
+    informer.stop();
+    let _ = run.await;
+    assert!(!path.exists());
+}
+
+/// With the in-memory source: warm without a list, and the changes after.
+#[tokio::test]
+async fn warm_from_the_fake_source() {
+    use etcd_informer::testing::FakeSource;
+
+    let path = snapshot_path("fake");
+    let source = FakeSource::<String>::new();
+    for i in 0..5 {
+        source.put(&format!("ns/{i}"), i.to_string());
+    }
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot(&path, TextCodec),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    informer.stop();
+    run.await.unwrap();
+    source.put("ns/5", "5".into());
+    let lists = source.list_count();
+
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot(&path, TextCodec),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    assert!(informer.snapshot_start().unwrap().is_warm());
+    assert_eq!(source.list_count(), lists, "no list");
+    eventually("the put after the snapshot", WITHIN, || {
+        informer.lister().list().len() == 6
+    })
+    .await;
+    informer.stop();
+    run.await.unwrap();
+}

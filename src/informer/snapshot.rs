@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::controller::AbortOnDrop;
-use super::shared_informer::SharedIndexInformer;
+use super::shared_informer::{Queue, SharedIndexInformer};
 use crate::snapshot::{write, SnapshotError, SnapshotErrorKind, SnapshotStart};
 
 impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
@@ -35,7 +35,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let Some(snapshots) = self.shared.snapshots.as_ref() else {
             return Ok(None);
         };
-        if !self.has_synced() {
+        // Only a revision-atomic cache is etcd at one revision.
+        if !self.has_synced() || !matches!(self.shared.queue, Queue::Atomic(_)) {
             return Ok(None);
         }
         let mut written = snapshots.written.lock().await;
