@@ -518,3 +518,54 @@ async fn warm_from_the_fake_source() {
     informer.stop();
     run.await.unwrap();
 }
+
+/// A value the codec no longer decodes: a cold start naming the key, and a correct cache.
+#[tokio::test]
+async fn a_value_that_no_longer_decodes_starts_cold() {
+    use etcd_informer::testing::FakeSource;
+
+    /// Decodes only values that do not start with "bad".
+    struct Picky;
+    impl Codec<String> for Picky {
+        fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+            match TextCodec.decode(bytes)? {
+                v if v.starts_with("bad") => Err("no longer accepted".into()),
+                v => Ok(v),
+            }
+        }
+        fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+            TextCodec.encode(value)
+        }
+    }
+    let path = snapshot_path("picky");
+    let source = FakeSource::<String>::new();
+    source.put("ns/a", "good".into());
+    source.put("ns/b", "bad".into());
+    let snapshot = || SnapshotOptions::new(&path, Picky).with_codec_id("picky");
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot_options(snapshot()),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    informer.stop();
+    run.await.unwrap();
+
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot_options(snapshot()),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    match informer.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => {
+            assert!(reason.contains("\"ns/b\" does not decode"), "{reason}")
+        }
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+    assert_eq!(informer.lister().list().len(), 2);
+    informer.stop();
+    run.await.unwrap();
+}

@@ -216,6 +216,13 @@ async fn connect_writer(endpoints: &[String]) -> Client {
 #[tokio::main]
 async fn main() {
     let args = parse_args();
+    // RUST_LOG=etcd_informer::snapshot=debug shows where a warm start's time goes.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Some(kind) = args.child.clone() {
         if let Err(e) = run_child(&args, &kind).await {
             fail(format!("child {kind}: {e}"));

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use super::format::{self, Loaded};
 use super::{SnapshotError, SnapshotErrorKind, SnapshotOptions, SnapshotStart};
 use crate::listwatch::{
-    BoxFuture, Freshness, ListResult, ListSink, ListerWatcher, Result, Resume, SourceIdentity,
-    WatchStream,
+    BoxFuture, Error, Freshness, ListResult, ListSink, ListerWatcher, Result, Resume,
+    SourceIdentity, WatchStream,
 };
 use crate::Object;
 
@@ -24,14 +24,27 @@ pub(crate) struct WarmSource<T> {
     start: Arc<OnceLock<SnapshotStart>>,
 }
 
+/// Decoded objects, a chunk at a time, as the decoding threads finish them; an `Err` names the
+/// value that did not decode.
+type Chunks<T> = std::sync::mpsc::Receiver<Result<Vec<Object<T>>, String>>;
+
+/// Keys per decoded chunk: large enough that handing one to the cache is cheap per key, small
+/// enough that the cache is built while the rest decode.
+const CHUNK: usize = 16_384;
+
+/// A snapshot the source agreed to resume from, its values still decoding.
+struct Warm<T> {
+    revision: i64,
+    keys: usize,
+    chunks: Chunks<T>,
+    start: SnapshotStart,
+    started: std::time::Instant,
+}
+
 /// What the first list does.
 enum Decision<T> {
-    /// Serve the snapshot's objects as the list at `revision`.
-    Warm {
-        revision: i64,
-        objects: Vec<Object<T>>,
-        start: SnapshotStart,
-    },
+    /// Serve the snapshot's objects as the list at its revision.
+    Warm(Warm<T>),
     /// List the source; why the snapshot was not used.
     Cold(String),
 }
@@ -49,7 +62,8 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         }
     }
 
-    /// Reads and checks the file, asks the source, decodes the values. `Err` only when the
+    /// Reads and checks the file, starts decoding the values, and asks the source meanwhile
+    /// (decoding is most of a warm start's time; a refusal wastes it). `Err` only when the
     /// source could not answer (the reflector retries the list, and this with it).
     async fn decide(&self) -> Result<Decision<T>> {
         let started = std::time::Instant::now();
@@ -80,15 +94,15 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         let (revision, keys) = (header.revision, loaded.entries.len());
         let cluster_id = header.cluster_id;
         let read_at = started.elapsed();
-        // Values are decoded while etcd is asked: decoding is most of a warm start's time, and
-        // etcd's count at a revision walks its whole index. A refusal wastes the decoding.
+        let (tx, chunks) = std::sync::mpsc::channel();
         let codec = self.options.codec.clone();
         let path = self.options.path.clone();
-        let decoding = tokio::task::spawn_blocking(move || {
-            decode_all(&loaded, &*codec).map_err(|kind| SnapshotError::new(&path, kind).to_string())
-        });
+        // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
+        drop(tokio::task::spawn_blocking(move || {
+            decode_chunks(&loaded, &*codec, &path, &tx)
+        }));
         let answer = self.inner.can_resume(revision, keys, cluster_id).await?;
-        let asked_at = started.elapsed();
+        tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), "snapshot checked");
         let start = match answer {
             Resume::Ready => SnapshotStart::Warm { revision, keys },
             Resume::Compacted(reason) => SnapshotStart::WarmCompacted {
@@ -103,46 +117,91 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 )))
             }
         };
-        let decoded = decoding
-            .await
-            .map_err(|e| format!("decoding the snapshot failed: {e}"))
-            .and_then(|r| r);
-        // Where a warm start's time goes (BENCHMARKS.md, "restart").
-        tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?asked_at, decoded = ?started.elapsed(), "snapshot loaded");
-        Ok(match decoded {
-            Ok(objects) => Decision::Warm {
-                revision,
-                objects,
-                start,
-            },
-            Err(reason) => Decision::Cold(reason),
-        })
+        Ok(Decision::Warm(Warm {
+            revision,
+            keys,
+            chunks,
+            start,
+            started,
+        }))
     }
 
-    /// The first list's decision, logged and recorded; `None` once decided before.
-    async fn first_list(&self) -> Result<Option<(i64, Vec<Object<T>>)>> {
+    /// The first list's snapshot, if the source agreed to resume from it; `None` once decided
+    /// before, or when it starts cold (recorded here).
+    async fn first_list(&self) -> Result<Option<Warm<T>>> {
         if self.start.get().is_some() {
             return Ok(None);
         }
-        let (start, served) = match self.decide().await? {
-            Decision::Warm {
-                revision,
-                objects,
-                start,
-            } => (start, Some((revision, objects))),
-            Decision::Cold(reason) => (SnapshotStart::Cold { reason }, None),
-        };
+        match self.decide().await? {
+            Decision::Warm(warm) => Ok(Some(warm)),
+            Decision::Cold(reason) => {
+                self.decided(SnapshotStart::Cold { reason });
+                Ok(None)
+            }
+        }
+    }
+
+    /// Logs how the informer started, and records it.
+    fn decided(&self, start: SnapshotStart) {
+        let path = self.options.path.display();
         match &start {
             SnapshotStart::Cold { reason } if reason.contains("(no such file") => {
-                tracing::info!(path = %self.options.path.display(), "{start}")
+                tracing::info!(%path, "{start}")
             }
-            SnapshotStart::Cold { .. } => {
-                tracing::warn!(path = %self.options.path.display(), "{start}")
-            }
-            _ => tracing::info!(path = %self.options.path.display(), "{start}"),
+            SnapshotStart::Cold { .. } => tracing::warn!(%path, "{start}"),
+            _ => tracing::info!(%path, "{start}"),
         }
         let _ = self.start.set(start);
-        Ok(served)
+    }
+
+    /// Hands every decoded chunk to `take` as it comes (on a blocking thread: building the
+    /// cache is CPU work), then records the warm start. A value that does not decode, or
+    /// decoding that stopped short, makes this a cold start after all: the list fails, and
+    /// the reflector's retry lists the source.
+    async fn serve(
+        &self,
+        warm: Warm<T>,
+        mut take: impl FnMut(Vec<Object<T>>) + Send + 'static,
+    ) -> Result<i64> {
+        let Warm {
+            revision,
+            keys,
+            chunks,
+            start,
+            started,
+        } = warm;
+        let served = tokio::task::spawn_blocking(move || {
+            let mut got = 0;
+            for chunk in chunks {
+                let objects = chunk?;
+                got += objects.len();
+                take(objects);
+            }
+            if got != keys {
+                return Err(format!(
+                    "decoding the snapshot stopped after {got} of {keys} keys"
+                ));
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("decoding the snapshot failed: {e}"))
+        .and_then(|r| r);
+        match served {
+            Ok(()) => {
+                tracing::debug!(path = %self.options.path.display(), cached = ?started.elapsed(), "snapshot handed to the cache");
+                self.decided(start);
+                Ok(revision)
+            }
+            Err(reason) => {
+                self.decided(SnapshotStart::Cold {
+                    reason: reason.clone(),
+                });
+                Err(Error::transient(format!(
+                    "{reason}; listing the source instead"
+                )))
+            }
+        }
     }
 }
 
@@ -156,62 +215,74 @@ fn cold_reason(e: &SnapshotError) -> String {
     }
 }
 
-/// Every value decoded, on up to 4 threads: decoding is most of a warm start's time.
-fn decode_all<T: Send + 'static>(
+/// Decodes every value, a chunk at a time on up to 4 threads, sending each chunk as it is
+/// done; stops at the first value that does not decode (sent as an `Err`), or once nobody
+/// receives.
+fn decode_chunks<T: Send + 'static>(
     loaded: &Loaded,
     codec: &dyn crate::codec::Codec<T>,
-) -> Result<Vec<Object<T>>, SnapshotErrorKind> {
+    path: &std::path::Path,
+    tx: &std::sync::mpsc::Sender<Result<Vec<Object<T>>, String>>,
+) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    let chunk = loaded.entries.len().div_ceil(threads).max(1);
-    let parts: Vec<Result<Vec<Object<T>>, SnapshotErrorKind>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = loaded
-            .entries
-            .chunks(chunk)
-            .map(|entries| {
-                scope.spawn(move || {
-                    let mut out = Vec::with_capacity(entries.len());
-                    for e in entries {
-                        let key = loaded.key(e);
-                        let value =
-                            codec
-                                .decode(&loaded.bytes[e.value.clone()])
-                                .map_err(|error| SnapshotErrorKind::Value {
-                                    key: key.to_owned(),
-                                    error,
-                                })?;
-                        let mut o = Object::new(key, e.mod_revision, value);
-                        o.create_revision = e.create_revision;
-                        o.version = e.version;
-                        o.lease = e.lease;
-                        out.push(o);
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(SnapshotErrorKind::Corrupt("the codec panicked".into()))
-                })
-            })
-            .collect()
+    let chunks: Vec<_> = loaded.entries.chunks(CHUNK).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (chunks, next) = (&chunks, &next);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(entries) = chunks.get(i) else {
+                    return;
+                };
+                let decoded = decode(loaded, entries, codec)
+                    .map_err(|kind| SnapshotError::new(path, kind).to_string());
+                let failed = decoded.is_err();
+                if tx.send(decoded).is_err() || failed {
+                    return;
+                }
+            });
+        }
     });
-    let mut objects = Vec::with_capacity(loaded.entries.len());
-    for part in parts {
-        objects.extend(part?);
+}
+
+fn decode<T: 'static>(
+    loaded: &Loaded,
+    entries: &[format::Entry],
+    codec: &dyn crate::codec::Codec<T>,
+) -> Result<Vec<Object<T>>, SnapshotErrorKind> {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let key = loaded.key(e);
+        let value = codec
+            .decode(&loaded.bytes[e.value.clone()])
+            .map_err(|error| SnapshotErrorKind::Value {
+                key: key.to_owned(),
+                error,
+            })?;
+        let mut o = Object::new(key, e.mod_revision, value);
+        o.create_revision = e.create_revision;
+        o.version = e.version;
+        o.lease = e.lease;
+        out.push(o);
     }
-    Ok(objects)
+    Ok(out)
 }
 
 impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin(async move {
-            match self.first_list().await? {
-                Some((revision, items)) => Ok(ListResult { items, revision }),
-                None => self.inner.list().await,
-            }
+            let Some(warm) = self.first_list().await? else {
+                return self.inner.list().await;
+            };
+            let items = Arc::new(std::sync::Mutex::new(Vec::with_capacity(warm.keys)));
+            let into = items.clone();
+            let revision = self
+                .serve(warm, move |objects| crate::lock(&into).extend(objects))
+                .await?;
+            let items = std::mem::take(&mut *crate::lock(&items));
+            Ok(ListResult { items, revision })
         })
     }
 
@@ -220,14 +291,14 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
         T: 'static,
     {
         Box::pin(async move {
-            match self.first_list().await? {
-                Some((revision, objects)) => {
-                    sink.begin(revision, objects.len());
-                    sink.page(objects.into_iter().map(Arc::new).collect());
-                    Ok(revision)
-                }
-                None => self.inner.list_into(sink).await,
-            }
+            let Some(warm) = self.first_list().await? else {
+                return self.inner.list_into(sink).await;
+            };
+            sink.begin(warm.revision, warm.keys);
+            self.serve(warm, move |objects| {
+                sink.page(objects.into_iter().map(Arc::new).collect())
+            })
+            .await
         })
     }
 
