@@ -1,5 +1,6 @@
 //! Whether a saved cache can follow this etcd prefix from its revision (warm restart from a
-//! snapshot, issue 26): two count-only ranges, no value read.
+//! snapshot, issue 26): one key read for etcd's header, one count-only range of the prefix, no
+//! value read.
 
 use etcd_client::GetOptions;
 
