@@ -17,7 +17,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     /// Writes the cache to the snapshot file now (the informer also does every
-    /// [`SnapshotOptions::period`] and when it stops), returning the revision written. `None`:
+    /// [`SnapshotOptions::period`](crate::snapshot::SnapshotOptions::period) and when it stops), returning the revision written. `None`:
     /// nothing written, because snapshots are off, the cache has not synced, the source does not
     /// know its store's cluster id yet, or the cache has not changed since the last write.
     ///
