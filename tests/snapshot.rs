@@ -517,6 +517,18 @@ async fn warm_from_the_fake_source() {
     .await;
     informer.stop();
     run.await.unwrap();
+
+    // Warm again, nothing changed since: the file is not written again.
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot(&path, TextCodec),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    assert!(informer.snapshot_start().unwrap().is_warm());
+    assert_eq!(informer.write_snapshot().await.unwrap(), None);
+    informer.stop();
+    run.await.unwrap();
 }
 
 /// A value the codec no longer decodes: a cold start naming the key, and a correct cache.

@@ -17,9 +17,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     /// Writes the cache to the snapshot file now (the informer also does every
-    /// [`SnapshotOptions::period`](crate::snapshot::SnapshotOptions::period) and when it stops), returning the revision written. `None`:
-    /// nothing written, because snapshots are off, the cache has not synced, the source does not
-    /// know its store's cluster id yet, or the cache has not changed since the last write.
+    /// [`SnapshotOptions::period`](crate::snapshot::SnapshotOptions::period) and when it
+    /// stops), returning the revision written. `None`: nothing written, because snapshots are
+    /// off (or the processing mode is not revision-atomic), the cache has not synced, the source
+    /// does not know its store's cluster id yet, or the cache has not changed since the last
+    /// write.
     ///
     /// ```no_run
     /// # async fn demo(informer: etcd_informer::SharedIndexInformer<String>) {
@@ -40,6 +42,10 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             return Ok(None);
         }
         let mut written = snapshots.written.lock().await;
+        if let (0, Some(SnapshotStart::Warm { revision, .. })) = (*written, snapshots.start.get()) {
+            // The file holds that revision already: a quiet prefix is not written again.
+            *written = *revision;
+        }
         let identity = self.shared.source.identity();
         let Some(cluster_id) = identity.cluster_id else {
             tracing::debug!(informer = %self.shared.name, "no snapshot written: the source does not know its cluster id yet");
