@@ -20,9 +20,10 @@
 //! - **compacted** (same store, revision gone): the snapshot is still loaded as the first
 //!   list, the watch finds the revision compacted, and the relist adopts every key whose
 //!   `mod_revision` is unchanged without decoding it: handlers then hear only what changed;
-//! - **anything else** (no file, truncated, corrupt, another format, codec, prefix or
-//!   cluster, a replaced store, a tally that differs): a warning naming the reason, and a
-//!   cold start (a list), as without a snapshot.
+//! - **anything else** (truncated, corrupt, another format, codec, prefix or cluster, a
+//!   replaced store, a tally that differs, a value that no longer decodes): a warning naming
+//!   the reason, and a cold start (a list), as without a snapshot. No file yet is a cold start
+//!   too, said at `info`.
 //!
 //! Whichever it was, one line at `info` (warm) or `warn` (cold) says so on start, and
 //! [`SharedIndexInformer::snapshot_start`](crate::SharedIndexInformer::snapshot_start)
