@@ -82,6 +82,7 @@ pub mod real_fifo;
 pub mod reflector;
 pub mod runner;
 pub mod sharding;
+pub mod snapshot;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

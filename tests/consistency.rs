@@ -754,6 +754,20 @@ impl etcd_informer::ListerWatcher<String> for LosingDelete {
     ) -> etcd_informer::listwatch::BoxFuture<'_, etcd_informer::listwatch::Result<()>> {
         self.inner.key_revisions(at, page)
     }
+    fn identity(&self) -> etcd_informer::listwatch::SourceIdentity {
+        self.inner.identity()
+    }
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> etcd_informer::listwatch::BoxFuture<
+        '_,
+        etcd_informer::listwatch::Result<etcd_informer::listwatch::Resume>,
+    > {
+        self.inner.can_resume(revision, keys, cluster_id)
+    }
 }
 
 /// Issue 26, the audit against etcd: a delete the watch lost is found by the next audit and

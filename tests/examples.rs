@@ -139,6 +139,44 @@ async fn informer_example_prints_created_updated_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informer_example_says_how_it_started_from_its_snapshot() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix("example_informer_snapshot");
+    let dir = std::env::temp_dir().join(format!("example-snapshot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("informer.snap");
+    let _ = std::fs::remove_file(&path);
+    let path_arg = path.to_str().expect("UTF-8 path").to_owned();
+    put(&client, format!("{prefix}tmp/a"), cm("tmp", "a", "{}")).await;
+    let args = ["--prefix", prefix.as_str(), "--snapshot", path_arg.as_str()];
+
+    let ex = Example::start("informer", &etcd.endpoints, &args);
+    let mut lines = ex.next_lines(2);
+    lines.sort();
+    assert_eq!(lines[0], "created: tmp/a");
+    assert!(
+        lines[1].starts_with("snapshot: cold start: no snapshot at"),
+        "{lines:?}"
+    );
+    // Ctrl-C stops the informer, which writes the snapshot.
+    ex.interrupt();
+    assert!(path.exists(), "the snapshot was written on Ctrl-C");
+
+    let ex = Example::start("informer", &etcd.endpoints, &args);
+    let mut lines = ex.next_lines(2);
+    lines.sort();
+    assert_eq!(lines[0], "created: tmp/a");
+    assert!(
+        lines[1].starts_with("snapshot: warm start from the snapshot at revision")
+            && lines[1].ends_with("(1 keys), no list"),
+        "{lines:?}"
+    );
+    ex.interrupt();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_watcher_example_prints_list_then_events() {
     let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
     let client = etcd.client().await;

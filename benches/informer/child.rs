@@ -2,7 +2,7 @@
 
 use etcd_informer::listwatch::{
     BoxFuture, Error as LwError, Freshness, KeyRevisionsSink, ListResult, ListSink,
-    Result as LwResult, WatchEvent, WatchStream,
+    Result as LwResult, Resume, SourceIdentity, WatchEvent, WatchStream,
 };
 
 use super::*;
@@ -163,6 +163,18 @@ impl ListerWatcher<ConfigMap> for Expiring {
     }
     fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
         self.inner.key_revisions(at, page)
+    }
+    // Warm restart from a snapshot (issue 26).
+    fn identity(&self) -> SourceIdentity {
+        self.inner.identity()
+    }
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, LwResult<Resume>> {
+        self.inner.can_resume(revision, keys, cluster_id)
     }
 }
 

@@ -79,6 +79,14 @@
 //! - `prevkv`: etcd's write throughput (W writers, M/4 puts) while a raw watch of the prefix is
 //!   open without prev_kv (baseline column) and with prev_kv ("informer" column): does prev_kv
 //!   cost etcd throughput? Higher is better.
+//! - `restart`: warm restart from a snapshot (issue 26). Time from creating an informer to
+//!   `has_synced`, and to its cache holding etcd's revision as of the start, and the bytes etcd
+//!   sent to gRPC clients meanwhile (etcd's `etcd_network_client_grpc_sent_bytes_total`, read
+//!   from its `/metrics` on the first endpoint): cold (a list; the baseline column) against
+//!   warm from a snapshot etcd still has the revision of (0.1% of the keys changed since), and
+//!   warm from a snapshot etcd has compacted past (a relist adopting the unchanged keys). Each
+//!   warm run starts from the same snapshot file. Also the snapshot's size and write time.
+//!   Targets: warm to synced <= 0.1 of cold, warm bytes <= 1% of cold.
 //!
 //! Each informer measured is stopped and its cache emptied before the next measurement starts,
 //! so that freeing it does not overlap the next one.
@@ -108,8 +116,8 @@ const LOADERS: usize = 8;
 const MAX_MESSAGE: usize = 1 << 30;
 /// "Unpaged" for the informer, whose page size must be at least 1.
 const HUGE_PAGE: i64 = 1_000_000_000;
-const ALL_SCENARIOS: [&str; 8] = [
-    "sync", "watch", "fanout", "latency", "memory", "prevkv", "metrics", "audit",
+const ALL_SCENARIOS: [&str; 9] = [
+    "sync", "watch", "fanout", "latency", "memory", "prevkv", "metrics", "audit", "restart",
 ];
 
 /// A ConfigMap-like object, stored as JSON.
@@ -144,6 +152,7 @@ mod child;
 mod context;
 mod data;
 mod measure;
+mod restart;
 mod scenarios;
 
 // What the modules share (each does `use super::*`).
@@ -152,6 +161,7 @@ use child::*;
 use context::*;
 use data::*;
 use measure::*;
+use restart::*;
 use scenarios::*;
 
 fn print_table(rows: &[Row]) {
@@ -210,6 +220,13 @@ async fn connect_writer(endpoints: &[String]) -> Client {
 #[tokio::main]
 async fn main() {
     let args = parse_args();
+    // RUST_LOG=etcd_informer::snapshot=debug shows where a warm start's time goes.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Some(kind) = args.child.clone() {
         if let Err(e) = run_child(&args, &kind).await {
             fail(format!("child {kind}: {e}"));
@@ -308,6 +325,11 @@ async fn main() {
             "prevkv" => scenario_prevkv(&bench).await,
             "metrics" => scenario_metrics(&bench).await,
             "audit" => scenario_audit(&bench).await,
+            "restart" => {
+                rows.extend(scenario_restart(&bench).await);
+                eprintln!("{s} took {:.1} s", t.elapsed().as_secs_f64());
+                continue;
+            }
             _ => unreachable!(),
         };
         eprintln!("{s} took {:.1} s", t.elapsed().as_secs_f64());

@@ -209,3 +209,25 @@ pub(super) fn minor_faults() -> i64 {
         usage.ru_minflt
     }
 }
+
+/// etcd's `etcd_network_client_grpc_sent_bytes_total`, read from its `/metrics` over plain
+/// HTTP/1.0 (no HTTP client dependency for one counter).
+pub(super) fn etcd_sent_bytes(endpoint: &str) -> f64 {
+    use std::io::{Read, Write};
+    let addr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr)
+        .unwrap_or_else(|e| fail(format!("metrics of etcd at {addr}: {e}")));
+    let _ = write!(
+        stream,
+        "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    );
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| l.starts_with("etcd_network_client_grpc_sent_bytes_total"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}

@@ -836,24 +836,6 @@ pub(super) async fn scenario_metrics(b: &Bench) -> Row {
     emit(line, &row, true)
 }
 
-/// The bytes etcd has sent to gRPC clients so far (`etcd_network_client_grpc_sent_bytes_total`
-/// on its `/metrics`, served on the client URL), or `None` if it cannot be read.
-pub(super) fn etcd_sent_bytes(endpoint: &str) -> Option<f64> {
-    use std::io::{Read, Write};
-    let addr = endpoint
-        .trim_start_matches("http://")
-        .trim_start_matches("https://");
-    let mut conn = std::net::TcpStream::connect(addr).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    conn.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find(|l| l.starts_with("etcd_network_client_grpc_sent_bytes_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// The audit's cost (issue 26): a synced informer over the N keys audits its cache against
 /// etcd (`audit_now`) R times: the time of each, the bytes etcd sent for it (keys only) beside
 /// the bytes of a full list of the same keys, and the CPU of this process and of etcd. The
@@ -870,7 +852,7 @@ pub(super) async fn scenario_audit(b: &Bench) -> Row {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let list_s = started.elapsed().as_secs_f64();
-    let list_bytes = etcd_sent_bytes(&endpoint).zip(sent).map(|(a, b)| a - b);
+    let list_bytes = etcd_sent_bytes(&endpoint) - sent;
     let (mut took, mut bytes, mut own, mut etcd) = (vec![], vec![], vec![], vec![]);
     for run in 0..b.args.runs {
         // Wait for a quiet moment: an audit is skipped while changes are queued.
@@ -889,7 +871,7 @@ pub(super) async fn scenario_audit(b: &Bench) -> Row {
             fail(format!("the audit did not run: {:?}", informer.health()));
         };
         let (own_us, etcd_us) = cpu.per_event(b.etcd_pid, 1);
-        let audit_bytes = etcd_sent_bytes(&endpoint).zip(sent).map(|(a, b)| a - b);
+        let audit_bytes = etcd_sent_bytes(&endpoint) - sent;
         if report.differing != 0 || report.keys != b.args.keys {
             fail(format!("the audit of a quiet cache: {report:?}"));
         }
@@ -897,12 +879,12 @@ pub(super) async fn scenario_audit(b: &Bench) -> Row {
             "audit run {run}: {} keys in {:.3} s, {:.1} MB from etcd, CPU: bench {:.3} s, etcd {:.3} s",
             report.keys,
             report.took.as_secs_f64(),
-            audit_bytes.unwrap_or(f64::NAN) / 1e6,
+            audit_bytes / 1e6,
             own_us / 1e6,
             etcd_us / 1e6
         );
         took.push(report.took.as_secs_f64());
-        bytes.push(audit_bytes.unwrap_or(f64::NAN));
+        bytes.push(audit_bytes);
         own.push(own_us / 1e6);
         etcd.push(etcd_us / 1e6);
     }
@@ -911,10 +893,7 @@ pub(super) async fn scenario_audit(b: &Bench) -> Row {
     let audit_s = median(&took);
     let mut line = b.base_json("audit");
     line.insert("list_s".into(), json!(round(list_s, 3)));
-    line.insert(
-        "list_mb".into(),
-        json!(list_bytes.map(|b| round(b / 1e6, 2))),
-    );
+    line.insert("list_mb".into(), json!(round(list_bytes / 1e6, 2)));
     line.insert(
         "audit_s_runs".into(),
         json!(took.iter().map(|t| round(*t, 3)).collect::<Vec<_>>()),

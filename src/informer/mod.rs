@@ -13,6 +13,7 @@ mod options;
 mod processor;
 mod registration;
 mod shared_informer;
+mod snapshot;
 mod watchdog;
 
 pub use crate::queue::{MAX_RESYNC_PERIOD, MIN_RESYNC_PERIOD};
@@ -103,5 +104,11 @@ impl<T: Send + Sync + 'static> Informer<T> {
     /// Typed read access to the cache.
     pub fn lister(&self) -> Lister<T> {
         self.inner.lister()
+    }
+
+    /// How the informer started when snapshots are on (warm restart, issue 26); see
+    /// [`SharedIndexInformer::snapshot_start`].
+    pub fn snapshot_start(&self) -> Option<crate::snapshot::SnapshotStart> {
+        self.inner.snapshot_start()
     }
 }

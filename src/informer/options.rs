@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::codec::Codec;
 use crate::reflector::{Backoff, TransformFn, WatchErrorHandler};
+use crate::snapshot::SnapshotOptions;
 use crate::store::Indexers;
 
 /// The backlog bound of an [`EventStream`](crate::EventStream) when [`InformerOptions::max_handler_backlog`] is
@@ -102,6 +103,10 @@ pub struct InformerOptions<T> {
     /// cache's `mod_revision`s, that finds an event the watch lost and repairs it with a
     /// relist. Revision-atomic mode only. See the README's "The audit".
     pub audit_period: Option<Duration>,
+    /// `Some`: the cache is saved to a local file and a restart resumes from it when etcd
+    /// agrees (warm restart, see [`snapshot`](crate::snapshot)); `None` (the default): every
+    /// start lists the prefix.
+    pub snapshot: Option<SnapshotOptions<T>>,
 }
 
 /// The default [`InformerOptions::audit_period`]: 5 minutes, the Kubernetes apiserver's
@@ -214,6 +219,39 @@ impl<T> InformerOptions<T> {
         self.audit_period = audit_period;
         self
     }
+
+    // ---- Warm restart from a snapshot (issue 26) ----
+    /// Saves the cache to `path` (values encoded with `codec`) every
+    /// [`DEFAULT_SNAPSHOT_PERIOD`](crate::snapshot::DEFAULT_SNAPSHOT_PERIOD) and when the
+    /// informer stops, and starts from that file instead of a list when etcd still has its
+    /// revision (`snapshot`; see [`snapshot`](crate::snapshot)). Needs the default
+    /// [`Processing::Atomic`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use etcd_informer::{EtcdListerWatcher, InformerOptions, JsonCodec, SharedIndexInformer};
+    /// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+    /// let lw = EtcdListerWatcher::new(client, "/registry/configmaps/", JsonCodec::<serde_json::Value>::new())?;
+    /// let options = InformerOptions::default()
+    ///     .with_snapshot("/var/lib/agent/configmaps.snap", JsonCodec::new());
+    /// let informer = SharedIndexInformer::new(lw, options);
+    /// tokio::spawn(informer.clone().run());
+    /// informer.wait_for_cache_sync().await;
+    /// // "warm start from the snapshot at revision 1234 (1000 keys), no list", or why cold.
+    /// println!("{}", informer.snapshot_start().expect("decided once synced"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_snapshot(self, path: impl Into<std::path::PathBuf>, codec: impl Codec<T>) -> Self {
+        self.with_snapshot_options(SnapshotOptions::new(path, codec))
+    }
+
+    /// Sets the snapshot's options (`snapshot`), for a period or codec id of your own.
+    #[must_use]
+    pub fn with_snapshot_options(mut self, snapshot: SnapshotOptions<T>) -> Self {
+        self.snapshot = Some(snapshot);
+        self
+    }
 }
 
 impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
@@ -231,6 +269,7 @@ impl<T: Send + Sync + 'static> Default for InformerOptions<T> {
             compact: None,
             relist_unchanged: RelistUnchanged::default(),
             audit_period: Some(DEFAULT_AUDIT_PERIOD),
+            snapshot: None,
         }
     }
 }
@@ -246,6 +285,7 @@ impl<T> fmt::Debug for InformerOptions<T> {
             .field("compact", &self.compact.is_some())
             .field("relist_unchanged", &self.relist_unchanged)
             .field("audit_period", &self.audit_period)
+            .field("snapshot", &self.snapshot)
             .finish_non_exhaustive()
     }
 }

@@ -24,6 +24,7 @@ use crate::real_fifo::RealFifo;
 use crate::reflector::{
     Backoff, Reflector, ReflectorOptions, RevisionHandle, TransformFn, WatchErrorHandler,
 };
+use crate::snapshot::{SnapshotStart, Snapshots, WarmSource};
 use crate::store::{Indexer, Indexers, StoreError};
 use crate::{lock, Lister};
 
@@ -119,6 +120,8 @@ pub(super) struct Shared<T> {
     pub(super) audit: Arc<AuditCounts>,
     /// Set by `run` in the revision-atomic mode.
     pub(super) auditor: OnceLock<Arc<Audited<T>>>,
+    /// Warm restart from a snapshot (issue 26): `None` when off.
+    pub(super) snapshots: Option<Snapshots<T>>,
 }
 
 impl<T> Drop for Shared<T> {
@@ -168,6 +171,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             Processing::DeltaFifo => Queue::DeltaFifo(Arc::new(DeltaFifo::new(Some(known)))),
         };
         let source: Arc<dyn ListerWatcher<T>> = Arc::new(source);
+        let (source, snapshots) = with_snapshots(source, options.snapshot, options.processing);
         let default_resync = clamp_resync(options.resync_period);
         SharedIndexInformer {
             shared: Arc::new(Shared {
@@ -193,6 +197,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 audit_period: options.audit_period,
                 audit: Arc::default(),
                 auditor: OnceLock::new(),
+                snapshots,
                 name: options.name,
             }),
         }
@@ -270,6 +275,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 });
                 let _ = revision.set(reflector.revision());
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
+                let _snapshots = self.write_snapshots_periodically();
                 async {
                     while fifo
                         .pop(|batch| self.apply_guarded(|| self.handle_batch(batch)))
@@ -284,6 +290,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 }
                 .instrument(span)
                 .await;
+                self.write_snapshot_on_stop().await;
             }
         }
     }
@@ -457,6 +464,37 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     pub fn name(&self) -> &str {
         &self.shared.name
     }
+}
+
+/// The source and snapshot state of an informer (warm restart, issue 26): with snapshots on,
+/// the source is wrapped so that its first list may come from the snapshot. Only the
+/// revision-atomic mode's cache is etcd at one revision, which a snapshot must be.
+fn with_snapshots<T: Send + Sync + 'static>(
+    source: Arc<dyn ListerWatcher<T>>,
+    options: Option<crate::snapshot::SnapshotOptions<T>>,
+    processing: Processing,
+) -> (Arc<dyn ListerWatcher<T>>, Option<Snapshots<T>>) {
+    let Some(options) = options else {
+        return (source, None);
+    };
+    let start = Arc::new(OnceLock::new());
+    let source = match processing {
+        Processing::Atomic => Arc::new(WarmSource::new(source, options.clone(), start.clone())),
+        Processing::DeltaFifo => {
+            let reason = "snapshots need Processing::Atomic (a DeltaFifo cache is not etcd at one revision); none read or written";
+            tracing::warn!(path = %options.path.display(), "cold start: {reason}");
+            let _ = start.set(SnapshotStart::Cold {
+                reason: reason.into(),
+            });
+            source
+        }
+    };
+    let snapshots = Snapshots {
+        options,
+        start,
+        written: tokio::sync::Mutex::new(0),
+    };
+    (source, Some(snapshots))
 }
 
 /// Marks the informer stopped and closes its handlers when dropped.

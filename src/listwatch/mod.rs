@@ -295,6 +295,34 @@ pub struct Freshness {
     pub unchanged: bool,
 }
 
+// ---- Warm restart from a snapshot (issue 26): what a source says of a saved cache ----
+
+/// Who a source reads from, as a [snapshot](crate::snapshot) records it: a snapshot is only
+/// loaded into an informer over the same store (`cluster_id`) and prefix (`name`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceIdentity {
+    /// What the source reads: the etcd prefix, or a name for other sources.
+    pub name: String,
+    /// The store's cluster id (etcd's response header); `None` while the source has not heard
+    /// from it yet, or for a source that has none to tell (then no snapshot is written).
+    pub cluster_id: Option<u64>,
+}
+
+/// Whether a cache saved at a revision can follow the source from there; see
+/// [`ListerWatcher::can_resume`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// Same store, the revision is still there, and the source counts as many keys at it as
+    /// the cache holds: watch from the revision, no list.
+    Ready,
+    /// Same store, but the revision was compacted away: a relist is needed, and the cache's
+    /// objects may stand in for listed keys of the same `mod_revision`.
+    Compacted(String),
+    /// The cache must not be used: another store, one replaced since (its revision is behind
+    /// the cache's, or the key tally differs), or a source that cannot tell. Why.
+    Refused(String),
+}
+
 /// Lists the objects of a source at one revision, and watches the changes after a revision.
 ///
 /// Contract: `list` returns every object at one revision `R` (a consistent snapshot); `watch(R)`
@@ -344,6 +372,20 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// left out, as the cache lacks them too. [`Error::Expired`] when `at` is gone; a source
     /// that cannot tell returns an error that says so.
     fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>>;
+    // ---- Warm restart from a snapshot (issue 26) ----
+    /// Who the source reads from, recorded in a snapshot of the cache and compared when one is
+    /// loaded ([`SourceIdentity`]).
+    fn identity(&self) -> SourceIdentity;
+    /// Whether a cache holding `keys` objects, the source's content at `revision` in the store
+    /// `cluster_id`, can follow the source by watching from `revision` ([`Resume`]). Asked once
+    /// when an informer starts from a snapshot. A source that cannot tell answers
+    /// [`Resume::Refused`], never [`Resume::Ready`]: a wrong answer means a wrong cache.
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, Result<Resume>>;
 }
 
 /// Receives the pages of [`ListerWatcher::key_revisions`]: keys relative to the source, with
@@ -395,6 +437,18 @@ macro_rules! forward_lister_watcher {
             }
             fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
                 (**self).key_revisions(at, page)
+            }
+            // Warm restart from a snapshot (issue 26).
+            fn identity(&self) -> SourceIdentity {
+                (**self).identity()
+            }
+            fn can_resume(
+                &self,
+                revision: i64,
+                keys: usize,
+                cluster_id: u64,
+            ) -> BoxFuture<'_, Result<Resume>> {
+                (**self).can_resume(revision, keys, cluster_id)
             }
         }
     )*};
@@ -464,6 +518,22 @@ where
             Err(Error::transient(
                 "a ListWatch made of closures cannot read its keys at a revision; implement ListerWatcher::key_revisions for the audit",
             ))
+        })
+    }
+    // Warm restart from a snapshot (issue 26).
+    /// Closures have no store to name: an informer over a `ListWatch` writes no snapshot.
+    fn identity(&self) -> SourceIdentity {
+        SourceIdentity {
+            name: "ListWatch".into(),
+            cluster_id: None,
+        }
+    }
+    /// Closures cannot tell whether their source still has a revision: never resumable.
+    fn can_resume(&self, revision: i64, _: usize, _: u64) -> BoxFuture<'_, Result<Resume>> {
+        Box::pin(async move {
+            Ok(Resume::Refused(format!(
+                "a ListWatch made of closures cannot tell whether its source still has revision {revision}"
+            )))
         })
     }
 }

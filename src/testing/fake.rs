@@ -6,7 +6,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::listwatch::{
     list_whole_into, BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink,
-    ListerWatcher, Result, WatchEvent, WatchStream,
+    ListerWatcher, Result, Resume, SourceIdentity, WatchEvent, WatchStream,
 };
 use crate::{lock, Object};
 
@@ -55,6 +55,8 @@ struct Inner<T> {
     base: BTreeMap<Arc<str>, i64>,
     /// The next change is kept from the open watches.
     lose_next: bool,
+    /// The store's id, for snapshots (issue 26).
+    cluster_id: u64,
 }
 
 enum Change<T> {
@@ -105,6 +107,7 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
                 watches: 0,
                 base: BTreeMap::new(),
                 lose_next: false,
+                cluster_id: 1,
             })),
         }
     }
@@ -236,6 +239,29 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
         inner.watchers.retain(|w| !w.is_closed());
         inner.watchers.len()
     }
+    // ---- Warm restart from a snapshot (issue 26) ----
+    /// Gives the store another cluster id (1 at first), as another etcd cluster would have:
+    /// a snapshot of the old one is then refused.
+    pub fn set_cluster_id(&self, cluster_id: u64) {
+        self.lock().cluster_id = cluster_id;
+    }
+
+    /// How many keys the store held at `revision`, from the history since; `None` if the
+    /// history no longer reaches back there (compacted).
+    fn tally_at(inner: &Inner<T>, revision: i64) -> Option<usize> {
+        if revision < inner.compacted {
+            return None;
+        }
+        let mut keys = inner.objects.len() as i64;
+        for change in inner.history.iter().filter(|c| c.revision() > revision) {
+            match change {
+                Change::Put(o) if o.version == 1 => keys -= 1,
+                Change::Put(_) => {}
+                Change::Delete(..) => keys += 1,
+            }
+        }
+        usize::try_from(keys).ok()
+    }
 }
 
 impl<T: Clone> Inner<T> {
@@ -362,5 +388,46 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
             })
         };
         Box::pin(async move { result })
+    }
+    // Warm restart from a snapshot (issue 26).
+    fn identity(&self) -> SourceIdentity {
+        SourceIdentity {
+            name: "fake".into(),
+            cluster_id: Some(self.lock().cluster_id),
+        }
+    }
+
+    /// As etcd's source answers: the cluster id, a revision not ahead of the store's, then the
+    /// tally at the revision from the history (compacted when it no longer reaches back).
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, Result<Resume>> {
+        let inner = self.lock();
+        let answer = if cluster_id != inner.cluster_id {
+            Resume::Refused(format!(
+                "another cluster: the snapshot's is {cluster_id:x}, the source's {:x}",
+                inner.cluster_id
+            ))
+        } else if revision > inner.revision {
+            Resume::Refused(format!(
+                "the snapshot's revision {revision} is ahead of the store's {}: the store was replaced",
+                inner.revision
+            ))
+        } else {
+            match Self::tally_at(&inner, revision) {
+                None => Resume::Compacted(format!(
+                    "revision {revision} was compacted (compacted up to {})",
+                    inner.compacted
+                )),
+                Some(n) if n != keys => Resume::Refused(format!(
+                    "the key tally differs at revision {revision}: the source counts {n}, the snapshot holds {keys}"
+                )),
+                Some(_) => Resume::Ready,
+            }
+        };
+        Box::pin(async move { Ok(answer) })
     }
 }

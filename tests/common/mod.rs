@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use etcd_informer::listwatch::{
-    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, Result as LwResult,
+    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, Result as LwResult, Resume,
+    SourceIdentity,
 };
 use etcd_informer::testing::etcd::test_etcd;
 use etcd_informer::{
@@ -152,6 +153,18 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
     }
     fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
         self.inner.key_revisions(at, page)
+    }
+    // Warm restart from a snapshot (issue 26).
+    fn identity(&self) -> SourceIdentity {
+        self.inner.identity()
+    }
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, LwResult<Resume>> {
+        self.inner.can_resume(revision, keys, cluster_id)
     }
 }
 

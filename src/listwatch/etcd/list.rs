@@ -222,11 +222,13 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                     continue;
                 }
                 Hedged::Failed(e) => return Err(self.failed(e, at)),
-                Hedged::TimedOut => return Err(Error::unavailable(format!(
+                Hedged::TimedOut => {
+                    return Err(Error::unavailable(format!(
                     "reading the keys of {} at revision {at} timed out after {:?} (page {pages})",
                     self.prefix(),
                     self.options.page_timeout
-                ))),
+                )))
+                }
             };
             pages += 1;
             let more = resp.more();

@@ -6,6 +6,7 @@ mod identity;
 mod list;
 mod options;
 mod request;
+mod resume;
 mod versions;
 mod watch;
 
@@ -29,7 +30,7 @@ use self::watch::{Responses, WatchTask};
 use super::hedged::{hedged, Hedged, HEDGE_AFTER};
 use super::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
-    WatchStream,
+    Resume, SourceIdentity, WatchStream,
 };
 use crate::codec::Codec;
 use crate::lock;
@@ -427,6 +428,25 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 unchanged,
             })
         })
+    }
+    // Warm restart from a snapshot (issue 26).
+    /// The prefix, and the cluster id of the last response header the source checked.
+    fn identity(&self) -> SourceIdentity {
+        let cluster_id = lock(&self.identity).cluster_id;
+        SourceIdentity {
+            name: self.prefix(),
+            cluster_id: (cluster_id != 0).then_some(cluster_id),
+        }
+    }
+
+    /// Two count-only ranges of the prefix; see `resume.rs`.
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, Result<Resume>> {
+        Box::pin(self.resume_inner(revision, keys, cluster_id))
     }
 }
 

@@ -446,6 +446,15 @@ impl<T> Indexer<T> {
         out
     }
 
+    /// Every object and the revision they are the source's content at, read under one lock
+    /// so that the two agree (what a snapshot of the cache records).
+    pub(crate) fn list_at_revision(&self) -> (i64, Vec<Arc<Object<T>>>) {
+        let inner = self.read();
+        let mut out = Vec::with_capacity(inner.table.len());
+        inner.table.for_each(&mut |o| out.push(o));
+        (inner.revision, out)
+    }
+
     /// Every key, in no particular order.
     pub fn list_keys(&self) -> Vec<Arc<str>> {
         self.read().table.keys()

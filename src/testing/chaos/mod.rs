@@ -71,7 +71,8 @@ use self::checker::{diff, recorder, Checker, History, Kind, State};
 use super::etcd::{EtcdCluster, HarnessError};
 use crate::codec::TextCodec;
 use crate::listwatch::{
-    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result as LwResult,
+    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher,
+    Result as LwResult, Resume, SourceIdentity,
 };
 use crate::{
     lock, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, SharedIndexInformer,
@@ -183,6 +184,18 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for CountingLists<L> {
         at: Option<i64>,
     ) -> BoxFuture<'_, LwResult<Freshness>> {
         self.inner.freshness(since, cached, at)
+    }
+    // Warm restart from a snapshot (issue 26).
+    fn identity(&self) -> SourceIdentity {
+        self.inner.identity()
+    }
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, LwResult<Resume>> {
+        self.inner.can_resume(revision, keys, cluster_id)
     }
 }
 

@@ -1,0 +1,107 @@
+//! The informer's side of warm restarts (see [`snapshot`](crate::snapshot)): writing its
+//! cache on a period and when it stops, and how it started.
+
+use std::sync::Arc;
+
+use super::controller::AbortOnDrop;
+use super::shared_informer::{Queue, SharedIndexInformer};
+use crate::snapshot::{write, SnapshotError, SnapshotErrorKind, SnapshotStart};
+
+impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
+    /// How the informer started when snapshots are on: warm (from which revision, how many
+    /// keys) or cold (and why); `None` before its first list is decided, and without
+    /// snapshots. The same line is logged on start.
+    pub fn snapshot_start(&self) -> Option<SnapshotStart> {
+        let snapshots = self.shared.snapshots.as_ref()?;
+        snapshots.start.get().cloned()
+    }
+
+    /// Writes the cache to the snapshot file now (the informer also does every
+    /// [`SnapshotOptions::period`](crate::snapshot::SnapshotOptions::period) and when it
+    /// stops), returning the revision written. `None`: nothing written, because snapshots are
+    /// off (or the processing mode is not revision-atomic), the cache has not synced, the source
+    /// does not know its store's cluster id yet, or the cache has not changed since the last
+    /// write.
+    ///
+    /// ```no_run
+    /// # async fn demo(informer: etcd_informer::SharedIndexInformer<String>) {
+    /// // Before a planned shutdown that does not go through `stop`:
+    /// match informer.write_snapshot().await {
+    ///     Ok(Some(revision)) => println!("saved at revision {revision}"),
+    ///     Ok(None) => println!("nothing to save"),
+    ///     Err(e) => eprintln!("{e}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn write_snapshot(&self) -> Result<Option<i64>, SnapshotError> {
+        let Some(snapshots) = self.shared.snapshots.as_ref() else {
+            return Ok(None);
+        };
+        // Only a revision-atomic cache is etcd at one revision.
+        if !self.has_synced() || !matches!(self.shared.queue, Queue::Atomic(_)) {
+            return Ok(None);
+        }
+        let mut written = snapshots.written.lock().await;
+        if let (0, Some(SnapshotStart::Warm { revision, .. })) = (*written, snapshots.start.get()) {
+            // The file holds that revision already: a quiet prefix is not written again.
+            *written = *revision;
+        }
+        let identity = self.shared.source.identity();
+        let Some(cluster_id) = identity.cluster_id else {
+            tracing::debug!(informer = %self.shared.name, "no snapshot written: the source does not know its cluster id yet");
+            return Ok(None);
+        };
+        // Under the store's read lock: the content and its revision agree.
+        let (revision, objects) = self.shared.indexer.list_at_revision();
+        if revision == 0 || revision == *written {
+            return Ok(None);
+        }
+        let options = snapshots.options.clone();
+        let path = options.path.clone();
+        let started = std::time::Instant::now();
+        let keys = objects.len();
+        tokio::task::spawn_blocking(move || {
+            write(&options, cluster_id, &identity.name, revision, &objects)
+        })
+        .await
+        .map_err(|e| {
+            SnapshotError::new(
+                &path,
+                SnapshotErrorKind::Io(std::io::Error::other(e.to_string())),
+            )
+        })??;
+        *written = revision;
+        tracing::debug!(informer = %self.shared.name, revision, keys, took = ?started.elapsed(), "snapshot written");
+        Ok(Some(revision))
+    }
+
+    /// The write when the informer stops, logged if it fails.
+    pub(super) async fn write_snapshot_on_stop(&self) {
+        if let Err(e) = self.write_snapshot().await {
+            tracing::warn!(informer = %self.shared.name, error = %e, "writing the snapshot on stop failed");
+        }
+    }
+
+    /// Starts writing the snapshot every period, while the returned guard and the informer
+    /// live; `None` without snapshots.
+    pub(super) fn write_snapshots_periodically(&self) -> Option<AbortOnDrop<()>> {
+        let period = self.shared.snapshots.as_ref()?.options.period;
+        // Below a second, writing a large cache could take most of the time.
+        let period = period.max(std::time::Duration::from_secs(1));
+        let shared = Arc::downgrade(&self.shared);
+        Some(AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                let informer = SharedIndexInformer { shared };
+                if let Err(e) = informer.write_snapshot().await {
+                    tracing::warn!(informer = %informer.shared.name, error = %e, "writing the snapshot failed");
+                }
+            }
+        })))
+    }
+}

@@ -1,0 +1,349 @@
+//! Warm restart: the informer's cache saved to a local file, and loaded on the next start
+//! instead of listing the prefix again, when etcd confirms it can follow on from it.
+//!
+//! Turned on with [`InformerOptions::with_snapshot`](crate::InformerOptions::with_snapshot)
+//! (off by default). While the informer runs, its cache is written every
+//! [`SnapshotOptions::period`] (if it changed) and once more when it
+//! [stops](crate::SharedIndexInformer::stop): the keys, their values as the codec encodes
+//! them, their revisions and leases, at ONE revision (read under the store's read lock), with
+//! the upstream's cluster id, the prefix, the codec's id, the key count and a checksum. The
+//! file is written to `<path>.tmp`, synced, renamed over `<path>`, and the directory synced:
+//! a crash at any point leaves the previous snapshot or the new one, whole.
+//!
+//! On start, the informer reads the file and checks it (length, checksum, format version,
+//! codec id, prefix), then asks the source ([`ListerWatcher::can_resume`]): the same cluster,
+//! a revision etcd still has (not ahead of etcd's: a store replaced since), and as many keys
+//! under the prefix at that revision as the snapshot holds. Then:
+//!
+//! - **resumable**: the snapshot is the first list: handlers get its objects as adds (as
+//!   after a list), the watch opens from its revision + 1, and no list is read;
+//! - **compacted** (same store, revision gone): the snapshot is still loaded as the first
+//!   list, the watch finds the revision compacted, and the relist adopts every key whose
+//!   `mod_revision` is unchanged without decoding it: handlers then hear only what changed;
+//! - **anything else** (truncated, corrupt, another format, codec, prefix or cluster, a
+//!   replaced store, a tally that differs, a value that no longer decodes): a warning naming
+//!   the reason, and a cold start (a list), as without a snapshot. No file yet is a cold start
+//!   too, said at `info`.
+//!
+//! Whichever it was, one line at `info` (warm) or `warn` (cold) says so on start, and
+//! [`SharedIndexInformer::snapshot_start`](crate::SharedIndexInformer::snapshot_start)
+//! returns it ([`SnapshotStart`]).
+//!
+//! Only the default [`Processing::Atomic`](crate::Processing::Atomic) mode writes snapshots:
+//! its cache is etcd at one revision, while a [`DeltaFifo`](crate::Processing::DeltaFifo)
+//! cache can hold part of a later transaction. A transform
+//! ([`InformerOptions::transform`](crate::InformerOptions::transform)) is applied again to
+//! the loaded objects, so it must give the same result when applied twice (dropping fields
+//! does).
+//!
+//! [`ListerWatcher::can_resume`]: crate::ListerWatcher::can_resume
+
+mod format;
+mod warm;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::codec::Codec;
+use crate::Object;
+
+pub(crate) use warm::WarmSource;
+
+/// How often the cache is written by default: once a minute. Kubernetes' apiserver compacts
+/// etcd every 5 minutes, so a snapshot at most a minute old is usually still within etcd's
+/// history after a restart that takes a few minutes (a rollout, a reboot). Writing 100k keys
+/// of 256 B takes 0.2 s and 1M keys of 128 B 1.7 s (BENCHMARKS.md, "Warm restart"): at most 3%
+/// of a core at this period, and a cache that did not change is not written again.
+pub const DEFAULT_SNAPSHOT_PERIOD: Duration = Duration::from_secs(60);
+
+/// Where and how an informer saves its cache for a warm restart; see the [module
+/// docs](self).
+///
+/// ```
+/// use std::time::Duration;
+/// use etcd_informer::codec::JsonCodec;
+/// use etcd_informer::snapshot::SnapshotOptions;
+/// use etcd_informer::InformerOptions;
+///
+/// let options = InformerOptions::<serde_json::Value>::default().with_snapshot_options(
+///     SnapshotOptions::new("/var/lib/agent/configmaps.snap", JsonCodec::new())
+///         .with_period(Duration::from_secs(30)),
+/// );
+/// assert!(options.snapshot.is_some());
+/// ```
+#[non_exhaustive]
+pub struct SnapshotOptions<T> {
+    /// The snapshot file; its directory must exist. `<path>.tmp` is used while writing.
+    pub path: PathBuf,
+    /// Encodes the cached values into the file and decodes them on load.
+    pub codec: Arc<dyn Codec<T>>,
+    /// Names the codec and the type in the file: a snapshot written with another id is not
+    /// loaded. Default: the codec's Rust type name (which names `T` too, e.g.
+    /// `etcd_informer::codec::JsonCodec<app::ConfigMap>`). Change it when `T`'s encoding
+    /// changes incompatibly under the same names.
+    pub codec_id: String,
+    /// How often the cache is written while the informer runs (if it changed since); default
+    /// [`DEFAULT_SNAPSHOT_PERIOD`]. It is also written when the informer stops.
+    pub period: Duration,
+}
+
+impl<T> SnapshotOptions<T> {
+    /// A snapshot at `path`, values encoded with `codec`, every [`DEFAULT_SNAPSHOT_PERIOD`].
+    pub fn new<C: Codec<T>>(path: impl Into<PathBuf>, codec: C) -> Self {
+        SnapshotOptions {
+            path: path.into(),
+            codec: Arc::new(codec),
+            codec_id: std::any::type_name::<C>().to_owned(),
+            period: DEFAULT_SNAPSHOT_PERIOD,
+        }
+    }
+
+    /// Sets how often the cache is written (`period`).
+    #[must_use]
+    pub fn with_period(mut self, period: Duration) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// Sets the codec's id recorded in the file (`codec_id`).
+    #[must_use]
+    pub fn with_codec_id(mut self, codec_id: impl Into<String>) -> Self {
+        self.codec_id = codec_id.into();
+        self
+    }
+}
+
+impl<T> Clone for SnapshotOptions<T> {
+    fn clone(&self) -> Self {
+        SnapshotOptions {
+            path: self.path.clone(),
+            codec: self.codec.clone(),
+            codec_id: self.codec_id.clone(),
+            period: self.period,
+        }
+    }
+}
+
+impl<T> fmt::Debug for SnapshotOptions<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotOptions")
+            .field("path", &self.path)
+            .field("codec_id", &self.codec_id)
+            .field("period", &self.period)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an informer with a snapshot started: the one line it logs on start.
+///
+/// ```
+/// use etcd_informer::snapshot::SnapshotStart;
+/// let warm = SnapshotStart::Warm { revision: 42, keys: 1000 };
+/// assert_eq!(warm.to_string(), "warm start from the snapshot at revision 42 (1000 keys), no list");
+/// assert!(warm.is_warm());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SnapshotStart {
+    /// The snapshot was loaded and the watch opened from its revision + 1: no list.
+    Warm {
+        /// The snapshot's revision.
+        revision: i64,
+        /// How many keys it held.
+        keys: usize,
+    },
+    /// The snapshot was loaded, but etcd had compacted its revision: a relist followed, which
+    /// adopted every key whose `mod_revision` was unchanged without decoding it.
+    WarmCompacted {
+        /// The snapshot's revision.
+        revision: i64,
+        /// How many keys it held.
+        keys: usize,
+        /// What etcd said.
+        reason: String,
+    },
+    /// The snapshot was not used (or there was none): a list, as without snapshots.
+    Cold {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl SnapshotStart {
+    /// Whether the snapshot was loaded (with or without a relist after it).
+    pub fn is_warm(&self) -> bool {
+        !matches!(self, SnapshotStart::Cold { .. })
+    }
+}
+
+impl fmt::Display for SnapshotStart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SnapshotStart::Warm { revision, keys } => write!(
+                f,
+                "warm start from the snapshot at revision {revision} ({keys} keys), no list"
+            ),
+            SnapshotStart::WarmCompacted {
+                revision,
+                keys,
+                reason,
+            } => write!(
+                f,
+                "warm start from the snapshot at revision {revision} ({keys} keys), relisting past a compaction ({reason})"
+            ),
+            SnapshotStart::Cold { reason } => write!(f, "cold start: {reason}"),
+        }
+    }
+}
+
+/// Why a snapshot file could not be used: the file and the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("snapshot {}: {kind}", path.display())]
+pub struct SnapshotError {
+    /// The snapshot file.
+    pub path: PathBuf,
+    /// What was wrong.
+    #[source]
+    pub kind: SnapshotErrorKind,
+}
+
+impl SnapshotError {
+    pub(crate) fn new(path: &Path, kind: SnapshotErrorKind) -> Self {
+        SnapshotError {
+            path: path.to_owned(),
+            kind,
+        }
+    }
+}
+
+/// What was wrong with a snapshot file (see [`SnapshotError`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotErrorKind {
+    /// Reading or writing it failed (`NotFound`: there is none yet).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Shorter than its header says (or than a header): a write cut short.
+    #[error("truncated: {len} bytes{}", expected.map(|e| format!(" of {e}")).unwrap_or_default())]
+    Truncated {
+        /// Its length.
+        len: u64,
+        /// The length its header gives, if it got that far.
+        expected: Option<u64>,
+    },
+    /// It does not start with the snapshot magic.
+    #[error("not a snapshot file (no magic)")]
+    NotASnapshot,
+    /// Written in a format version this build does not read.
+    #[error("format version {0}, this build reads {v}", v = format::VERSION)]
+    Version(u32),
+    /// Its checksum does not match its bytes.
+    #[error("corrupt: checksum {computed:016x} of its bytes, {stored:016x} stored")]
+    Checksum {
+        /// The checksum in the file.
+        stored: u64,
+        /// The checksum of its bytes.
+        computed: u64,
+    },
+    /// Its fields do not hold together.
+    #[error("corrupt: {0}")]
+    Corrupt(String),
+    /// Written with another codec (or type).
+    #[error("written with codec {snapshot:?}, the informer's is {informer:?}")]
+    Codec {
+        /// The file's codec id.
+        snapshot: String,
+        /// The informer's.
+        informer: String,
+    },
+    /// Written for another prefix (source).
+    #[error("written for {snapshot:?}, the informer reads {informer:?}")]
+    Prefix {
+        /// The file's prefix.
+        snapshot: String,
+        /// The informer's source.
+        informer: String,
+    },
+    /// A value does not decode with the codec.
+    #[error("the value of key {key:?} does not decode: {error}")]
+    Value {
+        /// The key.
+        key: String,
+        /// What the codec said.
+        error: crate::codec::CodecError,
+    },
+    /// A value does not encode with the codec (while writing).
+    #[error("the value of key {key:?} does not encode: {error}")]
+    Encode {
+        /// The key.
+        key: String,
+        /// What the codec said.
+        error: crate::codec::CodecError,
+    },
+}
+
+/// What an informer with snapshots on keeps: the options, how it started, and the revision
+/// last written (behind an async lock, so that two writes never overlap).
+pub(crate) struct Snapshots<T> {
+    pub(crate) options: SnapshotOptions<T>,
+    pub(crate) start: Arc<OnceLock<SnapshotStart>>,
+    pub(crate) written: tokio::sync::Mutex<i64>,
+}
+
+/// Writes `objects`, the source's content at `revision` in cluster `cluster_id` under
+/// `prefix`, to the snapshot file (see the [module docs](self) for how).
+pub(crate) fn write<T: 'static>(
+    options: &SnapshotOptions<T>,
+    cluster_id: u64,
+    prefix: &str,
+    revision: i64,
+    objects: &[Arc<Object<T>>],
+) -> Result<(), SnapshotError> {
+    let header = format::Header {
+        cluster_id,
+        revision,
+        prefix: prefix.to_owned(),
+        codec_id: options.codec_id.clone(),
+    };
+    let mut encoder = format::Encoder::new(&header, objects.len() * 128);
+    for o in objects {
+        let value = options.codec.encode(&o.value).map_err(|error| {
+            SnapshotError::new(
+                &options.path,
+                SnapshotErrorKind::Encode {
+                    key: o.key().to_owned(),
+                    error,
+                },
+            )
+        })?;
+        encoder.key(
+            o.key(),
+            &value,
+            [o.mod_revision, o.create_revision, o.version, o.lease],
+        );
+    }
+    format::write_atomic(&options.path, &encoder.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::TextCodec;
+
+    #[test]
+    fn written_then_read_back() {
+        let dir = std::env::temp_dir().join(format!("eisnap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let options = SnapshotOptions::new(dir.join("s"), TextCodec);
+        let objects = vec![Arc::new(Object::new("a/b", 5, "v".to_string()))];
+        write(&options, 7, "/p/", 9, &objects).expect("written");
+        // A leftover temporary file from a crash does not matter.
+        std::fs::write(format::temp_path(&options.path), b"half").expect("temp");
+        let loaded = format::read(&options.path).expect("read");
+        assert_eq!(loaded.header.revision, 9);
+        assert_eq!(loaded.key(&loaded.entries[0]), "a/b");
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

@@ -1,0 +1,342 @@
+//! The informer's source when snapshots are on: its first list is the snapshot, when the
+//! file checks out and the source agrees to follow on from it; everything else is the source.
+
+use std::sync::{Arc, OnceLock};
+
+use super::format::{self, Loaded};
+use super::{SnapshotError, SnapshotErrorKind, SnapshotOptions, SnapshotStart};
+use crate::listwatch::{
+    BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
+    Resume, SourceIdentity, WatchStream,
+};
+use crate::Object;
+
+/// Wraps the informer's source: the first `list`/`list_into` may be answered from the
+/// snapshot; every other call, and every later list, goes to the source.
+///
+/// Invariant: `start` is set exactly once, by the first list that got an answer (from the
+/// snapshot, or from the source after the snapshot was refused); before it is set, no list has
+/// been handed to the queue. A list that fails (the source could not be asked) leaves it unset,
+/// so the reflector's retry decides again.
+pub(crate) struct WarmSource<T> {
+    inner: Arc<dyn ListerWatcher<T>>,
+    options: SnapshotOptions<T>,
+    start: Arc<OnceLock<SnapshotStart>>,
+}
+
+/// Decoded objects, a chunk at a time, as the decoding threads finish them; an `Err` names the
+/// value that did not decode.
+type Chunks<T> = std::sync::mpsc::Receiver<Result<Vec<Object<T>>, String>>;
+
+/// Keys per decoded chunk: large enough that handing one to the cache is cheap per key, small
+/// enough that the cache is built while the rest decode.
+const CHUNK: usize = 16_384;
+
+/// A snapshot the source agreed to resume from, its values still decoding.
+struct Warm<T> {
+    revision: i64,
+    keys: usize,
+    chunks: Chunks<T>,
+    start: SnapshotStart,
+    started: std::time::Instant,
+}
+
+/// What the first list does.
+enum Decision<T> {
+    /// Serve the snapshot's objects as the list at its revision.
+    Warm(Warm<T>),
+    /// List the source; why the snapshot was not used.
+    Cold(String),
+}
+
+impl<T: Send + Sync + 'static> WarmSource<T> {
+    pub(crate) fn new(
+        inner: Arc<dyn ListerWatcher<T>>,
+        options: SnapshotOptions<T>,
+        start: Arc<OnceLock<SnapshotStart>>,
+    ) -> Self {
+        WarmSource {
+            inner,
+            options,
+            start,
+        }
+    }
+
+    /// Reads and checks the file, starts decoding the values, and asks the source meanwhile
+    /// (decoding is most of a warm start's time; a refusal wastes it). `Err` only when the
+    /// source could not answer (the reflector retries the list, and this with it).
+    async fn decide(&self) -> Result<Decision<T>> {
+        let started = std::time::Instant::now();
+        let path = self.options.path.clone();
+        let read = tokio::task::spawn_blocking(move || format::read(&path)).await;
+        let loaded = match read {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(e)) => return Ok(Decision::Cold(cold_reason(&e))),
+            Err(e) => return Ok(Decision::Cold(format!("reading the snapshot failed: {e}"))),
+        };
+        let header = &loaded.header;
+        let mismatch = if header.codec_id != self.options.codec_id {
+            Some(SnapshotErrorKind::Codec {
+                snapshot: header.codec_id.clone(),
+                informer: self.options.codec_id.clone(),
+            })
+        } else {
+            let name = self.inner.identity().name;
+            (header.prefix != name).then(|| SnapshotErrorKind::Prefix {
+                snapshot: header.prefix.clone(),
+                informer: name,
+            })
+        };
+        if let Some(kind) = mismatch {
+            let e = SnapshotError::new(&self.options.path, kind);
+            return Ok(Decision::Cold(e.to_string()));
+        }
+        let (revision, keys) = (header.revision, loaded.entries.len());
+        let cluster_id = header.cluster_id;
+        let read_at = started.elapsed();
+        let (tx, chunks) = std::sync::mpsc::channel();
+        let codec = self.options.codec.clone();
+        let path = self.options.path.clone();
+        // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
+        drop(tokio::task::spawn_blocking(move || {
+            decode_chunks(&loaded, &*codec, &path, &tx)
+        }));
+        let answer = self.inner.can_resume(revision, keys, cluster_id).await?;
+        tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), "snapshot checked");
+        let start = match answer {
+            Resume::Ready => SnapshotStart::Warm { revision, keys },
+            Resume::Compacted(reason) => SnapshotStart::WarmCompacted {
+                revision,
+                keys,
+                reason,
+            },
+            Resume::Refused(reason) => {
+                return Ok(Decision::Cold(format!(
+                    "snapshot {}: {reason}",
+                    self.options.path.display()
+                )))
+            }
+        };
+        Ok(Decision::Warm(Warm {
+            revision,
+            keys,
+            chunks,
+            start,
+            started,
+        }))
+    }
+
+    /// The first list's snapshot, if the source agreed to resume from it; `None` once decided
+    /// before, or when it starts cold (recorded here).
+    async fn first_list(&self) -> Result<Option<Warm<T>>> {
+        if self.start.get().is_some() {
+            return Ok(None);
+        }
+        match self.decide().await? {
+            Decision::Warm(warm) => Ok(Some(warm)),
+            Decision::Cold(reason) => {
+                self.decided(SnapshotStart::Cold { reason });
+                Ok(None)
+            }
+        }
+    }
+
+    /// Logs how the informer started, and records it.
+    fn decided(&self, start: SnapshotStart) {
+        let path = self.options.path.display();
+        match &start {
+            SnapshotStart::Cold { reason } if reason.contains("(no such file") => {
+                tracing::info!(%path, "{start}")
+            }
+            SnapshotStart::Cold { .. } => tracing::warn!(%path, "{start}"),
+            _ => tracing::info!(%path, "{start}"),
+        }
+        let _ = self.start.set(start);
+    }
+
+    /// Hands every decoded chunk to `take` as it comes (on a blocking thread: building the
+    /// cache is CPU work), then records the warm start. A value that does not decode, or
+    /// decoding that stopped short, makes this a cold start after all: the list fails, and
+    /// the reflector's retry lists the source.
+    async fn serve(
+        &self,
+        warm: Warm<T>,
+        mut take: impl FnMut(Vec<Object<T>>) + Send + 'static,
+    ) -> Result<i64> {
+        let Warm {
+            revision,
+            keys,
+            chunks,
+            start,
+            started,
+        } = warm;
+        let served = tokio::task::spawn_blocking(move || {
+            let mut got = 0;
+            for chunk in chunks {
+                let objects = chunk?;
+                got += objects.len();
+                take(objects);
+            }
+            if got != keys {
+                return Err(format!(
+                    "decoding the snapshot stopped after {got} of {keys} keys"
+                ));
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("decoding the snapshot failed: {e}"))
+        .and_then(|r| r);
+        match served {
+            Ok(()) => {
+                tracing::debug!(path = %self.options.path.display(), cached = ?started.elapsed(), "snapshot handed to the cache");
+                self.decided(start);
+                Ok(revision)
+            }
+            Err(reason) => {
+                self.decided(SnapshotStart::Cold {
+                    reason: reason.clone(),
+                });
+                Err(Error::transient(format!(
+                    "{reason}; listing the source instead"
+                )))
+            }
+        }
+    }
+}
+
+/// Why a file that could not be read means a cold start.
+fn cold_reason(e: &SnapshotError) -> String {
+    match &e.kind {
+        SnapshotErrorKind::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+            format!("no snapshot at {} yet (no such file)", e.path.display())
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Decodes every value, a chunk at a time on up to 4 threads, sending each chunk as it is
+/// done; stops at the first value that does not decode (sent as an `Err`), or once nobody
+/// receives.
+fn decode_chunks<T: Send + 'static>(
+    loaded: &Loaded,
+    codec: &dyn crate::codec::Codec<T>,
+    path: &std::path::Path,
+    tx: &std::sync::mpsc::Sender<Result<Vec<Object<T>>, String>>,
+) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let chunks: Vec<_> = loaded.entries.chunks(CHUNK).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (chunks, next) = (&chunks, &next);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(entries) = chunks.get(i) else {
+                    return;
+                };
+                let decoded = decode(loaded, entries, codec)
+                    .map_err(|kind| SnapshotError::new(path, kind).to_string());
+                let failed = decoded.is_err();
+                if tx.send(decoded).is_err() || failed {
+                    return;
+                }
+            });
+        }
+    });
+}
+
+fn decode<T: 'static>(
+    loaded: &Loaded,
+    entries: &[format::Entry],
+    codec: &dyn crate::codec::Codec<T>,
+) -> Result<Vec<Object<T>>, SnapshotErrorKind> {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let key = loaded.key(e);
+        let value = codec
+            .decode(&loaded.bytes[e.value.clone()])
+            .map_err(|error| SnapshotErrorKind::Value {
+                key: key.to_owned(),
+                error,
+            })?;
+        let mut o = Object::new(key, e.mod_revision, value);
+        o.create_revision = e.create_revision;
+        o.version = e.version;
+        o.lease = e.lease;
+        out.push(o);
+    }
+    Ok(out)
+}
+
+impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
+    fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
+        Box::pin(async move {
+            let Some(warm) = self.first_list().await? else {
+                return self.inner.list().await;
+            };
+            let items = Arc::new(std::sync::Mutex::new(Vec::with_capacity(warm.keys)));
+            let into = items.clone();
+            let revision = self
+                .serve(warm, move |objects| crate::lock(&into).extend(objects))
+                .await?;
+            let items = std::mem::take(&mut *crate::lock(&items));
+            Ok(ListResult { items, revision })
+        })
+    }
+
+    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
+    where
+        T: 'static,
+    {
+        Box::pin(async move {
+            let Some(warm) = self.first_list().await? else {
+                return self.inner.list_into(sink).await;
+            };
+            sink.begin(warm.revision, warm.keys);
+            self.serve(warm, move |objects| {
+                sink.page(objects.into_iter().map(Arc::new).collect())
+            })
+            .await
+        })
+    }
+
+    fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
+        self.inner.watch(after_revision)
+    }
+
+    fn freshness(
+        &self,
+        since: i64,
+        cached: usize,
+        at: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
+        self.inner.freshness(since, cached, at)
+    }
+
+    fn liveness_bound(&self) -> Option<std::time::Duration> {
+        self.inner.liveness_bound()
+    }
+
+    fn decode_errors(&self) -> u64 {
+        self.inner.decode_errors()
+    }
+
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
+        self.inner.key_revisions(at, page)
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        self.inner.identity()
+    }
+
+    fn can_resume(
+        &self,
+        revision: i64,
+        keys: usize,
+        cluster_id: u64,
+    ) -> BoxFuture<'_, Result<Resume>> {
+        self.inner.can_resume(revision, keys, cluster_id)
+    }
+}

@@ -1,0 +1,583 @@
+//! Warm restart from a local snapshot (issue 26), against a real etcd (`ETCD_BIN`): a warm start
+//! reads no list and then hears what changed while it was down; a snapshot etcd compacted past
+//! is loaded and the relist adopts its unchanged keys without decoding them; every bad snapshot
+//! (truncated, corrupt, another cluster, a replaced store, a tally that differs, another prefix
+//! or codec) gives a cold start naming the reason and a correct cache; a crash mid-write leaves
+//! the previous snapshot usable.
+#![cfg(feature = "testing")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{converges, eventually, shared_client, Counting};
+use etcd_client::Client;
+use etcd_informer::codec::{Codec, CodecError};
+use etcd_informer::snapshot::{SnapshotOptions, SnapshotStart};
+use etcd_informer::testing::etcd::{unique_prefix, EtcdServer};
+use etcd_informer::{
+    EtcdListerWatcher, InformerOptions, ResourceEventHandlerFuncs, SharedIndexInformer, TextCodec,
+};
+
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// UTF-8 text, counting its decodes (to tell adopted keys from decoded ones).
+#[derive(Clone, Default)]
+struct CountingText(Arc<AtomicUsize>);
+
+impl Codec<String> for CountingText {
+    fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        TextCodec.decode(bytes)
+    }
+    fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+        TextCodec.encode(value)
+    }
+}
+
+/// Another codec type for the same `String`s: its snapshots are not the first one's.
+struct OtherText;
+
+impl Codec<String> for OtherText {
+    fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+        TextCodec.decode(bytes)
+    }
+    fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+        TextCodec.encode(value)
+    }
+}
+
+/// A running informer with snapshots on, its source's list count and what handlers heard.
+struct Running {
+    informer: SharedIndexInformer<String>,
+    lists: Arc<AtomicUsize>,
+    log: Arc<Mutex<Vec<String>>>,
+    run: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the informer (which writes its snapshot) and waits for it to end.
+    async fn stop(self) {
+        self.informer.stop();
+        tokio::time::timeout(WITHIN, self.run)
+            .await
+            .expect("run ended")
+            .expect("run did not panic");
+    }
+
+    fn start(&self) -> SnapshotStart {
+        self.informer.snapshot_start().expect("decided once synced")
+    }
+
+    fn lists(&self) -> usize {
+        self.lists.load(Ordering::SeqCst)
+    }
+}
+
+async fn start(
+    client: &Client,
+    prefix: &str,
+    snapshot: SnapshotOptions<String>,
+    codec: impl Codec<String>,
+) -> Running {
+    let lists = Arc::new(AtomicUsize::new(0));
+    let lw = Counting {
+        inner: EtcdListerWatcher::new(client.clone(), prefix, codec).expect("source"),
+        lists: lists.clone(),
+        watches: Arc::default(),
+    };
+    let options = InformerOptions::default()
+        .with_name(prefix.to_owned())
+        .with_snapshot_options(snapshot);
+    let informer = SharedIndexInformer::new(lw, options);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (a, u, d) = (log.clone(), log.clone(), log.clone());
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new()
+                .on_add(move |o, initial| {
+                    let kind = if initial { "initial" } else { "add" };
+                    a.lock()
+                        .unwrap()
+                        .push(format!("{kind} {}={}", o.key(), o.value))
+                })
+                .on_update(move |_, o| {
+                    u.lock()
+                        .unwrap()
+                        .push(format!("update {}={}", o.key(), o.value))
+                })
+                .on_delete(move |o| {
+                    let kind = if o.is_final_state_unknown() {
+                        "tombstone"
+                    } else {
+                        "delete"
+                    };
+                    d.lock().unwrap().push(format!("{kind} {}", o.key()))
+                }),
+        )
+        .expect("handler");
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("synced within 30 s");
+    Running {
+        informer,
+        lists,
+        log,
+        run,
+    }
+}
+
+fn snapshot_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "etcd-informer-snapshot-test-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join("cache.snap")
+}
+
+fn options(path: &Path) -> SnapshotOptions<String> {
+    SnapshotOptions::new(path, TextCodec)
+}
+
+async fn put_keys(client: &Client, prefix: &str, n: usize) -> i64 {
+    let mut kv = client.kv_client();
+    let mut revision = 0;
+    for i in 0..n {
+        let put = kv
+            .put(format!("{prefix}ns/k{i:03}"), format!("v{i}"), None)
+            .await
+            .expect("put");
+        revision = put.header().map_or(0, |h| h.revision());
+    }
+    revision
+}
+
+/// Fills `prefix` with `n` keys, runs an informer with a snapshot at `path` and stops it,
+/// which writes the snapshot; returns the snapshot's revision (read from its header).
+async fn snapshot_of(client: &Client, prefix: &str, path: &Path, n: usize) -> i64 {
+    let revision = put_keys(client, prefix, n).await;
+    let first = start(client, prefix, options(path), TextCodec).await;
+    assert_eq!(
+        first.start(),
+        SnapshotStart::Cold {
+            reason: format!("no snapshot at {} yet (no such file)", path.display())
+        }
+    );
+    eventually("the cache at the last put", WITHIN, || {
+        first.informer.revision() >= revision
+    })
+    .await;
+    first.stop().await;
+    assert!(
+        path.exists(),
+        "the informer wrote its snapshot when it stopped"
+    );
+    revision
+}
+
+/// A cold start for `reason` (a substring), with one list, and a cache equal to etcd.
+async fn assert_cold(run: &Running, client: &Client, prefix: &str, reason: &str) {
+    match run.start() {
+        SnapshotStart::Cold { reason: why } => {
+            assert!(
+                why.contains(reason),
+                "cold for {why:?}, expected {reason:?}"
+            )
+        }
+        warm => panic!("expected a cold start ({reason}), got {warm}"),
+    }
+    assert_eq!(run.lists(), 1, "a cold start lists once");
+    converges(&run.informer, client, prefix, WITHIN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_start_reads_no_list_and_hears_the_changes_made_while_down() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_warm");
+    let path = snapshot_path("warm");
+    let revision = snapshot_of(&client, &prefix, &path, 50).await;
+
+    // While the informer is down: a new key, an update, a delete.
+    let mut kv = client.kv_client();
+    kv.put(format!("{prefix}ns/new"), "n", None).await.unwrap();
+    kv.put(format!("{prefix}ns/k001"), "changed", None)
+        .await
+        .unwrap();
+    kv.delete(format!("{prefix}ns/k002"), None).await.unwrap();
+
+    let decodes = Arc::new(AtomicUsize::new(0));
+    let codec = CountingText(decodes.clone());
+    let second = start(&client, &prefix, options(&path), codec.clone()).await;
+    assert_eq!(second.start(), SnapshotStart::Warm { revision, keys: 50 });
+    assert_eq!(second.lists(), 0, "a warm start reads no list");
+    converges(&second.informer, &client, &prefix, WITHIN).await;
+    eventually("handlers told of the three changes", WITHIN, || {
+        second.log.lock().unwrap().len() == 53
+    })
+    .await;
+    let log = second.log.lock().unwrap().clone();
+    assert!(
+        log[..50].iter().all(|l| l.starts_with("initial ")),
+        "the snapshot's objects come first, as adds of an initial list: {log:?}"
+    );
+    assert_eq!(
+        log[50..],
+        ["add ns/new=n", "update ns/k001=changed", "delete ns/k002",]
+    );
+    // Only the changes' two values were read from etcd (the snapshot's are decoded by the
+    // snapshot's own codec).
+    assert_eq!(decodes.load(Ordering::SeqCst), 2);
+    second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_etcd_compacted_past_is_loaded_and_the_relist_adopts_unchanged_keys() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_compacted");
+    let path = snapshot_path("compacted");
+    let revision = snapshot_of(&client, &prefix, &path, 50).await;
+    let mut kv = client.kv_client();
+    kv.put(format!("{prefix}ns/new"), "n", None).await.unwrap();
+    kv.put(format!("{prefix}ns/k001"), "changed", None)
+        .await
+        .unwrap();
+    let del = kv.delete(format!("{prefix}ns/k002"), None).await.unwrap();
+    let now = del.header().map_or(0, |h| h.revision());
+    kv.compact(now, None).await.expect("compact");
+
+    let decodes = Arc::new(AtomicUsize::new(0));
+    let second = start(
+        &client,
+        &prefix,
+        options(&path),
+        CountingText(decodes.clone()),
+    )
+    .await;
+    match second.start() {
+        SnapshotStart::WarmCompacted {
+            revision: r, keys, ..
+        } => assert_eq!((r, keys), (revision, 50)),
+        other => panic!("expected a warm start past a compaction, got {other}"),
+    }
+    converges(&second.informer, &client, &prefix, WITHIN).await;
+    eventually("the relist", WITHIN, || second.lists() == 1).await;
+    eventually("handlers told what changed", WITHIN, || {
+        second.log.lock().unwrap().len() == 53
+    })
+    .await;
+    let log = second.log.lock().unwrap().clone();
+    let mut changes = log[50..].to_vec();
+    changes.sort();
+    assert_eq!(
+        changes,
+        [
+            "add ns/new=n",
+            "tombstone ns/k002",
+            "update ns/k001=changed"
+        ],
+        "after the snapshot's adds, handlers hear only what changed: {log:?}"
+    );
+    // The relist decoded the two changed values only: the 48 unchanged keys were adopted.
+    assert_eq!(decodes.load(Ordering::SeqCst), 2);
+    second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_or_corrupt_snapshot_starts_cold() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_corrupt");
+    let path = snapshot_path("corrupt");
+    snapshot_of(&client, &prefix, &path, 20).await;
+    let whole = std::fs::read(&path).unwrap();
+
+    std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
+    let run = start(&client, &prefix, options(&path), TextCodec).await;
+    assert_cold(&run, &client, &prefix, "truncated").await;
+    run.informer.stop();
+    let _ = run.run.await;
+
+    let mut flipped = whole.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x01;
+    std::fs::write(&path, &flipped).unwrap();
+    let run = start(&client, &prefix, options(&path), TextCodec).await;
+    assert_cold(&run, &client, &prefix, "checksum").await;
+    run.informer.stop();
+    let _ = run.run.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_prefix_or_codec_starts_cold() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_identity");
+    let path = snapshot_path("identity");
+    snapshot_of(&client, &prefix, &path, 10).await;
+    let saved = std::fs::read(&path).unwrap();
+
+    let other = unique_prefix("snapshot_identity_other");
+    put_keys(&client, &other, 3).await;
+    let run = start(&client, &other, options(&path), TextCodec).await;
+    assert_cold(&run, &client, &other, &format!("written for {prefix:?}")).await;
+    run.stop().await;
+
+    std::fs::write(&path, &saved).unwrap();
+    let run = start(
+        &client,
+        &prefix,
+        SnapshotOptions::new(&path, OtherText),
+        OtherText,
+    )
+    .await;
+    assert_cold(&run, &client, &prefix, "written with codec").await;
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_cluster_starts_cold() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_cluster");
+    let path = snapshot_path("cluster");
+    snapshot_of(&client, &prefix, &path, 10).await;
+
+    let other = EtcdServer::start().await.expect("a second etcd");
+    let other_client = other.client().await;
+    put_keys(&other_client, &prefix, 10).await;
+    let run = start(&other_client, &prefix, options(&path), TextCodec).await;
+    assert_cold(&run, &other_client, &prefix, "another cluster").await;
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_store_starts_cold() {
+    let server = EtcdServer::start().await.expect("etcd");
+    let client = server.client().await;
+    let prefix = "/snapshot/replaced/";
+    let path = snapshot_path("replaced");
+    let revision = snapshot_of(&client, prefix, &path, 30).await;
+    let saved = std::fs::read(&path).unwrap();
+
+    // Wiped: etcd's revision is now behind the snapshot's.
+    server.wipe().await.expect("wipe");
+    let client = server.client().await;
+    put_keys(&client, prefix, 5).await;
+    let run = start(&client, prefix, options(&path), TextCodec).await;
+    assert_cold(&run, &client, prefix, "ahead of etcd's").await;
+    run.stop().await;
+
+    // Wiped and written past the snapshot's revision: the tally at it differs.
+    std::fs::write(&path, &saved).unwrap();
+    server.wipe().await.expect("wipe");
+    let client = server.client().await;
+    let mut kv = client.kv_client();
+    for i in 0..revision {
+        kv.put(format!("{prefix}other"), format!("{i}"), None)
+            .await
+            .unwrap();
+    }
+    let run = start(&client, prefix, options(&path), TextCodec).await;
+    assert_cold(&run, &client, prefix, "tally differs").await;
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_write_leaves_the_previous_snapshot_usable() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_crash");
+    let path = snapshot_path("crash");
+    let revision = snapshot_of(&client, &prefix, &path, 20).await;
+
+    // A crash while writing the next one leaves its temporary file, cut short.
+    let mut temp = path.clone().into_os_string();
+    temp.push(".tmp");
+    let whole = std::fs::read(&path).unwrap();
+    std::fs::write(&temp, &whole[..whole.len() / 3]).unwrap();
+
+    let run = start(&client, &prefix, options(&path), TextCodec).await;
+    assert_eq!(run.start(), SnapshotStart::Warm { revision, keys: 20 });
+    assert_eq!(run.lists(), 0);
+    converges(&run.informer, &client, &prefix, WITHIN).await;
+
+    // The next write replaces both.
+    client
+        .kv_client()
+        .put(format!("{prefix}ns/after"), "a", None)
+        .await
+        .unwrap();
+    eventually("the put cached", WITHIN, || {
+        run.informer.lister().get("ns/after").is_some()
+    })
+    .await;
+    let written = run.informer.write_snapshot().await.expect("written");
+    assert!(
+        written.is_some_and(|r| r >= revision),
+        "written at {written:?}"
+    );
+    assert!(
+        !Path::new(&temp).exists(),
+        "the temporary file was renamed over the snapshot"
+    );
+    run.stop().await;
+}
+
+/// The in-memory source answers as etcd's does (no etcd needed).
+#[tokio::test]
+async fn the_fake_source_answers_as_etcd_does() {
+    use etcd_informer::listwatch::Resume;
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::ListerWatcher;
+
+    let source = FakeSource::<String>::new();
+    source.put("a", "1".into());
+    let at = source.put("b", "2".into());
+    source.delete("a");
+    source.put("c", "3".into());
+    assert_eq!(source.can_resume(at, 2, 1).await.unwrap(), Resume::Ready);
+    let refused = |r: Resume, what: &str| match r {
+        Resume::Refused(why) => assert!(why.contains(what), "{why}"),
+        other => panic!("expected refused ({what}), got {other:?}"),
+    };
+    refused(source.can_resume(at, 3, 1).await.unwrap(), "tally differs");
+    refused(
+        source.can_resume(at, 2, 9).await.unwrap(),
+        "another cluster",
+    );
+    refused(source.can_resume(at + 10, 2, 1).await.unwrap(), "ahead");
+    source.compact();
+    assert!(matches!(
+        source.can_resume(at, 2, 1).await.unwrap(),
+        Resume::Compacted(_)
+    ));
+}
+
+/// A DeltaFifo cache is not etcd at one revision: no snapshot is read or written.
+#[tokio::test]
+async fn the_delta_fifo_mode_neither_reads_nor_writes_snapshots() {
+    use etcd_informer::testing::FakeSource;
+    use etcd_informer::Processing;
+
+    let path = snapshot_path("delta_fifo");
+    let source = FakeSource::<String>::new();
+    source.put("a", "1".into());
+    let options = InformerOptions::default()
+        .with_processing(Processing::DeltaFifo)
+        .with_snapshot(&path, TextCodec);
+    let informer = SharedIndexInformer::new(source, options);
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    match informer.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => assert!(reason.contains("Processing::Atomic")),
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+    assert_eq!(informer.write_snapshot().await.unwrap(), None);
+    informer.stop();
+    let _ = run.await;
+    assert!(!path.exists());
+}
+
+/// With the in-memory source: warm without a list, and the changes after.
+#[tokio::test]
+async fn warm_from_the_fake_source() {
+    use etcd_informer::testing::FakeSource;
+
+    let path = snapshot_path("fake");
+    let source = FakeSource::<String>::new();
+    for i in 0..5 {
+        source.put(&format!("ns/{i}"), i.to_string());
+    }
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot(&path, TextCodec),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    informer.stop();
+    run.await.unwrap();
+    source.put("ns/5", "5".into());
+    let lists = source.list_count();
+
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot(&path, TextCodec),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    assert!(informer.snapshot_start().unwrap().is_warm());
+    assert_eq!(source.list_count(), lists, "no list");
+    eventually("the put after the snapshot", WITHIN, || {
+        informer.lister().list().len() == 6
+    })
+    .await;
+    informer.stop();
+    run.await.unwrap();
+
+    // Warm again, nothing changed since: the file is not written again.
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot(&path, TextCodec),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    assert!(informer.snapshot_start().unwrap().is_warm());
+    assert_eq!(informer.write_snapshot().await.unwrap(), None);
+    informer.stop();
+    run.await.unwrap();
+}
+
+/// A value the codec no longer decodes: a cold start naming the key, and a correct cache.
+#[tokio::test]
+async fn a_value_that_no_longer_decodes_starts_cold() {
+    use etcd_informer::testing::FakeSource;
+
+    /// Decodes only values that do not start with "bad".
+    struct Picky;
+    impl Codec<String> for Picky {
+        fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+            match TextCodec.decode(bytes)? {
+                v if v.starts_with("bad") => Err("no longer accepted".into()),
+                v => Ok(v),
+            }
+        }
+        fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+            TextCodec.encode(value)
+        }
+    }
+    let path = snapshot_path("picky");
+    let source = FakeSource::<String>::new();
+    source.put("ns/a", "good".into());
+    source.put("ns/b", "bad".into());
+    let snapshot = || SnapshotOptions::new(&path, Picky).with_codec_id("picky");
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot_options(snapshot()),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    informer.wait_for_cache_sync().await;
+    informer.stop();
+    run.await.unwrap();
+
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot_options(snapshot()),
+    );
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    match informer.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => {
+            assert!(reason.contains("\"ns/b\" does not decode"), "{reason}")
+        }
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+    assert_eq!(informer.lister().list().len(), 2);
+    informer.stop();
+    run.await.unwrap();
+}
