@@ -78,6 +78,8 @@ pub mod queue;
 pub mod real_fifo;
 pub mod reflector;
 pub mod runner;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod sharding;
 pub mod store;
 #[cfg(feature = "testing")]

@@ -1,0 +1,46 @@
+//! A cache server: serves etcd's gRPC API for one prefix from a cache, so that any number of
+//! etcdctl, etcd-client or informer processes read and watch it without loading etcd.
+//!
+//! ```text
+//! cargo run --example cache_server -- --prefix /registry/ --listen 127.0.0.1:23790
+//! ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:23790 get --prefix /registry/
+//! ```
+//!
+//! The upstream etcd comes from ETCD_ENDPOINTS (with etcdctl's ETCDCTL_* variables), else
+//! 127.0.0.1:2379, else a throwaway etcd started here. Prints one `ready:` line once the cache
+//! has listed the prefix.
+mod common;
+
+use std::time::Duration;
+
+use etcd_informer::serve::CacheServer;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = common::shutdown_signal();
+    let prefix = common::arg("prefix", "/registry/");
+    // Loopback by default: the server checks no credentials of its own.
+    let listen = common::arg("listen", "127.0.0.1:23790").parse()?;
+    let (client, etcd) = common::etcd().await;
+    let endpoints: Vec<String> = match (std::env::var("ETCD_ENDPOINTS"), &etcd) {
+        (Ok(list), _) => list.split(',').map(str::to_owned).collect(),
+        (Err(_), Some(server)) => server.endpoints(),
+        (Err(_), None) => vec!["127.0.0.1:2379".to_owned()],
+    };
+    let server = CacheServer::new(client, endpoints, prefix.clone())
+        .bind(listen)
+        .await?;
+    server.ready(Duration::from_secs(60)).await?;
+    let stats = server.stats();
+    say!(
+        "ready: serving {prefix} at {} ({} keys at revision {})",
+        server.local_addr(),
+        stats.keys,
+        stats.revision
+    );
+    shutdown.await;
+    let stats = server.stats();
+    eprintln!("stopping: {stats:?}");
+    server.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,322 @@
+//! The KV service: Range answered from the cache for ranges inside the served prefix, the
+//! same answer etcd gives (filters, sort, limit, count, revision); every other range and every
+//! write forwarded to the upstream.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{
+    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
+    PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
+    PbTxnRequest, PbTxnResponse,
+};
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use super::cache::{to_pb, Kv, RevisionError, ServedCache, COMPACTED, FUTURE};
+use super::forward::Upstream;
+use super::header::Headers;
+use super::ServerMetrics;
+use crate::listwatch::ListerWatcher;
+use crate::EtcdListerWatcher;
+
+// etcd's RangeRequest enums (rpc.proto).
+const SORT_NONE: i32 = 0;
+const SORT_ASCEND: i32 = 1;
+const SORT_DESCEND: i32 = 2;
+const TARGET_KEY: i32 = 0;
+const TARGET_VERSION: i32 = 1;
+const TARGET_CREATE: i32 = 2;
+const TARGET_MOD: i32 = 3;
+const TARGET_VALUE: i32 = 4;
+
+/// What the KV service and the watch service share.
+pub(crate) struct Served {
+    pub(crate) cache: Arc<ServedCache>,
+    pub(crate) upstream: Upstream,
+    pub(crate) headers: Headers,
+    /// A source over the prefix used only for the consistent-read proof.
+    pub(crate) proof: EtcdListerWatcher<Vec<u8>>,
+    pub(crate) prefix: Vec<u8>,
+    pub(crate) prefix_end: Vec<u8>,
+    pub(crate) read_timeout: Duration,
+    pub(crate) metrics: ServerMetrics,
+}
+
+impl Served {
+    /// Whether etcd's range `[key, end)` lies within the served prefix.
+    pub(crate) fn covers(&self, key: &[u8], end: &[u8]) -> bool {
+        if self.prefix.is_empty() {
+            return !key.is_empty();
+        }
+        if key < self.prefix.as_slice() {
+            return false;
+        }
+        if end.is_empty() {
+            return key.starts_with(&self.prefix);
+        }
+        if self.prefix_end == [0] {
+            return true;
+        }
+        end != [0] && end <= self.prefix_end.as_slice()
+    }
+
+    /// Returns once the cache holds every change etcd made before this call (a linearizable
+    /// read): etcd's current revision and whether the prefix changed since the cache's revision
+    /// come from one linearizable read; if it changed, waits for the cache to catch up (or to
+    /// be proven equal to etcd's content at that revision). The proof never moves the cache's
+    /// revision: events still on their way through the watch would be skipped.
+    pub(crate) async fn linearize(&self) -> Result<(), Status> {
+        let deadline = Instant::now() + self.read_timeout;
+        let unavailable =
+            |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
+        let since = self.cache.position().revision;
+        let fresh = tokio::time::timeout_at(
+            deadline,
+            self.proof.freshness(since, self.cache.len(), None),
+        )
+        .await
+        .map_err(|_| unavailable("no answer from etcd for the consistent-read proof".into()))?
+        .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
+        if fresh.unchanged {
+            return Ok(());
+        }
+        let target = fresh.revision;
+        let mut position = self.cache.subscribe();
+        let mut asked_at = since;
+        loop {
+            let now = *position.borrow_and_update();
+            if now.revision >= target {
+                return Ok(());
+            }
+            if now.revision != asked_at {
+                asked_at = now.revision;
+                let proof = self
+                    .proof
+                    .freshness(now.revision, self.cache.len(), Some(target));
+                if let Ok(Ok(fresh)) = tokio::time::timeout_at(deadline, proof).await {
+                    if fresh.unchanged {
+                        return Ok(());
+                    }
+                }
+            }
+            match tokio::time::timeout_at(deadline, position.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(unavailable(format!(
+                    "the cache did not reach etcd's revision {target} within {:?} (it is at {})",
+                    self.read_timeout,
+                    self.cache.position().revision
+                ))),
+            }
+        }
+    }
+}
+
+/// The KV service.
+pub(crate) struct KvService {
+    pub(crate) served: Arc<Served>,
+}
+
+/// Whether a Range can be answered from the cache: within the prefix, with options the cache
+/// knows, the cache listed.
+fn from_cache(served: &Served, r: &PbRangeRequest) -> bool {
+    served.cache.position().synced
+        && served.headers.known()
+        && served.covers(&r.key, &r.range_end)
+        && (SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
+        && (TARGET_KEY..=TARGET_VALUE).contains(&r.sort_target)
+}
+
+/// etcd's answer to `r` from the keys of its range at the asked revision.
+pub(crate) fn answer(
+    r: &PbRangeRequest,
+    found: Vec<(Arc<[u8]>, Kv)>,
+) -> (Vec<(Arc<[u8]>, Kv)>, bool, i64) {
+    let count = found.len() as i64;
+    if r.count_only {
+        return (Vec::new(), false, count);
+    }
+    let mut kvs: Vec<(Arc<[u8]>, Kv)> = found
+        .into_iter()
+        .filter(|(_, kv)| {
+            (r.max_mod_revision == 0 || kv.mod_revision <= r.max_mod_revision)
+                && (r.min_mod_revision == 0 || kv.mod_revision >= r.min_mod_revision)
+                && (r.max_create_revision == 0 || kv.create_revision <= r.max_create_revision)
+                && (r.min_create_revision == 0 || kv.create_revision >= r.min_create_revision)
+        })
+        .collect();
+    let mut order = r.sort_order;
+    if r.sort_target != TARGET_KEY && order == SORT_NONE {
+        // etcd sorts ascending when only a target other than the key is given.
+        order = SORT_ASCEND;
+    }
+    if order != SORT_NONE {
+        let by = |a: &(Arc<[u8]>, Kv), b: &(Arc<[u8]>, Kv)| -> Ordering {
+            match r.sort_target {
+                TARGET_VERSION => a.1.version.cmp(&b.1.version),
+                TARGET_CREATE => a.1.create_revision.cmp(&b.1.create_revision),
+                TARGET_MOD => a.1.mod_revision.cmp(&b.1.mod_revision),
+                TARGET_VALUE => a.1.value.cmp(&b.1.value),
+                _ => a.0.cmp(&b.0),
+            }
+        };
+        // Stable, from key order: ties stay in key order, as etcd's small sorts leave them.
+        if order == SORT_DESCEND {
+            kvs.sort_by(|a, b| by(b, a));
+        } else {
+            kvs.sort_by(by);
+        }
+    }
+    let mut more = false;
+    if r.limit > 0 && kvs.len() as i64 > r.limit {
+        kvs.truncate(usize::try_from(r.limit).unwrap_or(usize::MAX));
+        more = true;
+    }
+    (kvs, more, count)
+}
+
+#[tonic::async_trait]
+impl PbKvService for KvService {
+    async fn range(
+        &self,
+        request: Request<PbRangeRequest>,
+    ) -> Result<Response<PbRangeResponse>, Status> {
+        let served = &self.served;
+        if !from_cache(served, request.get_ref()) {
+            served.metrics.forwarded("Range");
+            return served
+                .upstream
+                .unary(request, "/etcdserverpb.KV/Range")
+                .await;
+        }
+        let r = request.into_inner();
+        if !r.serializable {
+            served.linearize().await?;
+        }
+        let (found, revision) = match served.cache.range_at(&r.key, &r.range_end, r.revision) {
+            Ok(found) => found,
+            Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
+            Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),
+        };
+        let (kvs, more, count) = answer(&r, found);
+        served.metrics.ranged();
+        Ok(Response::new(PbRangeResponse {
+            header: Some(served.headers.header(revision)),
+            kvs: kvs
+                .iter()
+                .map(|(key, kv)| to_pb(key, kv, r.keys_only))
+                .collect(),
+            more,
+            count,
+        }))
+    }
+
+    type RangeStreamStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>,
+    >;
+
+    async fn range_stream(
+        &self,
+        _request: Request<PbRangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        // etcd 3.4 and 3.5 have no RangeStream either.
+        Err(Status::unimplemented(
+            "unknown method RangeStream for service etcdserverpb.KV",
+        ))
+    }
+
+    async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
+        self.served.metrics.forwarded("Put");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Put")
+            .await
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<PbDeleteRequest>,
+    ) -> Result<Response<PbDeleteResponse>, Status> {
+        self.served.metrics.forwarded("DeleteRange");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/DeleteRange")
+            .await
+    }
+
+    async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
+        self.served.metrics.forwarded("Txn");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Txn")
+            .await
+    }
+
+    async fn compact(
+        &self,
+        request: Request<PbCompactionRequest>,
+    ) -> Result<Response<PbCompactionResponse>, Status> {
+        self.served.metrics.forwarded("Compact");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Compact")
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Object;
+
+    fn kv(key: &str, create: i64, rev: i64, version: i64, value: &str) -> (Arc<[u8]>, Kv) {
+        let mut o = Object::new(key, rev, value.as_bytes().to_vec());
+        o.create_revision = create;
+        o.version = version;
+        (key.as_bytes().into(), Arc::new(o))
+    }
+
+    fn keys(kvs: &[(Arc<[u8]>, Kv)]) -> Vec<&str> {
+        kvs.iter()
+            .map(|(k, _)| std::str::from_utf8(k).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn filters_sort_and_limit_as_etcd() {
+        let found = vec![
+            kv("/a", 2, 5, 2, "z"),
+            kv("/b", 3, 3, 1, "y"),
+            kv("/c", 4, 6, 3, "x"),
+        ];
+        let mut r = PbRangeRequest {
+            limit: 2,
+            ..Default::default()
+        };
+        let (kvs, more, count) = answer(&r, found.clone());
+        assert_eq!((keys(&kvs), more, count), (vec!["/a", "/b"], true, 3));
+        r.sort_target = TARGET_VALUE;
+        let (kvs, _, _) = answer(&r, found.clone());
+        assert_eq!(keys(&kvs), vec!["/c", "/b"]);
+        r.sort_order = SORT_DESCEND;
+        r.sort_target = TARGET_MOD;
+        r.limit = 0;
+        let (kvs, more, _) = answer(&r, found.clone());
+        assert_eq!((keys(&kvs), more), (vec!["/c", "/a", "/b"], false));
+        let r = PbRangeRequest {
+            min_mod_revision: 4,
+            limit: 1,
+            ..Default::default()
+        };
+        let (kvs, more, count) = answer(&r, found.clone());
+        assert_eq!((keys(&kvs), more, count), (vec!["/a"], true, 3));
+        let r = PbRangeRequest {
+            count_only: true,
+            limit: 1,
+            ..Default::default()
+        };
+        let (kvs, more, count) = answer(&r, found);
+        assert_eq!((kvs.len(), more, count), (0, false, 3));
+    }
+}

@@ -1,0 +1,512 @@
+//! Serving etcd's own gRPC API from a cache (cargo feature `server`): one process lists and
+//! watches a prefix of etcd once, and any number of clients (etcdctl, etcd-client, this crate's
+//! [`EtcdListerWatcher`]) read and watch it from the cache, unchanged.
+//!
+//! - **Range** inside the prefix is answered from the cache ([`cache`](self) keeps the keys at
+//!   the cache's revision and a bounded history): key, prefix or sub-range, `limit`/`more`/
+//!   `count`, `keys_only`, `count_only`, min/max mod and create revisions, sort, and `revision`
+//!   within the history. Linearizable reads (etcdctl's default) wait for the consistent-read
+//!   proof. Ranges outside the prefix are forwarded.
+//! - **Watch** inside the prefix is served from the history: many watches per stream,
+//!   `start_revision`, `prev_kv`, filters, progress, cancel; a watch behind the history is
+//!   cancelled with `compact_revision`. Watches outside the prefix are forwarded.
+//! - **Writes** (Put, DeleteRange, Txn, Compact), Lease, Maintenance and Auth are forwarded
+//!   with the client's token; `Cluster.MemberList` names this server (as etcd's gRPC proxy does).
+//!
+//! ```no_run
+//! use etcd_informer::serve::CacheServer;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let endpoints = vec!["127.0.0.1:2379".to_string()];
+//! let client = etcd_informer::connect(&endpoints).await?;
+//! let server = CacheServer::new(client, endpoints, "/registry/")
+//!     .bind("127.0.0.1:23790".parse()?)
+//!     .await?;
+//! server.ready(std::time::Duration::from_secs(30)).await?;
+//! println!("serving /registry/ at {}", server.local_addr());
+//! server.wait().await?;
+//! # Ok(()) }
+//! ```
+
+mod cache;
+mod forward;
+mod header;
+mod kv;
+mod watch;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{PbClusterServer, PbKvServer, PbWatchServer};
+use etcd_client::Client;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument;
+
+use self::cache::{HistoryBounds, ServedCache};
+use self::forward::{
+    AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Upstream,
+};
+use self::header::Headers;
+use self::kv::{KvService, Served};
+use self::watch::WatchService;
+use crate::codec::RawCodec;
+use crate::queue::Queue;
+use crate::reflector::{Reflector, ReflectorOptions};
+use crate::{EtcdListerWatcher, EtcdOptions};
+
+/// What can go wrong starting a [`CacheServer`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An upstream endpoint is not a valid URL.
+    #[error("bad upstream endpoint {endpoint:?}: {why}")]
+    Endpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        why: String,
+    },
+    /// The prefix or the etcd options were refused.
+    #[error(transparent)]
+    Config(#[from] crate::listwatch::etcd::ConfigError),
+    /// The cache did not list the prefix in time.
+    #[error("the cache of {prefix} did not sync within {waited:?}")]
+    NotReady {
+        /// The served prefix.
+        prefix: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The gRPC server failed.
+    #[error("the gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The server's task ended abnormally.
+    #[error("the server's task failed: {0}")]
+    Task(String),
+}
+
+/// Options of a [`CacheServer`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CacheServerOptions {
+    /// How many revisions of history are kept for `get --rev` and watches that start in the
+    /// past (default 10,000).
+    pub history_revisions: usize,
+    /// How many bytes of history (keys and values of the events and their previous values) are
+    /// kept at most (default 64 MiB).
+    pub history_bytes: usize,
+    /// How long a linearizable Range may wait for the cache to be proven current before it
+    /// fails with `Unavailable` (default 5 s, etcdctl's command timeout).
+    pub read_timeout: Duration,
+    /// How often an idle watch created with `progress_notify` hears of the revision (default
+    /// 10 minutes, etcd's).
+    pub progress_interval: Duration,
+    /// How often the upstream's identity (cluster id, member id, raft term) is read again for
+    /// the headers (default 5 s).
+    pub identity_refresh: Duration,
+    /// The options of the list and watch of the prefix.
+    pub etcd: EtcdOptions,
+}
+
+impl Default for CacheServerOptions {
+    fn default() -> Self {
+        CacheServerOptions {
+            history_revisions: 10_000,
+            history_bytes: 64 << 20,
+            read_timeout: Duration::from_secs(5),
+            progress_interval: Duration::from_secs(600),
+            identity_refresh: Duration::from_secs(5),
+            etcd: EtcdOptions::default().with_raw_prefix(true),
+        }
+    }
+}
+
+impl CacheServerOptions {
+    /// Sets [`history_revisions`](Self::history_revisions).
+    #[must_use]
+    pub fn with_history_revisions(mut self, revisions: usize) -> Self {
+        self.history_revisions = revisions;
+        self
+    }
+
+    /// Sets [`history_bytes`](Self::history_bytes).
+    #[must_use]
+    pub fn with_history_bytes(mut self, bytes: usize) -> Self {
+        self.history_bytes = bytes;
+        self
+    }
+
+    /// Sets [`read_timeout`](Self::read_timeout).
+    #[must_use]
+    pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
+    }
+
+    /// Sets [`progress_interval`](Self::progress_interval).
+    #[must_use]
+    pub fn with_progress_interval(mut self, interval: Duration) -> Self {
+        self.progress_interval = interval;
+        self
+    }
+
+    /// Sets [`etcd`](Self::etcd) (its `raw_prefix` is forced on: any prefix can be served).
+    #[must_use]
+    pub fn with_etcd(mut self, etcd: EtcdOptions) -> Self {
+        self.etcd = etcd;
+        self
+    }
+}
+
+/// A server of etcd's gRPC API answering from a cache of one prefix; see the [module](self).
+pub struct CacheServer {
+    client: Client,
+    endpoints: Vec<String>,
+    prefix: Vec<u8>,
+    options: CacheServerOptions,
+}
+
+impl CacheServer {
+    /// A server of `prefix`, listing and watching it through `client`, and forwarding what it
+    /// does not answer to `endpoints` (the same etcd, `host:port` or `http://host:port`).
+    pub fn new(
+        client: Client,
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        prefix: impl Into<Vec<u8>>,
+    ) -> Self {
+        CacheServer {
+            client,
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            prefix: prefix.into(),
+            options: CacheServerOptions::default(),
+        }
+    }
+
+    /// Sets the options.
+    #[must_use]
+    pub fn with_options(mut self, options: CacheServerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Binds `addr`, starts the cache (its list and watch of the prefix) and serves. Requests
+    /// that arrive before the cache has listed are forwarded.
+    pub async fn bind(self, addr: SocketAddr) -> Result<RunningServer, ServeError> {
+        let mut endpoints = Vec::new();
+        for endpoint in &self.endpoints {
+            let url = if endpoint.contains("://") {
+                endpoint.clone()
+            } else {
+                format!("http://{endpoint}")
+            };
+            let parsed = Endpoint::from_shared(url).map_err(|e| ServeError::Endpoint {
+                endpoint: endpoint.clone(),
+                why: e.to_string(),
+            })?;
+            endpoints.push(
+                parsed
+                    .connect_timeout(Duration::from_secs(5))
+                    .tcp_nodelay(true),
+            );
+        }
+        if endpoints.is_empty() {
+            return Err(ServeError::Endpoint {
+                endpoint: String::new(),
+                why: "no upstream endpoint".into(),
+            });
+        }
+        let channel = Channel::balance_list(endpoints.into_iter());
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let options = self.options;
+        let etcd = options.etcd.clone().with_raw_prefix(true);
+        let prefix_text = String::from_utf8_lossy(&self.prefix).into_owned();
+        let source = EtcdListerWatcher::with_options(
+            self.client.clone(),
+            self.prefix.clone(),
+            RawCodec,
+            etcd.clone(),
+        )?;
+        let proof = EtcdListerWatcher::with_options(
+            self.client.clone(),
+            self.prefix.clone(),
+            RawCodec,
+            etcd,
+        )?;
+        let cache = Arc::new(ServedCache::new(
+            &self.prefix,
+            HistoryBounds {
+                revisions: options.history_revisions,
+                bytes: options.history_bytes,
+            },
+        ));
+        let headers = Headers::default();
+        let upstream = Upstream::new(channel);
+        let served = Arc::new(Served {
+            cache: cache.clone(),
+            upstream: upstream.clone(),
+            headers: headers.clone(),
+            proof,
+            prefix_end: prefix_range_end(&self.prefix),
+            prefix: self.prefix.clone(),
+            read_timeout: options.read_timeout,
+            metrics: ServerMetrics::default(),
+        });
+        let mut tasks = Vec::new();
+        let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
+        let reflector = Reflector::new(
+            source,
+            queue,
+            ReflectorOptions::default().with_name(format!("cache-server {prefix_text}")),
+        );
+        tasks.push(tokio::spawn(reflector.run()));
+        tasks.push(tokio::spawn(
+            headers
+                .clone()
+                .keep_fresh(self.client.clone(), options.identity_refresh)
+                .instrument(tracing::info_span!("upstream_identity", prefix = %prefix_text)),
+        ));
+        let client_url = format!("http://{local_addr}");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(
+                PbKvServer::new(KvService {
+                    served: served.clone(),
+                })
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                PbWatchServer::new(WatchService {
+                    served: served.clone(),
+                    progress_interval: options.progress_interval,
+                })
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(PbClusterServer::new(Cluster {
+                upstream: upstream.clone(),
+                headers,
+                client_url,
+            }))
+            .add_service(Passthrough::<LeaseService>::new(upstream.clone()))
+            .add_service(Passthrough::<MaintenanceService>::new(upstream.clone()))
+            .add_service(Passthrough::<AuthService>::new(upstream));
+        let span = tracing::info_span!("cache_server", prefix = %prefix_text, addr = %local_addr);
+        let serving = tokio::spawn(
+            async move {
+                let incoming = TcpListenerStream::new(listener);
+                router
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            }
+            .instrument(span),
+        );
+        tracing::info!(prefix = %prefix_text, addr = %local_addr, "cache server listening");
+        Ok(RunningServer {
+            local_addr,
+            prefix: prefix_text,
+            served,
+            tasks,
+            serving: Some(serving),
+            stop: Some(stop),
+        })
+    }
+}
+
+/// A running [`CacheServer`]. Dropping it stops the server and its cache.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    prefix: String,
+    served: Arc<Served>,
+    tasks: Vec<JoinHandle<()>>,
+    serving: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl RunningServer {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Waits until the cache has listed the prefix and the upstream's identity is known:
+    /// from then on reads inside the prefix are answered from the cache.
+    pub async fn ready(&self, within: Duration) -> Result<(), ServeError> {
+        let mut position = self.served.cache.subscribe();
+        let wait = async {
+            loop {
+                if position.borrow_and_update().synced && self.served.headers.known() {
+                    return;
+                }
+                tokio::select! {
+                    _ = position.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        };
+        tokio::time::timeout(within, wait)
+            .await
+            .map_err(|_| ServeError::NotReady {
+                prefix: self.prefix.clone(),
+                waited: within,
+            })
+    }
+
+    /// What the server has done so far.
+    pub fn stats(&self) -> ServerStats {
+        let m = &self.served.metrics.0;
+        let position = self.served.cache.position();
+        let (history_revisions, history_bytes) = self.served.cache.history_size();
+        ServerStats {
+            revision: position.revision,
+            keys: self.served.cache.len(),
+            history_revisions,
+            history_bytes,
+            watch_streams: m.streams.load(Ordering::Relaxed).max(0) as u64,
+            watches: m.watches.load(Ordering::Relaxed).max(0) as u64,
+            events_sent: m.events_sent.load(Ordering::Relaxed),
+            slow_watches_cancelled: m.slow_cancelled.load(Ordering::Relaxed),
+            ranges_from_cache: m.ranges.load(Ordering::Relaxed),
+            forwarded: m.forwarded.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Serves until the server fails or is shut down.
+    pub async fn wait(mut self) -> Result<(), ServeError> {
+        match self.serving.take() {
+            Some(serving) => match serving.await {
+                Ok(result) => result.map_err(ServeError::from),
+                Err(e) => Err(ServeError::Task(e.to_string())),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Stops accepting requests, ends open streams, and stops the cache.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            // Open watch streams would keep a graceful shutdown waiting: bounded.
+            let abort = serving.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), serving)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(serving) = &self.serving {
+            serving.abort();
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Counts of what a [`RunningServer`] did; see [`RunningServer::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerStats {
+    /// The cache's revision.
+    pub revision: i64,
+    /// Keys in the cache.
+    pub keys: usize,
+    /// Revisions of history kept.
+    pub history_revisions: usize,
+    /// Bytes of history kept (keys and values, events and their previous values).
+    pub history_bytes: usize,
+    /// Open watch streams (client connections watching).
+    pub watch_streams: u64,
+    /// Open watches served from the cache.
+    pub watches: u64,
+    /// Events sent to watches.
+    pub events_sent: u64,
+    /// Watches cancelled with `compact_revision` because the history no longer reached back to
+    /// their position (slow readers, or starts older than the history).
+    pub slow_watches_cancelled: u64,
+    /// Ranges answered from the cache.
+    pub ranges_from_cache: u64,
+    /// Requests forwarded to the upstream (passed-through Lease, Maintenance and Auth calls
+    /// not counted).
+    pub forwarded: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    streams: AtomicI64,
+    watches: AtomicI64,
+    events_sent: AtomicU64,
+    slow_cancelled: AtomicU64,
+    ranges: AtomicU64,
+    forwarded: AtomicU64,
+}
+
+/// The server's counters, shared by its services.
+#[derive(Clone, Default)]
+pub(crate) struct ServerMetrics(Arc<Counters>);
+
+impl ServerMetrics {
+    pub(crate) fn forwarded(&self, method: &'static str) {
+        tracing::trace!(method, "forwarded");
+        self.0.forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn ranged(&self) {
+        self.0.ranges.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn session(&self, delta: i64) {
+        self.0.streams.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub(crate) fn watches(&self, delta: i64) {
+        self.0.watches.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub(crate) fn sent(&self, events: usize) {
+        self.0
+            .events_sent
+            .fetch_add(events as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn slow_cancelled(&self) {
+        self.0.slow_cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`); `\0`
+/// (every key) for an empty or all-`\xff` prefix.
+fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
