@@ -25,6 +25,9 @@ use crate::{lock, Object};
 /// A cached key's state (values are raw bytes).
 pub(crate) type Kv = Arc<Object<Vec<u8>>>;
 
+/// Keys (absolute) and their states, in key order.
+pub(crate) type Found = Vec<(Arc<[u8]>, Kv)>;
+
 /// etcd's text for a revision below the oldest one kept (gRPC OutOfRange).
 pub(crate) const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 /// etcd's text for a revision above the current one (gRPC OutOfRange).
@@ -194,7 +197,7 @@ impl ServedCache {
         key: &[u8],
         end: &[u8],
         revision: i64,
-    ) -> Result<(Vec<(Arc<[u8]>, Kv)>, i64), RevisionError> {
+    ) -> Result<(Found, i64), RevisionError> {
         let state = lock(&self.state);
         let at = if revision <= 0 {
             state.revision

@@ -19,7 +19,7 @@ pub(crate) struct Headers {
 impl Headers {
     /// A header naming the upstream, at `revision`.
     pub(crate) fn header(&self, revision: i64) -> PbResponseHeader {
-        let mut header = lock(&self.seen).clone();
+        let mut header = *lock(&self.seen);
         header.revision = revision;
         header
     }

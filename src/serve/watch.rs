@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::cache::{in_range, RevisionError};
-use super::kv::Served;
+use super::served::Served;
 
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
 /// does not read stalls only itself.
