@@ -64,6 +64,7 @@ impl PbWatchService for WatchService {
             control: VecDeque::new(),
             next_id: 0,
             turn: 0,
+            maybe_behind: false,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -106,6 +107,9 @@ struct Session {
     next_id: i64,
     /// Round robin among the watches.
     turn: i64,
+    /// Whether a watch may be behind the cache (set when the cache moves or a watch is
+    /// created, cleared by a round that finds nothing to send).
+    maybe_behind: bool,
 }
 
 impl Drop for Session {
@@ -134,7 +138,12 @@ impl Session {
                     }
                     None => return,
                 },
-                changed = position.changed() => if changed.is_err() { return },
+                changed = position.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.maybe_behind = true;
+                }
                 permit = tx.reserve(), if work => match permit {
                     Ok(permit) => {
                         if let Some(response) = self.next_response() {
@@ -206,6 +215,7 @@ impl Session {
                 };
                 tracing::debug!(id, from = watch.next, "watch created");
                 self.watches.insert(id, watch);
+                self.maybe_behind = true;
                 self.served.metrics.watches(1);
                 self.control.push_back(PbWatchResponse {
                     header: self.header(position.revision),
@@ -271,35 +281,35 @@ impl Session {
     }
 
     fn has_work(&self) -> bool {
-        if !self.control.is_empty() {
-            return true;
-        }
-        let position = self.served.cache.position();
-        self.watches
-            .values()
-            .any(|w| w.next <= position.revision || w.epoch != position.epoch)
+        !self.control.is_empty() || self.maybe_behind
     }
 
     /// The next response owed to the client, if any: control responses first, then the next
-    /// watch (in turn) that is behind the cache. Watches with nothing that matches move on.
+    /// watch (in turn) that is behind the cache. Watches with nothing that matches move on; a
+    /// whole round without a response clears `maybe_behind` until the cache moves again.
     fn next_response(&mut self) -> Option<PbWatchResponse> {
         if let Some(response) = self.control.pop_front() {
             return Some(response);
         }
         let position = self.served.cache.position();
-        let ids: Vec<i64> = self
-            .watches
-            .range(self.turn..)
-            .chain(self.watches.range(..self.turn))
-            .filter(|(_, w)| w.next <= position.revision || w.epoch != position.epoch)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
+        for _ in 0..self.watches.len() {
+            let found = self
+                .watches
+                .range(self.turn..)
+                .next()
+                .or_else(|| self.watches.iter().next());
+            let Some((&id, watch)) = found else {
+                break;
+            };
+            let behind = watch.next <= position.revision || watch.epoch != position.epoch;
             self.turn = id + 1;
-            if let Some(response) = self.catch_up(id) {
-                return Some(response);
+            if behind {
+                if let Some(response) = self.catch_up(id) {
+                    return Some(response);
+                }
             }
         }
+        self.maybe_behind = false;
         None
     }
 
