@@ -827,3 +827,73 @@ async fn an_upstream_wipe_reaches_the_informer_through_the_server() {
     informer.stop();
     let _ = run.await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reads_only_what_etcd_lets_it() {
+    let etcd = private_etcd().await;
+    let e = etcd.endpoint();
+    for args in [
+        vec!["user", "add", "root", "--new-user-password=rootpw"],
+        vec!["user", "add", "reader", "--new-user-password=readerpw"],
+        vec!["role", "add", "r"],
+        vec![
+            "role",
+            "grant-permission",
+            "r",
+            "read",
+            "/registry/allowed/",
+            "--prefix=true",
+        ],
+        vec!["user", "grant-role", "reader", "r"],
+        vec!["auth", "enable"],
+    ] {
+        let printed = ctl(&e, &args).await;
+        assert_eq!(printed.code, Some(0), "etcdctl {args:?}: {printed:?}");
+    }
+    let root = Client::connect(
+        etcd.endpoints(),
+        Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
+    )
+    .await
+    .expect("connect as root");
+    put(&root, "/registry/allowed/a", "visible").await;
+    put(&root, "/registry/secret/b", "hidden").await;
+    let server = start_server(&root, etcd.endpoints(), "/registry/").await;
+    let s = server.local_addr().to_string();
+    let reader = "--user=reader:readerpw";
+    for args in [
+        vec![
+            reader,
+            "get",
+            "--prefix",
+            "/registry/allowed/",
+            "-w",
+            "json",
+        ],
+        vec![reader, "get", "--prefix", "/registry/"],
+        vec![reader, "get", "/registry/secret/b"],
+        vec![
+            reader,
+            "get",
+            "--prefix",
+            "/registry/secret/",
+            "--consistency",
+            "s",
+        ],
+        vec!["get", "--prefix", "/registry/allowed/"],
+        vec![
+            "--user=root:rootpw",
+            "get",
+            "--prefix",
+            "/registry/",
+            "-w",
+            "json",
+        ],
+        vec![reader, "watch", "--prefix", "/registry/secret/"],
+    ] {
+        same(&e, &s, &args).await;
+    }
+    let refused = ctl(&s, &[reader, "get", "/registry/secret/b"]).await;
+    assert!(refused.stderr.contains("permission denied"), "{refused:?}");
+    assert!(!refused.stdout.contains("hidden"));
+}

@@ -177,6 +177,12 @@ impl ServedCache {
         lock(&self.state).kvs.len()
     }
 
+    /// The cache's revision and how many keys it holds there.
+    pub(crate) fn revision_and_len(&self) -> (i64, usize) {
+        let state = lock(&self.state);
+        (state.revision, state.kvs.len())
+    }
+
     /// (revisions, bytes) of history kept.
     pub(crate) fn history_size(&self) -> (usize, usize) {
         let state = lock(&self.state);

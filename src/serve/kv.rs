@@ -99,6 +99,11 @@ impl PbKvService for KvService {
                 .unary(request, "/etcdserverpb.KV/Range")
                 .await;
         }
+        // Never a byte to a client the upstream would refuse.
+        let r = request.get_ref();
+        served
+            .may_read(request.metadata(), &r.key, &r.range_end)
+            .await?;
         let r = request.into_inner();
         if !r.serializable {
             served.linearize().await?;

@@ -246,12 +246,6 @@ impl CacheServer {
             self.client.clone(),
             self.prefix.clone(),
             RawCodec,
-            etcd.clone(),
-        )?;
-        let proof = EtcdListerWatcher::with_options(
-            self.client.clone(),
-            self.prefix.clone(),
-            RawCodec,
             etcd,
         )?;
         let cache = Arc::new(ServedCache::new(
@@ -267,7 +261,8 @@ impl CacheServer {
             cache: cache.clone(),
             upstream: upstream.clone(),
             headers: headers.clone(),
-            proof,
+            client: self.client.clone(),
+            access: Default::default(),
             prefix_end: prefix_range_end(&self.prefix),
             prefix: self.prefix.clone(),
             read_timeout: options.read_timeout,

@@ -4,14 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
+use etcd_client::{Client, GetOptions};
 use tokio::time::Instant;
-use tonic::Status;
+use tonic::{Code, Status};
 
 use super::cache::ServedCache;
 use super::forward::Upstream;
 use super::header::Headers;
 use super::stats::ServerMetrics;
-use crate::listwatch::ListerWatcher;
+use crate::lock;
+#[cfg(doc)]
 use crate::EtcdListerWatcher;
 
 /// What the KV service and the watch service share.
@@ -19,8 +25,10 @@ pub(crate) struct Served {
     pub(crate) cache: Arc<ServedCache>,
     pub(crate) upstream: Upstream,
     pub(crate) headers: Headers,
-    /// A source over the prefix used only for the consistent-read proof.
-    pub(crate) proof: EtcdListerWatcher<Vec<u8>>,
+    /// The server's own client of the upstream, for the consistent-read proof.
+    pub(crate) client: Client,
+    /// What the upstream said of clients' access to ranges.
+    pub(crate) access: Access,
     pub(crate) prefix: Vec<u8>,
     pub(crate) prefix_end: Vec<u8>,
     pub(crate) read_timeout: Duration,
@@ -46,26 +54,22 @@ impl Served {
     }
 
     /// Returns once the cache holds every change etcd made before this call (a linearizable
-    /// read): etcd's current revision and whether the prefix changed since the cache's revision
-    /// come from one linearizable read; if it changed, waits for the cache to catch up (or to
-    /// be proven equal to etcd's content at that revision). The proof never moves the cache's
-    /// revision: events still on their way through the watch would be skipped.
+    /// read; read-your-writes for a write forwarded before it); see [`Self::prove`]. If the
+    /// prefix changed, waits for the cache to reach etcd's revision, or to be proven equal to
+    /// etcd's content at it. The proof never moves the cache's revision: events still on their
+    /// way through the watch would be skipped.
     pub(crate) async fn linearize(&self) -> Result<(), Status> {
         let deadline = Instant::now() + self.read_timeout;
         let unavailable =
             |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
-        let since = self.cache.position().revision;
-        let fresh = tokio::time::timeout_at(
-            deadline,
-            self.proof.freshness(since, self.cache.len(), None),
-        )
-        .await
-        .map_err(|_| unavailable("no answer from etcd for the consistent-read proof".into()))?
-        .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
-        if fresh.unchanged {
+        let (since, len) = self.cache.revision_and_len();
+        let (target, unchanged) = tokio::time::timeout_at(deadline, self.prove(since, len, None))
+            .await
+            .map_err(|_| unavailable("no answer from etcd for the consistent-read proof".into()))?
+            .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
+        if unchanged {
             return Ok(());
         }
-        let target = fresh.revision;
         let mut position = self.cache.subscribe();
         let mut asked_at = since;
         loop {
@@ -74,14 +78,11 @@ impl Served {
                 return Ok(());
             }
             if now.revision != asked_at {
-                asked_at = now.revision;
-                let proof = self
-                    .proof
-                    .freshness(now.revision, self.cache.len(), Some(target));
-                if let Ok(Ok(fresh)) = tokio::time::timeout_at(deadline, proof).await {
-                    if fresh.unchanged {
-                        return Ok(());
-                    }
+                let (since, len) = self.cache.revision_and_len();
+                asked_at = since;
+                let proof = self.prove(since, len, Some(target));
+                if let Ok(Ok((_, true))) = tokio::time::timeout_at(deadline, proof).await {
+                    return Ok(());
                 }
             }
             match tokio::time::timeout_at(deadline, position.changed()).await {
@@ -96,4 +97,110 @@ impl Served {
             }
         }
     }
+
+    /// One range read of the prefix, keys only, filtered to keys modified after `since`, at
+    /// `at` (else linearizable, at etcd's current revision): that revision, and whether the
+    /// prefix there is the cache's content at `since`, which held `len` keys. It is if no key
+    /// was written after `since` (a created key would be one) and the count is the cache's
+    /// (a delete lowers it). Unlike [`EtcdListerWatcher::freshness`], which counts the prefix
+    /// at `since` in etcd, it needs no old revision: an idle prefix whose revision etcd
+    /// compacted still proves fresh.
+    async fn prove(
+        &self,
+        since: i64,
+        len: usize,
+        at: Option<i64>,
+    ) -> Result<(i64, bool), etcd_client::Error> {
+        let first = if self.prefix.is_empty() {
+            vec![0]
+        } else {
+            self.prefix.clone()
+        };
+        let mut options = GetOptions::new()
+            .with_range(self.prefix_end.clone())
+            .with_keys_only()
+            .with_min_mod_revision(since + 1)
+            .with_limit(1);
+        if let Some(at) = at {
+            options = options.with_revision(at);
+        }
+        let resp = self.client.kv_client().get(first, Some(options)).await?;
+        let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
+        let unchanged = resp.kvs().is_empty() && usize::try_from(resp.count()) == Ok(len);
+        Ok((revision, unchanged))
+    }
+
+    /// Whether the client with `metadata` may read `[key, end)`: the upstream is asked once per
+    /// token and range (a one-key count, with the client's token) and its answer remembered for
+    /// [`ACCESS_TTL`]. A refusal is the upstream's error; an upstream that cannot be asked
+    /// keeps the last answer, or refuses if there is none.
+    pub(crate) async fn may_read(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        key: &[u8],
+        end: &[u8],
+    ) -> Result<(), Status> {
+        let token = metadata.get("token").map(|t| t.as_bytes().to_vec());
+        let entry = (token, key.to_vec(), end.to_vec());
+        let known = lock(&self.access).get(&entry).cloned();
+        if let Some((at, answer)) = &known {
+            if at.elapsed() < ACCESS_TTL {
+                return answer.clone();
+            }
+        }
+        let probe = PbRangeRequest {
+            key: key.to_vec(),
+            range_end: end.to_vec(),
+            limit: 1,
+            count_only: true,
+            serializable: true,
+            ..Default::default()
+        };
+        let asked = self
+            .upstream
+            .unary::<_, PbRangeResponse>(
+                Upstream::request(metadata, probe),
+                "/etcdserverpb.KV/Range",
+            )
+            .await;
+        let answer = match asked {
+            Ok(_) => Ok(()),
+            Err(status) if is_refusal(&status) => Err(status),
+            Err(status) => {
+                return match known {
+                    Some((_, answer)) => answer,
+                    None => Err(Status::unavailable(format!(
+                    "etcd-informer cache server: cannot check the client's access with etcd: {}",
+                    status.message()
+                ))),
+                }
+            }
+        };
+        let mut access = lock(&self.access);
+        if access.len() >= ACCESS_ENTRIES {
+            access.clear();
+        }
+        access.insert(entry, (std::time::Instant::now(), answer.clone()));
+        answer
+    }
 }
+
+/// How long the upstream's answer on a client's access is remembered.
+pub(crate) const ACCESS_TTL: Duration = Duration::from_secs(5);
+/// Access answers remembered at most (all are forgotten past it).
+const ACCESS_ENTRIES: usize = 10_000;
+
+/// Whether etcd refused the client (rather than failing to answer).
+fn is_refusal(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::InvalidArgument
+            | Code::FailedPrecondition
+    )
+}
+
+/// Remembered access answers: (token, key, range end) -> (when, answer).
+pub(crate) type Access = Mutex<HashMap<(Option<Vec<u8>>, Vec<u8>, Vec<u8>), AccessAnswer>>;
+type AccessAnswer = (std::time::Instant, Result<(), Status>);

@@ -131,7 +131,7 @@ impl Session {
             let work = self.has_work();
             tokio::select! {
                 request = requests.next() => match request {
-                    Some(Ok(request)) => self.handle(request),
+                    Some(Ok(request)) => self.handle(request).await,
                     Some(Err(status)) => {
                         tracing::debug!(%status, "watch stream ended by the client");
                         return;
@@ -161,7 +161,7 @@ impl Session {
         Some(self.served.headers.header(revision))
     }
 
-    fn handle(&mut self, request: PbWatchRequest) {
+    async fn handle(&mut self, request: PbWatchRequest) {
         match request.request_union {
             Some(PbWatchRequestUnion::CreateRequest(create)) => {
                 let mut key = create.key.clone();
@@ -199,6 +199,28 @@ impl Session {
                     self.forward(id, PbWatchRequestUnion::CreateRequest(create));
                     return;
                 }
+                // etcd refuses a watch of a range the client may not read, on the stream.
+                let access = self
+                    .served
+                    .may_read(&self.metadata, &key, &create.range_end)
+                    .await;
+                if let Err(refused) = access {
+                    self.control.push_back(PbWatchResponse {
+                        header: self.header(position.revision),
+                        watch_id: -1,
+                        created: true,
+                        canceled: true,
+                        // etcd's text of the gRPC error, as grpc-go prints it.
+                        cancel_reason: format!(
+                            "rpc error: code = {:?} desc = {}",
+                            refused.code(),
+                            refused.message()
+                        ),
+                        ..Default::default()
+                    });
+                    return;
+                }
+                let position = self.served.cache.position();
                 let watch = Watch {
                     end: create.range_end.clone(),
                     key,
