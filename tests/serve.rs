@@ -949,7 +949,12 @@ async fn reads_and_watches_through_an_upstream_outage() {
     assert!(created.created());
     // etcd stops: serializable reads still come from the cache; linearizable ones fail with
     // Unavailable within the read timeout instead of answering unproven.
+    assert!(server.is_ready());
     etcd.stop().await.expect("stop etcd");
+    eventually("the server reports itself not ready", WITHIN, || {
+        !server.is_ready()
+    })
+    .await;
     let got = via.kv_client().get(p, serializable()).await;
     assert_eq!(
         got.expect("serializable read while etcd is down").count(),
@@ -982,4 +987,5 @@ async fn reads_and_watches_through_an_upstream_outage() {
     assert_eq!(event, Some((format!("{p}back"), rev)));
     let got = via.kv_client().get(p, linearizable()).await.expect("read");
     assert_eq!(got.count(), 6);
+    eventually("the server is ready again", WITHIN, || server.is_ready()).await;
 }

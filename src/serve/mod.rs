@@ -58,8 +58,9 @@ use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
 use self::watch::WatchService;
 use crate::codec::RawCodec;
+use crate::metrics::ServerMetricHandles;
 use crate::queue::Queue;
-use crate::reflector::{Reflector, ReflectorOptions};
+use crate::reflector::{Health, Reflector, ReflectorOptions, RevisionHandle};
 use crate::{EtcdListerWatcher, EtcdOptions};
 
 /// What can go wrong starting a [`CacheServer`].
@@ -275,7 +276,12 @@ impl CacheServer {
             queue,
             ReflectorOptions::default().with_name(format!("cache-server {prefix_text}")),
         );
+        let reflected = reflector.revision();
         tasks.push(tokio::spawn(reflector.run()));
+        tasks.push(tokio::spawn(
+            sample_metrics(served.clone(), reflected.clone(), prefix_text.clone())
+                .instrument(tracing::info_span!("cache_server_metrics", prefix = %prefix_text)),
+        ));
         tasks.push(tokio::spawn(
             headers
                 .clone()
@@ -326,6 +332,7 @@ impl CacheServer {
             local_addr,
             prefix: prefix_text,
             served,
+            reflected,
             tasks,
             serving: Some(serving),
             stop: Some(stop),
@@ -338,6 +345,7 @@ pub struct RunningServer {
     local_addr: SocketAddr,
     prefix: String,
     served: Arc<Served>,
+    reflected: RevisionHandle,
     tasks: Vec<JoinHandle<()>>,
     serving: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     stop: Option<oneshot::Sender<()>>,
@@ -381,6 +389,20 @@ impl RunningServer {
             self.served.cache.len(),
             (history_revisions, history_bytes),
         )
+    }
+
+    /// The health of the cache's list and watch of etcd (the reflector's): whether it is
+    /// connected, when it last proved the cache fresh, its relists and last error.
+    pub fn health(&self) -> Health {
+        self.reflected.health()
+    }
+
+    /// Whether the cache has listed and its watch is connected and proven fresh within the
+    /// source's liveness bound: what a readiness probe should report.
+    pub fn is_ready(&self) -> bool {
+        self.served.cache.position().synced
+            && self.served.headers.known()
+            && self.reflected.health().connected
     }
 
     /// Serves until the server fails or is shut down.
@@ -434,4 +456,31 @@ fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0]
+}
+
+/// Samples the server's counters into the crate's metrics every second.
+async fn sample_metrics(served: Arc<Served>, reflected: RevisionHandle, prefix: String) {
+    let handles = ServerMetricHandles::new(&prefix);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let position = served.cache.position();
+        let stats = served.metrics.stats(
+            position.revision,
+            served.cache.len(),
+            served.cache.history_size(),
+        );
+        handles.sample(
+            [
+                stats.watch_streams,
+                stats.watches,
+                stats.events_sent,
+                stats.slow_watches_cancelled,
+                stats.ranges_from_cache,
+                stats.forwarded,
+            ],
+            (stats.history_revisions, stats.history_bytes),
+            reflected.health().seconds_since_proven_fresh(),
+        );
+    }
 }
