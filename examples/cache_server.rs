@@ -33,10 +33,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     server.ready(Duration::from_secs(60)).await?;
     let stats = server.stats();
     say!(
-        "ready: serving {prefix} at {} ({} keys at revision {})",
+        "ready: serving {prefix} at {} (revision {}, keys: {})",
         server.local_addr(),
-        stats.keys,
-        stats.revision
+        stats.revision,
+        stats.keys
     );
     shutdown.await;
     let stats = server.stats();
