@@ -676,6 +676,25 @@ async fn bad_input_gets_etcds_answer() {
         .get(p.as_str(), Some(GetOptions::new().with_prefix()))
         .await;
     assert_eq!(again.expect("still serving").count(), 4);
+    // A key that is not UTF-8 cannot be cached: from then on the server forwards, and its
+    // answers stay etcd's.
+    let mut odd = p.clone().into_bytes();
+    odd.extend_from_slice(b"\xff\xfe");
+    client
+        .kv_client()
+        .put(odd.clone(), "odd", None)
+        .await
+        .expect("put");
+    eventually("the server forwards everything", WITHIN, || {
+        server.stats().forwarding_all
+    })
+    .await;
+    let served = kv(&via)
+        .get(p.as_str(), Some(GetOptions::new().with_prefix()))
+        .await;
+    let served = served.expect("served");
+    assert_eq!(served.count(), 5);
+    assert!(served.kvs().iter().any(|kv| kv.key() == odd.as_slice()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

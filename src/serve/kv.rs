@@ -13,6 +13,7 @@ use etcd_client::proto::{
 use tonic::{Request, Response, Status};
 
 use super::cache::{to_pb, Found, Kv, RevisionError, COMPACTED, FUTURE};
+use super::forward::Upstream;
 use super::served::Served;
 
 // etcd's RangeRequest enums (rpc.proto).
@@ -104,9 +105,18 @@ impl PbKvService for KvService {
         served
             .may_read(request.metadata(), &r.key, &r.range_end)
             .await?;
-        let r = request.into_inner();
+        let (metadata, _, r) = request.into_parts();
         if !r.serializable {
-            served.linearize().await?;
+            let proven = served.linearize().await;
+            if !served.covers(&r.key, &r.range_end) {
+                // The cache gave up on the prefix meanwhile (a key it cannot hold).
+                served.metrics.forwarded("Range");
+                return served
+                    .upstream
+                    .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
+                    .await;
+            }
+            proven?;
         }
         let (found, revision) = match served.cache.range_at(&r.key, &r.range_end, r.revision) {
             Ok(found) => found,

@@ -36,6 +36,7 @@ mod stats;
 mod watch;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +59,7 @@ use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
 use self::watch::WatchService;
 use crate::codec::RawCodec;
+use crate::listwatch::etcd::DecodeErrorHandler;
 use crate::metrics::ServerMetricHandles;
 use crate::queue::Queue;
 use crate::reflector::{Health, Reflector, ReflectorOptions, RevisionHandle};
@@ -241,7 +243,24 @@ impl CacheServer {
             .local_addr()
             .map_err(|source| ServeError::Bind { addr, source })?;
         let options = self.options;
-        let etcd = options.etcd.clone().with_raw_prefix(true);
+        // A key the source cannot take (not UTF-8) would be missing from the cache: from the
+        // first one on, every request is forwarded instead of answered wrong.
+        let incomplete = Arc::new(AtomicBool::new(false));
+        let user_handler = options.etcd.on_decode_error.clone();
+        let flag = incomplete.clone();
+        let on_decode_error: DecodeErrorHandler = Arc::new(move |e| {
+            if !flag.swap(true, Ordering::Relaxed) {
+                tracing::error!(key = %e.escaped_key(), "a key under the served prefix is not UTF-8; the cache server forwards every request from now on");
+            }
+            if let Some(h) = &user_handler {
+                h(e);
+            }
+        });
+        let etcd = options
+            .etcd
+            .clone()
+            .with_raw_prefix(true)
+            .with_on_decode_error(Some(on_decode_error));
         let prefix_text = String::from_utf8_lossy(&self.prefix).into_owned();
         let source = EtcdListerWatcher::with_options(
             self.client.clone(),
@@ -264,6 +283,7 @@ impl CacheServer {
             headers: headers.clone(),
             client: self.client.clone(),
             access: Default::default(),
+            incomplete,
             prefix_end: prefix_range_end(&self.prefix),
             prefix: self.prefix.clone(),
             read_timeout: options.read_timeout,
@@ -388,6 +408,7 @@ impl RunningServer {
             position.revision,
             self.served.cache.len(),
             (history_revisions, history_bytes),
+            self.served.incomplete.load(Ordering::Relaxed),
         )
     }
 
@@ -469,6 +490,7 @@ async fn sample_metrics(served: Arc<Served>, reflected: RevisionHandle, prefix: 
             position.revision,
             served.cache.len(),
             served.cache.history_size(),
+            served.incomplete.load(Ordering::Relaxed),
         );
         handles.sample(
             [

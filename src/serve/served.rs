@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
@@ -29,6 +30,9 @@ pub(crate) struct Served {
     pub(crate) client: Client,
     /// What the upstream said of clients' access to ranges.
     pub(crate) access: Access,
+    /// A key under the prefix could not be cached (not UTF-8): nothing is answered from the
+    /// cache any more.
+    pub(crate) incomplete: Arc<AtomicBool>,
     pub(crate) prefix: Vec<u8>,
     pub(crate) prefix_end: Vec<u8>,
     pub(crate) read_timeout: Duration,
@@ -36,8 +40,12 @@ pub(crate) struct Served {
 }
 
 impl Served {
-    /// Whether etcd's range `[key, end)` lies within the served prefix.
+    /// Whether etcd's range `[key, end)` lies within the served prefix (and the cache holds
+    /// every key of it).
     pub(crate) fn covers(&self, key: &[u8], end: &[u8]) -> bool {
+        if self.incomplete.load(Ordering::Relaxed) {
+            return false;
+        }
         if self.prefix.is_empty() {
             return !key.is_empty();
         }

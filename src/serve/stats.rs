@@ -30,6 +30,9 @@ pub struct ServerStats {
     /// Requests forwarded to the upstream (passed-through Lease, Maintenance and Auth calls
     /// not counted).
     pub forwarded: u64,
+    /// A key under the prefix could not be cached (it is not UTF-8): the server forwards every
+    /// request instead of answering from an incomplete cache.
+    pub forwarding_all: bool,
 }
 
 #[derive(Default)]
@@ -71,7 +74,13 @@ impl ServerMetrics {
 }
 
 impl ServerMetrics {
-    pub(crate) fn stats(&self, revision: i64, keys: usize, history: (usize, usize)) -> ServerStats {
+    pub(crate) fn stats(
+        &self,
+        revision: i64,
+        keys: usize,
+        history: (usize, usize),
+        forwarding_all: bool,
+    ) -> ServerStats {
         let m = &self.0;
         ServerStats {
             revision,
@@ -84,6 +93,7 @@ impl ServerMetrics {
             slow_watches_cancelled: m.slow_cancelled.load(Ordering::Relaxed),
             ranges_from_cache: m.ranges.load(Ordering::Relaxed),
             forwarded: m.forwarded.load(Ordering::Relaxed),
+            forwarding_all,
         }
     }
 }
