@@ -427,6 +427,9 @@ impl Queue<Vec<u8>> for ServedCache {
                 });
             }
         }
+        // In the order etcd made them, as far as the list tells: puts by their revision, then
+        // the deletes (at the list's revision).
+        changes.sort_by_key(|e| e.kv.as_ref().map_or(revision, |kv| kv.mod_revision));
         tracing::info!(
             revision,
             changes = changes.len(),
