@@ -216,11 +216,13 @@ impl ServedCache {
         if at < state.range_floor.max(state.first) {
             return Err(RevisionError::Compacted(state.first + 1));
         }
-        let mut found: BTreeMap<Arc<[u8]>, Kv> = state
-            .kvs
-            .range::<[u8], _>(bounds(key, end))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let current = state.kvs.range::<[u8], _>(bounds(key, end));
+        if at == state.revision {
+            let found = current.map(|(k, v)| (k.clone(), v.clone())).collect();
+            return Ok((found, state.revision));
+        }
+        let mut found: BTreeMap<Arc<[u8]>, Kv> =
+            current.map(|(k, v)| (k.clone(), v.clone())).collect();
         for group in state.history.iter().rev() {
             if group.revision <= at {
                 break;

@@ -10,9 +10,19 @@ use etcd_client::proto::{
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
     PbTxnRequest, PbTxnResponse,
 };
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use etcd_client::proto::{PbKvServer, PbResponseHeader};
+use tonic::body::Body;
+use tonic::codegen::{http, BoxFuture, Service};
+use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
+use tonic_prost::prost::Message;
 
 use super::cache::{to_pb, Found, Kv, RevisionError, COMPACTED, FUTURE};
+use super::encode::{range_response, RangeCodec};
 use super::forward::Upstream;
 use super::served::Served;
 
@@ -86,54 +96,170 @@ pub(crate) fn answer(r: &PbRangeRequest, found: Vec<(Arc<[u8]>, Kv)>) -> (Found,
     (kvs, more, count)
 }
 
+/// A Range's answer: etcd's, forwarded, or the cache's.
+pub(crate) enum RangeAnswer {
+    Forwarded(Response<PbRangeResponse>),
+    Cached {
+        header: PbResponseHeader,
+        kvs: Found,
+        keys_only: bool,
+        more: bool,
+        count: i64,
+    },
+}
+
+/// Answers a Range: from the cache when it can (see [`from_cache`]), after the access check
+/// and, for a linearizable read, the freshness proof; else forwarded.
+pub(crate) async fn range(
+    served: &Served,
+    request: Request<PbRangeRequest>,
+) -> Result<RangeAnswer, Status> {
+    if !from_cache(served, request.get_ref()) {
+        served.metrics.forwarded("Range");
+        let answer = served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Range")
+            .await?;
+        return Ok(RangeAnswer::Forwarded(answer));
+    }
+    // Never a byte to a client the upstream would refuse.
+    let r = request.get_ref();
+    served
+        .may_read(request.metadata(), &r.key, &r.range_end)
+        .await?;
+    let (metadata, _, r) = request.into_parts();
+    if !r.serializable {
+        let proven = served.linearize().await;
+        if !served.covers(&r.key, &r.range_end) {
+            // The cache gave up on the prefix meanwhile (a key it cannot hold).
+            served.metrics.forwarded("Range");
+            let answer = served
+                .upstream
+                .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
+                .await?;
+            return Ok(RangeAnswer::Forwarded(answer));
+        }
+        proven?;
+    }
+    let (found, revision) = match served.cache.range_at(&r.key, &r.range_end, r.revision) {
+        Ok(found) => found,
+        Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
+        Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),
+    };
+    let (kvs, more, count) = answer(&r, found);
+    served.metrics.ranged();
+    Ok(RangeAnswer::Cached {
+        header: served.headers.header(revision),
+        kvs,
+        keys_only: r.keys_only,
+        more,
+        count,
+    })
+}
+
+/// Range with its answer encoded straight from the cache ([`range_response`]), in front of
+/// the generated KV service, which takes every other method.
+#[derive(Clone)]
+pub(crate) struct KvFront {
+    pub(crate) served: Arc<Served>,
+    pub(crate) inner: PbKvServer<KvService>,
+}
+
+impl NamedService for KvFront {
+    const NAME: &'static str = "etcdserverpb.KV";
+}
+
+/// One Range call.
+struct RangeCall(Arc<Served>);
+
+impl UnaryService<PbRangeRequest> for RangeCall {
+    type Response = Bytes;
+    type Future = BoxFuture<Response<Bytes>, Status>;
+
+    fn call(&mut self, request: Request<PbRangeRequest>) -> Self::Future {
+        let served = self.0.clone();
+        Box::pin(async move {
+            match range(&served, request).await? {
+                RangeAnswer::Forwarded(answer) => {
+                    let (metadata, message, extensions) = answer.into_parts();
+                    let bytes = Bytes::from(message.encode_to_vec());
+                    Ok(Response::from_parts(metadata, bytes, extensions))
+                }
+                RangeAnswer::Cached {
+                    header,
+                    kvs,
+                    keys_only,
+                    more,
+                    count,
+                } => {
+                    // Encoding a large list takes a while: off the reactor's threads.
+                    let encode = move || range_response(&header, &kvs, keys_only, more, count);
+                    let bytes = if kvs_are_many(count) {
+                        tokio::task::spawn_blocking(encode)
+                            .await
+                            .map_err(|e| Status::internal(format!("encoding failed: {e}")))?
+                    } else {
+                        encode()
+                    };
+                    Ok(Response::new(bytes))
+                }
+            }
+        })
+    }
+}
+
+/// Whether an answer is large enough to encode on a blocking thread.
+fn kvs_are_many(count: i64) -> bool {
+    count > 1000
+}
+
+impl Service<http::Request<Body>> for KvFront {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != "/etcdserverpb.KV/Range" {
+            return Box::pin(self.inner.call(request));
+        }
+        let served = self.served.clone();
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(RangeCodec)
+                .apply_max_message_size_config(Some(usize::MAX), Some(usize::MAX));
+            Ok(grpc.unary(RangeCall(served), request).await)
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl PbKvService for KvService {
+    /// Not reached behind [`KvFront`], which answers Range itself; kept typed for the trait.
     async fn range(
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        let served = &self.served;
-        if !from_cache(served, request.get_ref()) {
-            served.metrics.forwarded("Range");
-            return served
-                .upstream
-                .unary(request, "/etcdserverpb.KV/Range")
-                .await;
+        match range(&self.served, request).await? {
+            RangeAnswer::Forwarded(answer) => Ok(answer),
+            RangeAnswer::Cached {
+                header,
+                kvs,
+                keys_only,
+                more,
+                count,
+            } => Ok(Response::new(PbRangeResponse {
+                header: Some(header),
+                kvs: kvs
+                    .iter()
+                    .map(|(key, kv)| to_pb(key, kv, keys_only))
+                    .collect(),
+                more,
+                count,
+            })),
         }
-        // Never a byte to a client the upstream would refuse.
-        let r = request.get_ref();
-        served
-            .may_read(request.metadata(), &r.key, &r.range_end)
-            .await?;
-        let (metadata, _, r) = request.into_parts();
-        if !r.serializable {
-            let proven = served.linearize().await;
-            if !served.covers(&r.key, &r.range_end) {
-                // The cache gave up on the prefix meanwhile (a key it cannot hold).
-                served.metrics.forwarded("Range");
-                return served
-                    .upstream
-                    .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
-                    .await;
-            }
-            proven?;
-        }
-        let (found, revision) = match served.cache.range_at(&r.key, &r.range_end, r.revision) {
-            Ok(found) => found,
-            Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
-            Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),
-        };
-        let (kvs, more, count) = answer(&r, found);
-        served.metrics.ranged();
-        Ok(Response::new(PbRangeResponse {
-            header: Some(served.headers.header(revision)),
-            kvs: kvs
-                .iter()
-                .map(|(key, kv)| to_pb(key, kv, r.keys_only))
-                .collect(),
-            more,
-            count,
-        }))
     }
 
     type RangeStreamStream = std::pin::Pin<

@@ -28,6 +28,7 @@
 //! ```
 
 mod cache;
+mod encode;
 mod forward;
 mod header;
 mod kv;
@@ -53,7 +54,7 @@ use self::forward::{
     AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Upstream,
 };
 use self::header::Headers;
-use self::kv::KvService;
+use self::kv::{KvFront, KvService};
 use self::served::Served;
 use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
@@ -312,13 +313,14 @@ impl CacheServer {
         let (stop, stopped) = oneshot::channel::<()>();
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .add_service(
-                PbKvServer::new(KvService {
+            .add_service(KvFront {
+                served: served.clone(),
+                inner: PbKvServer::new(KvService {
                     served: served.clone(),
                 })
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX),
-            )
+            })
             .add_service(
                 PbWatchServer::new(WatchService {
                     served: served.clone(),
@@ -377,13 +379,15 @@ impl RunningServer {
         self.local_addr
     }
 
-    /// Waits until the cache has listed the prefix and the upstream's identity is known:
-    /// from then on reads inside the prefix are answered from the cache.
+    /// Waits until the server [is ready](Self::is_ready): the cache has listed the prefix, its
+    /// watch is open, and the upstream's identity is known; from then on reads inside the
+    /// prefix are answered from the cache.
     pub async fn ready(&self, within: Duration) -> Result<(), ServeError> {
         let mut position = self.served.cache.subscribe();
         let wait = async {
             loop {
-                if position.borrow_and_update().synced && self.served.headers.known() {
+                position.borrow_and_update();
+                if self.is_ready() {
                     return;
                 }
                 tokio::select! {
