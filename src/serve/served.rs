@@ -62,40 +62,52 @@ impl Served {
     }
 
     /// Returns once the cache holds every change etcd made before this call (a linearizable
-    /// read; read-your-writes for a write forwarded before it); see [`Self::prove`]. If the
-    /// prefix changed, waits for the cache to reach etcd's revision, or to be proven equal to
-    /// etcd's content at it. The proof never moves the cache's revision: events still on their
-    /// way through the watch would be skipped.
+    /// read; read-your-writes for a write forwarded before it). etcd's current revision comes
+    /// from a linearizable count of the prefix (etcd answers it from its index, reading no
+    /// value); the cache usually reaches it through its own watch within a moment. If it does
+    /// not (keys outside the prefix moved etcd's revision), [`Self::prove`] checks that the
+    /// prefix is unchanged since the cache's revision, at once for a small prefix and after
+    /// [`PROOF_GRACE`] for a large one (that check reads the whole prefix in etcd). Gives up with
+    /// Unavailable after `read_timeout`. The proof never moves the cache's revision: events still
+    /// on their way through the watch would be skipped.
     pub(crate) async fn linearize(&self) -> Result<(), Status> {
         let deadline = Instant::now() + self.read_timeout;
         let unavailable =
             |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
-        let (since, len) = self.cache.revision_and_len();
-        let (target, unchanged) = tokio::time::timeout_at(deadline, self.prove(since, len, None))
+        let target = tokio::time::timeout_at(deadline, self.current_revision())
             .await
             .map_err(|_| unavailable("no answer from etcd for the consistent-read proof".into()))?
             .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
-        if unchanged {
-            return Ok(());
-        }
         let mut position = self.cache.subscribe();
-        let mut asked_at = since;
+        let grace = if self.cache.len() <= SMALL_PREFIX {
+            Instant::now()
+        } else {
+            Instant::now() + PROOF_GRACE
+        };
+        let mut proven_at = None;
         loop {
             let now = *position.borrow_and_update();
             if now.revision >= target {
                 return Ok(());
             }
-            if now.revision != asked_at {
+            if Instant::now() >= grace && proven_at != Some(now.revision) {
                 let (since, len) = self.cache.revision_and_len();
-                asked_at = since;
-                let proof = self.prove(since, len, Some(target));
-                if let Ok(Ok((_, true))) = tokio::time::timeout_at(deadline, proof).await {
+                proven_at = Some(since);
+                let proof = self.prove(since, len, target);
+                if let Ok(Ok(true)) = tokio::time::timeout_at(deadline, proof).await {
                     return Ok(());
                 }
             }
-            match tokio::time::timeout_at(deadline, position.changed()).await {
+            let wake = if Instant::now() < grace {
+                grace
+            } else {
+                deadline
+            };
+            match tokio::time::timeout_at(wake, position.changed()).await {
                 Ok(Ok(())) => {}
-                _ => {
+                Ok(Err(_)) => return Err(unavailable("the cache stopped".into())),
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => {
                     return Err(unavailable(format!(
                     "the cache did not reach etcd's revision {target} within {:?} (it is at {})",
                     self.read_timeout,
@@ -106,36 +118,47 @@ impl Served {
         }
     }
 
-    /// One range read of the prefix, keys only, filtered to keys modified after `since`, at
-    /// `at` (else linearizable, at etcd's current revision): that revision, and whether the
-    /// prefix there is the cache's content at `since`, which held `len` keys. It is if no key
-    /// was written after `since` (a created key would be one) and the count is the cache's
-    /// (a delete lowers it). Unlike [`EtcdListerWatcher::freshness`], which counts the prefix
-    /// at `since` in etcd, it needs no old revision: an idle prefix whose revision etcd
-    /// compacted still proves fresh.
-    async fn prove(
-        &self,
-        since: i64,
-        len: usize,
-        at: Option<i64>,
-    ) -> Result<(i64, bool), etcd_client::Error> {
-        let first = if self.prefix.is_empty() {
+    /// etcd's current revision, read linearizably with a count of the prefix.
+    async fn current_revision(&self) -> Result<i64, etcd_client::Error> {
+        let options = GetOptions::new()
+            .with_range(self.prefix_end.clone())
+            .with_count_only();
+        let resp = self
+            .client
+            .kv_client()
+            .get(self.first_key(), Some(options))
+            .await?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    /// The first key of the prefix's range (`\0` for the whole keyspace).
+    fn first_key(&self) -> Vec<u8> {
+        if self.prefix.is_empty() {
             vec![0]
         } else {
             self.prefix.clone()
-        };
-        let mut options = GetOptions::new()
+        }
+    }
+
+    /// Whether the prefix at etcd's revision `at` is the cache's content at `since`, which held
+    /// `len` keys: one range read of the prefix at `at`, keys only, filtered to keys modified
+    /// after `since`. It is if no key was written after `since` (a created key would be one)
+    /// and the count is the cache's (a delete lowers it). Unlike
+    /// [`EtcdListerWatcher::freshness`], which counts the prefix at `since` in etcd, it needs
+    /// no old revision: an idle prefix whose revision etcd compacted still proves fresh.
+    async fn prove(&self, since: i64, len: usize, at: i64) -> Result<bool, etcd_client::Error> {
+        let options = GetOptions::new()
             .with_range(self.prefix_end.clone())
             .with_keys_only()
             .with_min_mod_revision(since + 1)
-            .with_limit(1);
-        if let Some(at) = at {
-            options = options.with_revision(at);
-        }
-        let resp = self.client.kv_client().get(first, Some(options)).await?;
-        let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
-        let unchanged = resp.kvs().is_empty() && usize::try_from(resp.count()) == Ok(len);
-        Ok((revision, unchanged))
+            .with_limit(1)
+            .with_revision(at);
+        let resp = self
+            .client
+            .kv_client()
+            .get(self.first_key(), Some(options))
+            .await?;
+        Ok(resp.kvs().is_empty() && usize::try_from(resp.count()) == Ok(len))
     }
 
     /// Whether the client with `metadata` may read `[key, end)`: the upstream is asked once per
@@ -192,6 +215,12 @@ impl Served {
         answer
     }
 }
+
+/// How long a linearizable read of a large prefix waits for the cache's own watch before it
+/// asks etcd to prove the prefix unchanged (a read of the whole prefix in etcd).
+pub(crate) const PROOF_GRACE: Duration = Duration::from_millis(50);
+/// A prefix this small is proven unchanged at once: the proof costs etcd little.
+const SMALL_PREFIX: usize = 1000;
 
 /// How long the upstream's answer on a client's access is remembered.
 pub(crate) const ACCESS_TTL: Duration = Duration::from_secs(5);
