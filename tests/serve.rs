@@ -1008,3 +1008,58 @@ async fn reads_and_watches_through_an_upstream_outage() {
     assert_eq!(got.count(), 6);
     eventually("the server is ready again", WITHIN, || server.is_ready()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_connections_each_watching_and_reading() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_connections");
+    put(&client, &format!("{p}k"), "0").await;
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let endpoint = server.local_addr().to_string();
+    // Opened a hundred at a time: each connects, reads and watches.
+    let mut watchers = Vec::new();
+    for _ in 0..10 {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..100 {
+            let (endpoint, p) = (endpoint.clone(), p.clone());
+            opening.spawn(async move {
+                let via = connect([endpoint.as_str()]).await.expect("connect");
+                let read = GetOptions::new().with_prefix().with_serializable();
+                let got = via.kv_client().get(p.as_str(), Some(read)).await;
+                assert_eq!(got.expect("a read on each connection").count(), 1);
+                let (requests, mut responses) = via
+                    .watch_client()
+                    .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+                    .await
+                    .expect("a watch on each connection")
+                    .split();
+                let created = tokio::time::timeout(WITHIN, responses.message())
+                    .await
+                    .expect("created")
+                    .expect("stream")
+                    .expect("open");
+                assert!(created.created());
+                (via, requests, responses)
+            });
+        }
+        while let Some(opened) = opening.join_next().await {
+            watchers.push(opened.expect("a connection opened"));
+        }
+    }
+    assert_eq!(server.stats().watch_streams, 1000);
+    let rev = put(&client, &format!("{p}k"), "1").await;
+    for (_, _, responses) in &mut watchers {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("every connection hears the write")
+            .expect("stream")
+            .expect("open");
+        assert_eq!(r.events()[0].kv().map(|kv| kv.mod_revision()), Some(rev));
+    }
+    drop(watchers);
+    eventually("the streams are closed", WITHIN, || {
+        server.stats().watch_streams == 0
+    })
+    .await;
+}
