@@ -1063,3 +1063,79 @@ async fn a_thousand_connections_each_watching_and_reading() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/hung/";
+    put(&client, &format!("{p}k"), "v").await;
+    let options = CacheServerOptions::default().with_read_timeout(Duration::from_secs(2));
+    let server = start_server_with(&client, etcd.endpoints(), p, options).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let serializable = || Some(GetOptions::new().with_prefix().with_serializable());
+    assert_eq!(
+        via.kv_client()
+            .get(p, serializable())
+            .await
+            .expect("read")
+            .count(),
+        1
+    );
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch")
+        .split();
+    assert!(watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("created")
+        .created());
+    // etcd hangs (SIGSTOP): it accepts connections and answers nothing.
+    etcd.pause().expect("pause etcd");
+    let got = tokio::time::timeout(WITHIN, via.kv_client().get(p, serializable())).await;
+    assert_eq!(
+        got.expect("no hang").expect("read from the cache").count(),
+        1
+    );
+    let started = tokio::time::Instant::now();
+    let mut kv = via.kv_client();
+    let linearizable = kv.get(p, Some(GetOptions::new().with_prefix()));
+    match tokio::time::timeout(WITHIN, linearizable)
+        .await
+        .expect("no hang")
+    {
+        Err(etcd_client::Error::GRpcStatus(s)) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}")
+        }
+        other => panic!("a linearizable read with etcd hung answered: {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    eventually("the server reports itself not ready", WITHIN, || {
+        !server.is_ready()
+    })
+    .await;
+    etcd.resume().expect("resume etcd");
+    let rev = put(&client, &format!("{p}k"), "after").await;
+    let heard = loop {
+        let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the watch hears after the hang")
+            .expect("stream")
+            .expect("open");
+        if let Some(e) = r.events().first() {
+            break e.kv().map(|kv| kv.mod_revision());
+        }
+    };
+    assert_eq!(heard, Some(rev));
+    eventually("the server is ready again", WITHIN, || server.is_ready()).await;
+}

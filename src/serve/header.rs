@@ -32,7 +32,12 @@ impl Headers {
     /// Asks the upstream's status once.
     pub(crate) async fn refresh(&self, client: &Client) -> Result<(), etcd_client::Error> {
         let mut maintenance = client.maintenance_client();
-        let status = maintenance.status().await?;
+        // A hung upstream must not stop the refreshes for good.
+        let status = tokio::time::timeout(Duration::from_secs(5), maintenance.status())
+            .await
+            .map_err(|_| {
+                etcd_client::Error::WatchError("no answer to Status within 5 s".into())
+            })??;
         if let Some(h) = status.header() {
             let mut seen = lock(&self.seen);
             if seen.cluster_id != h.cluster_id() || seen.raft_term != h.raft_term() {

@@ -187,13 +187,14 @@ impl Served {
             serializable: true,
             ..Default::default()
         };
-        let asked = self
-            .upstream
-            .unary::<_, PbRangeResponse>(
-                Upstream::request(metadata, probe),
-                "/etcdserverpb.KV/Range",
-            )
-            .await;
+        let asked = self.upstream.unary::<_, PbRangeResponse>(
+            Upstream::request(metadata, probe),
+            "/etcdserverpb.KV/Range",
+        );
+        // A hung upstream must not hang reads the cache can answer.
+        let asked = tokio::time::timeout(ACCESS_PROBE_TIMEOUT, asked)
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")));
         let answer = match asked {
             Ok(_) => Ok(()),
             Err(status) if is_refusal(&status) => Err(status),
@@ -224,6 +225,8 @@ const SMALL_PREFIX: usize = 1000;
 
 /// How long the upstream's answer on a client's access is remembered.
 pub(crate) const ACCESS_TTL: Duration = Duration::from_secs(5);
+/// How long the upstream is given to answer an access check.
+const ACCESS_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Access answers remembered at most (all are forgotten past it).
 const ACCESS_ENTRIES: usize = 10_000;
 
