@@ -8,12 +8,14 @@
 //!
 //! The upstream etcd comes from ETCD_ENDPOINTS (with etcdctl's ETCDCTL_* variables), else
 //! 127.0.0.1:2379, else a throwaway etcd started here. Prints one `ready:` line once the cache
-//! has listed the prefix.
+//! has listed the prefix. `--cert server.pem --key server-key.pem` serve TLS, and
+//! `--client-ca ca.pem` mutual TLS.
 mod common;
 
 use std::time::Duration;
 
-use etcd_informer::serve::CacheServer;
+use etcd_informer::serve::{CacheServer, CacheServerOptions, ServerTls};
+use etcd_informer::ConnectConfig;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,7 +29,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (Err(_), Some(server)) => server.endpoints(),
         (Err(_), None) => vec!["127.0.0.1:2379".to_owned()],
     };
+    // --cert and --key (PEM files) serve TLS; --client-ca also asks clients for a certificate.
+    let tls = match (common::arg("cert", ""), common::arg("key", "")) {
+        (cert, key) if !cert.is_empty() && !key.is_empty() => {
+            let client_ca = common::arg("client-ca", "");
+            Some(ServerTls {
+                cert_pem: std::fs::read(&cert)?,
+                key_pem: std::fs::read(&key)?,
+                client_ca_pem: if client_ca.is_empty() {
+                    None
+                } else {
+                    Some(std::fs::read(&client_ca)?)
+                },
+            })
+        }
+        _ => None,
+    };
+    // Forwarded requests reach etcd with etcdctl's TLS variables too (ETCDCTL_CACERT...).
+    let upstream_tls = match std::env::var_os("ETCD_ENDPOINTS") {
+        Some(_) => ConnectConfig::from_env()?.tls_options(),
+        None => None,
+    };
+    let options = CacheServerOptions::default()
+        .with_tls(tls)
+        .with_upstream_tls(upstream_tls);
     let server = CacheServer::new(client, endpoints, prefix.clone())
+        .with_options(options)
         .bind(listen)
         .await?;
     server.ready(Duration::from_secs(60)).await?;

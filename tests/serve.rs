@@ -1139,3 +1139,98 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
     assert_eq!(heard, Some(rev));
     eventually("the server is ready again", WITHIN, || server.is_ready()).await;
 }
+
+/// A CA that issues certificates for 127.0.0.1 (as tests/tls.rs's).
+struct Authority {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Authority {
+    fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "serve-test-ca");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("self-signed");
+        Authority { cert, key }
+    }
+
+    fn issue(&self, usage: rcgen::ExtendedKeyUsagePurpose) -> (String, String) {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+        params.extended_key_usages = vec![usage];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("signed");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_on_the_listening_side() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_tls");
+    put(&client, &format!("{p}k"), "secret-free").await;
+    let ca = Authority::new();
+    let (server_cert, server_key) = ca.issue(rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+    let (client_cert, client_key) = ca.issue(rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).expect("write pem");
+        path.to_string_lossy().into_owned()
+    };
+    let ca_file = write("ca.pem", &ca.cert.pem());
+    let cert_file = write("client.pem", &client_cert);
+    let key_file = write("client-key.pem", &client_key);
+    let tls = etcd_informer::serve::ServerTls {
+        cert_pem: server_cert.into_bytes(),
+        key_pem: server_key.into_bytes(),
+        client_ca_pem: Some(ca.cert.pem().into_bytes()),
+    };
+    let options = CacheServerOptions::default().with_tls(Some(tls));
+    let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
+    let s = format!("https://{}", server.local_addr());
+    let get = ["get", "--prefix", p.as_str()];
+    let direct = ctl(&etcd.endpoints[0], &get).await;
+    let cacert = format!("--cacert={ca_file}");
+    let (cert, key) = (format!("--cert={cert_file}"), format!("--key={key_file}"));
+    let mut with_certs = vec![cacert.as_str(), cert.as_str(), key.as_str()];
+    with_certs.extend(get);
+    let served = ctl(&s, &with_certs).await;
+    assert_eq!(
+        direct, served,
+        "etcd (left) and the TLS cache server (right) differ"
+    );
+    // Without a client certificate the server refuses.
+    let mut without = vec![cacert.as_str(), "--command-timeout=2s"];
+    without.extend(get);
+    let refused = ctl(&s, &without).await;
+    assert_ne!(refused.code, Some(0), "{refused:?}");
+    assert!(refused.stdout.is_empty(), "{refused:?}");
+    // The member list names the server with its https URL.
+    let members = ctl(
+        &s,
+        &[
+            cacert.as_str(),
+            cert.as_str(),
+            key.as_str(),
+            "member",
+            "list",
+        ],
+    )
+    .await;
+    assert!(members.stdout.contains(&s), "{members:?}");
+}

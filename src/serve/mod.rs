@@ -127,6 +127,27 @@ pub struct CacheServerOptions {
     pub identity_refresh: Duration,
     /// The options of the list and watch of the prefix.
     pub etcd: EtcdOptions,
+    /// TLS on the listening side (cargo feature `tls`): `None` serves plain HTTP/2.
+    #[cfg(feature = "tls")]
+    pub tls: Option<ServerTls>,
+    /// TLS of the channel that forwards requests to the upstream (cargo feature `tls`; e.g.
+    /// [`ConnectConfig::tls_options`](crate::ConnectConfig::tls_options)); endpoints without a
+    /// scheme are then `https://`. `None`: plain HTTP/2.
+    #[cfg(feature = "tls")]
+    pub upstream_tls: Option<etcd_client::TlsOptions>,
+}
+
+/// The server's TLS: its certificate and key, and for mutual TLS the CA whose certificates
+/// clients must present. PEM, as etcd's `--cert-file`, `--key-file`, `--trusted-ca-file`.
+#[cfg(feature = "tls")]
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate chain, PEM.
+    pub cert_pem: Vec<u8>,
+    /// The server's private key, PEM.
+    pub key_pem: Vec<u8>,
+    /// With a CA, every client must present a certificate it signed (mutual TLS).
+    pub client_ca_pem: Option<Vec<u8>>,
 }
 
 impl Default for CacheServerOptions {
@@ -138,6 +159,10 @@ impl Default for CacheServerOptions {
             progress_interval: Duration::from_secs(600),
             identity_refresh: Duration::from_secs(5),
             etcd: EtcdOptions::default().with_raw_prefix(true),
+            #[cfg(feature = "tls")]
+            tls: None,
+            #[cfg(feature = "tls")]
+            upstream_tls: None,
         }
     }
 }
@@ -168,6 +193,22 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_progress_interval(mut self, interval: Duration) -> Self {
         self.progress_interval = interval;
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Sets [`upstream_tls`](Self::upstream_tls).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn with_upstream_tls(mut self, tls: Option<etcd_client::TlsOptions>) -> Self {
+        self.upstream_tls = tls;
         self
     }
 
@@ -213,17 +254,33 @@ impl CacheServer {
     /// Binds `addr`, starts the cache (its list and watch of the prefix) and serves. Requests
     /// that arrive before the cache has listed are forwarded.
     pub async fn bind(self, addr: SocketAddr) -> Result<RunningServer, ServeError> {
+        #[cfg(feature = "tls")]
+        let upstream_tls = self.options.upstream_tls.clone();
+        #[cfg(feature = "tls")]
+        let default_scheme = if upstream_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        #[cfg(not(feature = "tls"))]
+        let default_scheme = "http";
         let mut endpoints = Vec::new();
         for endpoint in &self.endpoints {
             let url = if endpoint.contains("://") {
                 endpoint.clone()
             } else {
-                format!("http://{endpoint}")
+                format!("{default_scheme}://{endpoint}")
             };
-            let parsed = Endpoint::from_shared(url).map_err(|e| ServeError::Endpoint {
+            let bad = |e: tonic::transport::Error| ServeError::Endpoint {
                 endpoint: endpoint.clone(),
                 why: e.to_string(),
-            })?;
+            };
+            let parsed = Endpoint::from_shared(url).map_err(bad)?;
+            #[cfg(feature = "tls")]
+            let parsed = match &upstream_tls {
+                Some(tls) => parsed.tls_config(tls.clone()).map_err(bad)?,
+                None => parsed,
+            };
             endpoints.push(
                 parsed
                     .connect_timeout(Duration::from_secs(5))
@@ -309,10 +366,25 @@ impl CacheServer {
                 .keep_fresh(self.client.clone(), options.identity_refresh)
                 .instrument(tracing::info_span!("upstream_identity", prefix = %prefix_text)),
         ));
-        let client_url = format!("http://{local_addr}");
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        #[cfg(feature = "tls")]
+        let scheme = match &options.tls {
+            Some(tls) => {
+                let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+                let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+                if let Some(ca) = &tls.client_ca_pem {
+                    config = config.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+                }
+                builder = builder.tls_config(config)?;
+                "https"
+            }
+            None => "http",
+        };
+        #[cfg(not(feature = "tls"))]
+        let scheme = "http";
+        let client_url = format!("{scheme}://{local_addr}");
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        let router = builder
             .add_service(KvFront {
                 served: served.clone(),
                 inner: PbKvServer::new(KvService {
