@@ -129,6 +129,40 @@ async fn watch_until(endpoint: &str, args: &[&str], last: impl Fn(&str) -> bool)
     seen
 }
 
+/// gRPC's standard health check (`grpc.health.v1`), as Kubernetes' gRPC probes send it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    service: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckResponse {
+    #[prost(int32, tag = "1")]
+    status: i32,
+}
+
+/// The server's answer to a health check: 1 SERVING, 2 NOT_SERVING.
+async fn grpc_health(server: &RunningServer) -> i32 {
+    let url = format!("http://{}", server.local_addr());
+    let channel = tonic::transport::Channel::from_shared(url)
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect for a health check");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check");
+    let request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    let answer: tonic::Response<HealthCheckResponse> = grpc
+        .unary(request, path, tonic_prost::ProstCodec::default())
+        .await
+        .expect("a health answer");
+    answer.into_inner().status
+}
+
 async fn start_server(client: &Client, endpoints: Vec<String>, prefix: &str) -> RunningServer {
     start_server_with(client, endpoints, prefix, CacheServerOptions::default()).await
 }
@@ -1096,6 +1130,7 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
         .expect("stream")
         .expect("created")
         .created());
+    assert_eq!(grpc_health(&server).await, 1, "SERVING");
     // etcd hangs (SIGSTOP): it accepts connections and answers nothing.
     etcd.pause().expect("pause etcd");
     let got = tokio::time::timeout(WITHIN, via.kv_client().get(p, serializable())).await;
@@ -1124,6 +1159,7 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
         !server.is_ready()
     })
     .await;
+    assert_eq!(grpc_health(&server).await, 2, "NOT_SERVING");
     etcd.resume().expect("resume etcd");
     let rev = put(&client, &format!("{p}k"), "after").await;
     let heard = loop {
@@ -1138,6 +1174,7 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
     };
     assert_eq!(heard, Some(rev));
     eventually("the server is ready again", WITHIN, || server.is_ready()).await;
+    assert_eq!(grpc_health(&server).await, 1, "SERVING again");
 }
 
 /// A CA that issues certificates for 127.0.0.1 (as tests/tls.rs's).

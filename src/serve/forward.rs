@@ -125,7 +125,7 @@ impl Upstream {
 
 /// Messages as bytes, neither decoded nor encoded: what a pass-through needs.
 #[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
+pub(crate) struct RawCodec;
 
 impl Codec for RawCodec {
     type Encode = Bytes;

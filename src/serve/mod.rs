@@ -12,6 +12,8 @@
 //!   cancelled with `compact_revision`. Watches outside the prefix are forwarded.
 //! - **Writes** (Put, DeleteRange, Txn, Compact), Lease, Maintenance and Auth are forwarded
 //!   with the client's token; `Cluster.MemberList` names this server (as etcd's gRPC proxy does).
+//! - **Health**: gRPC's `grpc.health.v1.Health/Check` says SERVING while the server
+//!   [is ready](RunningServer::is_ready), NOT_SERVING otherwise (for Kubernetes' gRPC probes).
 //!
 //! ```no_run
 //! use etcd_informer::serve::CacheServer;
@@ -31,6 +33,7 @@ mod cache;
 mod encode;
 mod forward;
 mod header;
+mod health;
 mod kv;
 mod served;
 mod stats;
@@ -54,6 +57,7 @@ use self::forward::{
     AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Upstream,
 };
 use self::header::Headers;
+use self::health::Health as HealthService;
 use self::kv::{KvFront, KvService};
 use self::served::Served;
 use self::stats::ServerMetrics;
@@ -408,7 +412,11 @@ impl CacheServer {
             }))
             .add_service(Passthrough::<LeaseService>::new(upstream.clone()))
             .add_service(Passthrough::<MaintenanceService>::new(upstream.clone()))
-            .add_service(Passthrough::<AuthService>::new(upstream));
+            .add_service(Passthrough::<AuthService>::new(upstream))
+            .add_service(HealthService {
+                served: served.clone(),
+                reflected: reflected.clone(),
+            });
         let span = tracing::info_span!("cache_server", prefix = %prefix_text, addr = %local_addr);
         let serving = tokio::spawn(
             async move {
@@ -497,9 +505,11 @@ impl RunningServer {
     /// Whether the cache has listed and its watch is connected and proven fresh within the
     /// source's liveness bound: what a readiness probe should report.
     pub fn is_ready(&self) -> bool {
-        self.served.cache.position().synced
-            && self.served.headers.known()
-            && self.reflected.health().connected
+        HealthService {
+            served: self.served.clone(),
+            reflected: self.reflected.clone(),
+        }
+        .ready()
     }
 
     /// Serves until the server fails or is shut down.
