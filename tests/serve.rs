@@ -471,6 +471,21 @@ async fn writes_through_the_server_and_read_your_writes() {
     let got = via.kv_client().get(key.as_str(), None).await.expect("get");
     assert_eq!(got.kvs()[0].value_str().ok(), Some("txn"));
     assert!(server.stats().forwarded >= 26, "{:?}", server.stats());
+    // Lease keep-alives and snapshots (streams) pass through to etcd.
+    let granted = ctl(&s, &["lease", "grant", "30"]).await;
+    let id = granted
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("{granted:?}"))
+        .to_string();
+    let kept = ctl(&s, &["lease", "keep-alive", "--once", &id]).await;
+    assert!(kept.stdout.contains("keepalived with TTL(30)"), "{kept:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("snapshot.db");
+    let saved = ctl(&s, &["snapshot", "save", &file.to_string_lossy()]).await;
+    assert_eq!(saved.code, Some(0), "{saved:?}");
+    assert!(std::fs::metadata(&file).expect("snapshot written").len() > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
