@@ -1286,3 +1286,81 @@ async fn mutual_tls_on_the_listening_side() {
     .await;
     assert!(members.stdout.contains(&s), "{members:?}");
 }
+
+/// A message whose field 1 is a number where etcd's requests have bytes: it does not decode.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(uint64, tag = "1")]
+    key: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_and_progress_notifications() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_malformed");
+    put(&client, &format!("{p}k"), "v").await;
+    let options = CacheServerOptions::default().with_progress_interval(Duration::from_millis(200));
+    let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
+    let url = format!("http://{}", server.local_addr());
+    let channel = tonic::transport::Channel::from_shared(url)
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for path in ["/etcdserverpb.KV/Range", "/etcdserverpb.KV/Put"] {
+        grpc.ready().await.expect("ready");
+        let sent: Result<tonic::Response<Garbage>, _> = grpc
+            .unary(
+                tonic::Request::new(Garbage { key: 7 }),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        let status = sent.expect_err("a malformed request is refused");
+        assert_eq!(status.code(), tonic::Code::Internal, "{path}: {status:?}");
+    }
+    grpc.ready().await.expect("ready");
+    let watch: Result<tonic::Response<tonic::codec::Streaming<Garbage>>, _> = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::iter([Garbage { key: 7 }])),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    if let Ok(responses) = watch {
+        let mut responses = responses.into_inner();
+        let ended = tokio::time::timeout(WITHIN, responses.message()).await;
+        assert!(
+            matches!(ended, Ok(Err(_)) | Ok(Ok(None))),
+            "a malformed watch request ends the stream: {ended:?}"
+        );
+    }
+    // The server still serves, and a watch with progress_notify hears of the revision.
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(
+            p.as_str(),
+            Some(WatchOptions::new().with_prefix().with_progress_notify()),
+        )
+        .await
+        .expect("watch")
+        .split();
+    let revision = server.stats().revision;
+    let mut notified = false;
+    while !notified {
+        let r = tokio::time::timeout(WITHIN, watch.message())
+            .await
+            .expect("a progress notification")
+            .expect("stream")
+            .expect("open");
+        notified = !r.created() && r.events().is_empty();
+        if notified {
+            assert_eq!(r.header().map(|h| h.revision()), Some(revision));
+        }
+    }
+}
