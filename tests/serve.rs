@@ -228,7 +228,7 @@ async fn etcdctl_reads_match_etcd() {
     delete(&client, &format!("{p}k3")).await;
     put(&client, "/other/x", "outside").await;
     let server = start_server(&client, etcd.endpoints(), p).await;
-    let listed = server.stats().revision;
+    let first_listed = server.stats().revision.to_string();
     let a = put(&client, &format!("{p}k5"), "v5").await;
     put(&client, &format!("{p}k0"), "v0b").await;
     delete(&client, &format!("{p}k2")).await;
@@ -245,9 +245,10 @@ async fn etcdctl_reads_match_etcd() {
         .expect("header")
         .revision();
     caught_up(&server, last).await;
-    // A compaction through the server, exactly where the server's history begins: both
-    // refuse below it from now on, and compacting again is etcd's error through both.
+    // A compaction through the server, within the server's history: both refuse below it
+    // from now on, and compacting again is etcd's error through both.
     let (e, s) = (etcd.endpoint(), server.local_addr().to_string());
+    let listed = a;
     let compact = ["compact", &listed.to_string()].map(str::to_owned);
     let compact: Vec<&str> = compact.iter().map(String::as_str).collect();
     let compacted = ctl(&s, &compact).await;
@@ -315,6 +316,8 @@ async fn etcdctl_reads_match_etcd() {
         ],
         vec!["get", "--prefix", p, "--rev", &rev_a],
         vec!["get", "--prefix", p, "--rev", &rev_a1, "-w", "json"],
+        vec!["get", "--prefix", p, "--rev", &first_listed],
+        vec!["watch", "--prefix", p, "--rev", &rev_below],
         vec!["get", "--prefix", p, "--rev", &rev_listed, "-w", "json"],
         vec!["get", "--prefix", p, "--rev", &rev_below],
         vec!["get", "--prefix", p, "--rev", "100000"],

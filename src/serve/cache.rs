@@ -258,6 +258,25 @@ impl ServedCache {
         Ok((groups, state.revision))
     }
 
+    /// etcd compacted at `revision` (a Compact through the server): Ranges below it are
+    /// compacted, and watches below it, as etcd says; the history before it goes.
+    pub(crate) fn compacted(&self, revision: i64) {
+        let mut state = lock(&self.state);
+        state.range_floor = state.range_floor.max(revision);
+        while state
+            .history
+            .front()
+            .is_some_and(|group| group.revision < revision)
+        {
+            if let Some(old) = state.history.pop_front() {
+                state.history_bytes -= old.bytes;
+                state.first = state.first.max(old.revision);
+            }
+        }
+        // A watch may start at the compaction revision itself, as on etcd.
+        state.first = state.first.max(revision - 1);
+    }
+
     fn publish(&self, state: &State) {
         self.position.send_replace(Position {
             revision: state.revision,

@@ -308,10 +308,15 @@ impl PbKvService for KvService {
         request: Request<PbCompactionRequest>,
     ) -> Result<Response<PbCompactionResponse>, Status> {
         self.served.metrics.forwarded("Compact");
-        self.served
+        let revision = request.get_ref().revision;
+        let answer = self
+            .served
             .upstream
             .unary(request, "/etcdserverpb.KV/Compact")
-            .await
+            .await?;
+        // What etcd no longer answers, the cache no longer answers either.
+        self.served.cache.compacted(revision);
+        Ok(answer)
     }
 }
 
