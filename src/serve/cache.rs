@@ -146,6 +146,8 @@ pub(crate) struct ServedCache {
     bounds: HistoryBounds,
     state: Mutex<State>,
     position: watch::Sender<Position>,
+    /// Also moved on every change of position, when shared with other caches.
+    any: Option<Arc<watch::Sender<u64>>>,
 }
 
 impl ServedCache {
@@ -160,7 +162,14 @@ impl ServedCache {
             bounds,
             state: Mutex::new(State::default()),
             position,
+            any: None,
         }
+    }
+
+    /// Also moves `any` whenever this cache's position moves (one signal for several caches).
+    pub(crate) fn with_changed(mut self, any: Arc<watch::Sender<u64>>) -> Self {
+        self.any = Some(any);
+        self
     }
 
     /// Follows the cache's position.
@@ -283,6 +292,9 @@ impl ServedCache {
             epoch: state.epoch,
             synced: state.synced,
         });
+        if let Some(any) = &self.any {
+            any.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
     /// Applies the pending changes up to `revision`, one group per revision.

@@ -15,7 +15,6 @@ use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
 use super::served::Served;
-use crate::reflector::RevisionHandle;
 
 /// `grpc.health.v1.HealthCheckResponse.ServingStatus`.
 const SERVING: u8 = 1;
@@ -25,16 +24,6 @@ const NOT_SERVING: u8 = 2;
 #[derive(Clone)]
 pub(crate) struct Health {
     pub(crate) served: Arc<Served>,
-    pub(crate) reflected: RevisionHandle,
-}
-
-impl Health {
-    /// Whether the server answers from a cache proven fresh.
-    pub(crate) fn ready(&self) -> bool {
-        self.served.cache.position().synced
-            && self.served.headers.known()
-            && self.reflected.health().connected
-    }
 }
 
 impl NamedService for Health {
@@ -50,7 +39,11 @@ impl UnaryService<Bytes> for Check {
     type Future = BoxFuture<Response<Bytes>, Status>;
 
     fn call(&mut self, _request: Request<Bytes>) -> Self::Future {
-        let status = if self.0.ready() { SERVING } else { NOT_SERVING };
+        let status = if self.0.served.ready() {
+            SERVING
+        } else {
+            NOT_SERVING
+        };
         // HealthCheckResponse { ServingStatus status = 1; }
         Box::pin(async move { Ok(Response::new(Bytes::from(vec![0x08, status]))) })
     }

@@ -41,14 +41,15 @@ pub(crate) struct KvService {
     pub(crate) served: Arc<Served>,
 }
 
-/// Whether a Range can be answered from the cache: within the prefix, with options the cache
-/// knows, the cache listed.
-fn from_cache(served: &Served, r: &PbRangeRequest) -> bool {
-    served.cache.position().synced
-        && served.headers.known()
-        && served.covers(&r.key, &r.range_end)
+/// The served prefix that can answer a Range from its cache: one holding the whole range,
+/// listed, with options the cache knows, the upstream's identity known.
+fn from_cache(served: &Served, r: &PbRangeRequest) -> Option<usize> {
+    let known = served.headers.known()
         && (SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
-        && (TARGET_KEY..=TARGET_VALUE).contains(&r.sort_target)
+        && (TARGET_KEY..=TARGET_VALUE).contains(&r.sort_target);
+    known
+        .then(|| served.slice_for(&r.key, &r.range_end))
+        .flatten()
 }
 
 /// etcd's answer to `r` from the keys of its range at the asked revision.
@@ -114,23 +115,26 @@ pub(crate) async fn range(
     served: &Served,
     request: Request<PbRangeRequest>,
 ) -> Result<RangeAnswer, Status> {
-    if !from_cache(served, request.get_ref()) {
+    let Some(slice) = from_cache(served, request.get_ref()) else {
         served.metrics.forwarded("Range");
         let answer = served
             .upstream
             .unary(request, "/etcdserverpb.KV/Range")
             .await?;
         return Ok(RangeAnswer::Forwarded(answer));
-    }
+    };
+    let slice = &served.slices[slice];
     // Never a byte to a client the upstream would refuse.
     let r = request.get_ref();
     served
         .may_read(request.metadata(), &r.key, &r.range_end)
         .await?;
     let (metadata, _, r) = request.into_parts();
+    // etcd's revision the content is proven at, for a linearizable read.
+    let mut proven_at = 0;
     if !r.serializable {
-        let proven = served.linearize().await;
-        if !served.covers(&r.key, &r.range_end) {
+        let proven = served.linearize(slice).await;
+        if !slice.covers(&r.key, &r.range_end) {
             // The cache gave up on the prefix meanwhile (a key it cannot hold).
             served.metrics.forwarded("Range");
             let answer = served
@@ -139,9 +143,9 @@ pub(crate) async fn range(
                 .await?;
             return Ok(RangeAnswer::Forwarded(answer));
         }
-        proven?;
+        proven_at = proven?;
     }
-    let (found, revision) = match served.cache.range_at(&r.key, &r.range_end, r.revision) {
+    let (found, revision) = match slice.cache.range_at(&r.key, &r.range_end, r.revision) {
         Ok(found) => found,
         Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
         Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),
@@ -149,7 +153,7 @@ pub(crate) async fn range(
     let (kvs, more, count) = answer(&r, found);
     served.metrics.ranged();
     Ok(RangeAnswer::Cached {
-        header: served.headers.header(revision),
+        header: served.headers.header(revision.max(proven_at)),
         kvs,
         keys_only: r.keys_only,
         more,
@@ -315,7 +319,9 @@ impl PbKvService for KvService {
             .unary(request, "/etcdserverpb.KV/Compact")
             .await?;
         // What etcd no longer answers, the cache no longer answers either.
-        self.served.cache.compacted(revision);
+        for slice in &self.served.slices {
+            slice.cache.compacted(revision);
+        }
         Ok(answer)
     }
 }

@@ -1,15 +1,16 @@
 //! Serving etcd's own gRPC API from a cache (cargo feature `server`): one process lists and
-//! watches a prefix of etcd once, and any number of clients (etcdctl, etcd-client, this crate's
-//! [`EtcdListerWatcher`]) read and watch it from the cache, unchanged.
+//! watches prefixes of etcd once (a cache each), and any number of clients (etcdctl,
+//! etcd-client, this crate's [`EtcdListerWatcher`]) read and watch them from the caches,
+//! unchanged.
 //!
-//! - **Range** inside the prefix is answered from the cache ([`cache`](self) keeps the keys at
-//!   the cache's revision and a bounded history): key, prefix or sub-range, `limit`/`more`/
+//! - **Range** within a served prefix is answered from its cache (the keys at the cache's
+//!   revision and a bounded history): key, prefix or sub-range, `limit`/`more`/
 //!   `count`, `keys_only`, `count_only`, min/max mod and create revisions, sort, and `revision`
 //!   within the history. Linearizable reads (etcdctl's default) wait for the consistent-read
-//!   proof. Ranges outside the prefix are forwarded.
-//! - **Watch** inside the prefix is served from the history: many watches per stream,
+//!   proof. Other ranges are forwarded.
+//! - **Watch** within a served prefix is served from its history: many watches per stream,
 //!   `start_revision`, `prev_kv`, filters, progress, cancel; a watch behind the history is
-//!   cancelled with `compact_revision`. Watches outside the prefix are forwarded.
+//!   cancelled with `compact_revision`. Other watches are forwarded.
 //! - **Writes** (Put, DeleteRange, Txn, Compact), Lease, Maintenance and Auth are forwarded
 //!   with the client's token; `Cluster.MemberList` names this server (as etcd's gRPC proxy does).
 //! - **Health**: gRPC's `grpc.health.v1.Health/Check` says SERVING while the server
@@ -20,11 +21,12 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let endpoints = vec!["127.0.0.1:2379".to_string()];
 //! let client = etcd_informer::connect(&endpoints).await?;
-//! let server = CacheServer::new(client, endpoints, "/registry/")
+//! let server = CacheServer::new(client, endpoints, "/registry/pods/")
+//!     .with_prefix("/registry/nodes/")
 //!     .bind("127.0.0.1:23790".parse()?)
 //!     .await?;
 //! server.ready(std::time::Duration::from_secs(30)).await?;
-//! println!("serving /registry/ at {}", server.local_addr());
+//! println!("serving pods and nodes at {}", server.local_addr());
 //! server.wait().await?;
 //! # Ok(()) }
 //! ```
@@ -59,7 +61,7 @@ use self::forward::{
 use self::header::Headers;
 use self::health::Health as HealthService;
 use self::kv::{KvFront, KvService};
-use self::served::Served;
+use self::served::{Served, Slice};
 use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
 use self::watch::WatchService;
@@ -67,7 +69,7 @@ use crate::codec::RawCodec;
 use crate::listwatch::etcd::DecodeErrorHandler;
 use crate::metrics::ServerMetricHandles;
 use crate::queue::Queue;
-use crate::reflector::{Health, Reflector, ReflectorOptions, RevisionHandle};
+use crate::reflector::{Health, Reflector, ReflectorOptions};
 use crate::{EtcdListerWatcher, EtcdOptions};
 
 /// What can go wrong starting a [`CacheServer`].
@@ -102,6 +104,9 @@ pub enum ServeError {
         /// How long it waited.
         waited: Duration,
     },
+    /// The served prefixes overlap.
+    #[error("served prefixes may not overlap: {0}")]
+    Prefixes(String),
     /// The gRPC server failed.
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -224,11 +229,12 @@ impl CacheServerOptions {
     }
 }
 
-/// A server of etcd's gRPC API answering from a cache of one prefix; see the [module](self).
+/// A server of etcd's gRPC API answering from caches of one or more prefixes; see the
+/// [module](self).
 pub struct CacheServer {
     client: Client,
     endpoints: Vec<String>,
-    prefix: Vec<u8>,
+    prefixes: Vec<Vec<u8>>,
     options: CacheServerOptions,
 }
 
@@ -243,9 +249,17 @@ impl CacheServer {
         CacheServer {
             client,
             endpoints: endpoints.into_iter().map(Into::into).collect(),
-            prefix: prefix.into(),
+            prefixes: vec![prefix.into()],
             options: CacheServerOptions::default(),
         }
+    }
+
+    /// Serves `prefix` too, from its own cache (its own list and watch of etcd). No served
+    /// prefix may be a prefix of another ([`bind`](Self::bind) refuses it).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.prefixes.push(prefix.into());
+        self
     }
 
     /// Sets the options.
@@ -255,9 +269,20 @@ impl CacheServer {
         self
     }
 
-    /// Binds `addr`, starts the cache (its list and watch of the prefix) and serves. Requests
-    /// that arrive before the cache has listed are forwarded.
+    /// Binds `addr`, starts the caches (a list and watch of each prefix) and serves. Requests
+    /// that arrive before a cache has listed are forwarded.
     pub async fn bind(self, addr: SocketAddr) -> Result<RunningServer, ServeError> {
+        for (i, a) in self.prefixes.iter().enumerate() {
+            for b in &self.prefixes[i + 1..] {
+                if a.starts_with(b) || b.starts_with(a) {
+                    return Err(ServeError::Prefixes(format!(
+                        "{:?} and {:?} overlap",
+                        String::from_utf8_lossy(a),
+                        String::from_utf8_lossy(b)
+                    )));
+                }
+            }
+        }
         #[cfg(feature = "tls")]
         let upstream_tls = self.options.upstream_tls.clone();
         #[cfg(feature = "tls")]
@@ -305,63 +330,34 @@ impl CacheServer {
             .local_addr()
             .map_err(|source| ServeError::Bind { addr, source })?;
         let options = self.options;
-        // A key the source cannot take (not UTF-8) would be missing from the cache: from the
-        // first one on, every request is forwarded instead of answered wrong.
-        let incomplete = Arc::new(AtomicBool::new(false));
-        let user_handler = options.etcd.on_decode_error.clone();
-        let flag = incomplete.clone();
-        let on_decode_error: DecodeErrorHandler = Arc::new(move |e| {
-            if !flag.swap(true, Ordering::Relaxed) {
-                tracing::error!(key = %e.escaped_key(), "a key under the served prefix is not UTF-8; the cache server forwards every request from now on");
-            }
-            if let Some(h) = &user_handler {
-                h(e);
-            }
-        });
-        let etcd = options
-            .etcd
-            .clone()
-            .with_raw_prefix(true)
-            .with_on_decode_error(Some(on_decode_error));
-        let prefix_text = String::from_utf8_lossy(&self.prefix).into_owned();
-        let source = EtcdListerWatcher::with_options(
-            self.client.clone(),
-            self.prefix.clone(),
-            RawCodec,
-            etcd,
-        )?;
-        let cache = Arc::new(ServedCache::new(
-            &self.prefix,
-            HistoryBounds {
-                revisions: options.history_revisions,
-                bytes: options.history_bytes,
-            },
-        ));
+        let prefix_text = self
+            .prefixes
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect::<Vec<_>>()
+            .join(",");
+        let changed = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let mut slices = Vec::new();
+        let mut tasks = Vec::new();
+        for prefix in &self.prefixes {
+            let (slice, reflector) = start_slice(&self.client, prefix, &options, &changed)?;
+            tasks.push(tokio::spawn(reflector));
+            slices.push(slice);
+        }
         let headers = Headers::default();
         let upstream = Upstream::new(channel);
         let served = Arc::new(Served {
-            cache: cache.clone(),
+            slices,
+            changed,
             upstream: upstream.clone(),
             headers: headers.clone(),
             client: self.client.clone(),
             access: Default::default(),
-            incomplete,
-            prefix_end: prefix_range_end(&self.prefix),
-            prefix: self.prefix.clone(),
             read_timeout: options.read_timeout,
             metrics: ServerMetrics::default(),
         });
-        let mut tasks = Vec::new();
-        let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
-        let reflector = Reflector::new(
-            source,
-            queue,
-            ReflectorOptions::default().with_name(format!("cache-server {prefix_text}")),
-        );
-        let reflected = reflector.revision();
-        tasks.push(tokio::spawn(reflector.run()));
         tasks.push(tokio::spawn(
-            sample_metrics(served.clone(), reflected.clone(), prefix_text.clone())
+            sample_metrics(served.clone(), prefix_text.clone())
                 .instrument(tracing::info_span!("cache_server_metrics", prefix = %prefix_text)),
         ));
         tasks.push(tokio::spawn(
@@ -415,7 +411,6 @@ impl CacheServer {
             .add_service(Passthrough::<AuthService>::new(upstream))
             .add_service(HealthService {
                 served: served.clone(),
-                reflected: reflected.clone(),
             });
         let span = tracing::info_span!("cache_server", prefix = %prefix_text, addr = %local_addr);
         let serving = tokio::spawn(
@@ -434,7 +429,6 @@ impl CacheServer {
             local_addr,
             prefix: prefix_text,
             served,
-            reflected,
             tasks,
             serving: Some(serving),
             stop: Some(stop),
@@ -447,7 +441,6 @@ pub struct RunningServer {
     local_addr: SocketAddr,
     prefix: String,
     served: Arc<Served>,
-    reflected: RevisionHandle,
     tasks: Vec<JoinHandle<()>>,
     serving: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     stop: Option<oneshot::Sender<()>>,
@@ -459,11 +452,11 @@ impl RunningServer {
         self.local_addr
     }
 
-    /// Waits until the server [is ready](Self::is_ready): the cache has listed the prefix, its
-    /// watch is open, and the upstream's identity is known; from then on reads inside the
-    /// prefix are answered from the cache.
+    /// Waits until the server [is ready](Self::is_ready): every cache has listed its prefix,
+    /// its watch is open, and the upstream's identity is known; from then on reads inside the
+    /// prefixes are answered from the caches.
     pub async fn ready(&self, within: Duration) -> Result<(), ServeError> {
-        let mut position = self.served.cache.subscribe();
+        let mut position = self.served.changed.subscribe();
         let wait = async {
             loop {
                 position.borrow_and_update();
@@ -484,32 +477,30 @@ impl RunningServer {
             })
     }
 
-    /// What the server has done so far.
+    /// What the server has done so far (over all its prefixes: the lowest revision, the sums
+    /// of keys and history).
     pub fn stats(&self) -> ServerStats {
-        let position = self.served.cache.position();
-        let (history_revisions, history_bytes) = self.served.cache.history_size();
-        self.served.metrics.stats(
-            position.revision,
-            self.served.cache.len(),
-            (history_revisions, history_bytes),
-            self.served.incomplete.load(Ordering::Relaxed),
-        )
+        stats_of(&self.served)
     }
 
-    /// The health of the cache's list and watch of etcd (the reflector's): whether it is
+    /// The health of each prefix's list and watch of etcd (its reflector's): whether it is
     /// connected, when it last proved the cache fresh, its relists and last error.
-    pub fn health(&self) -> Health {
-        self.reflected.health()
+    pub fn health(&self) -> Vec<(String, Health)> {
+        self.served
+            .slices
+            .iter()
+            .map(|s| {
+                let prefix = String::from_utf8_lossy(&s.prefix).into_owned();
+                (prefix, s.reflected.health())
+            })
+            .collect()
     }
 
-    /// Whether the cache has listed and its watch is connected and proven fresh within the
-    /// source's liveness bound: what a readiness probe should report.
+    /// Whether every cache has listed and its watch is connected and proven fresh within the
+    /// source's liveness bound, and the upstream's identity is known: what a readiness probe
+    /// should report (the gRPC health check says the same).
     pub fn is_ready(&self) -> bool {
-        HealthService {
-            served: self.served.clone(),
-            reflected: self.reflected.clone(),
-        }
-        .ready()
+        self.served.ready()
     }
 
     /// Serves until the server fails or is shut down.
@@ -565,19 +556,37 @@ fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// The server's counters and its caches' sizes.
+fn stats_of(served: &Served) -> ServerStats {
+    let (mut keys, mut revisions, mut bytes) = (0, 0, 0);
+    for slice in &served.slices {
+        let (r, b) = slice.cache.history_size();
+        keys += slice.cache.len();
+        revisions += r;
+        bytes += b;
+    }
+    let incomplete = served
+        .slices
+        .iter()
+        .any(|s| s.incomplete.load(Ordering::Relaxed));
+    served
+        .metrics
+        .stats(served.revision(), keys, (revisions, bytes), incomplete)
+}
+
 /// Samples the server's counters into the crate's metrics every second.
-async fn sample_metrics(served: Arc<Served>, reflected: RevisionHandle, prefix: String) {
+async fn sample_metrics(served: Arc<Served>, prefix: String) {
     let handles = ServerMetricHandles::new(&prefix);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let position = served.cache.position();
-        let stats = served.metrics.stats(
-            position.revision,
-            served.cache.len(),
-            served.cache.history_size(),
-            served.incomplete.load(Ordering::Relaxed),
-        );
+        let stats = stats_of(&served);
+        // The stalest of the caches.
+        let since_proven_fresh = served
+            .slices
+            .iter()
+            .filter_map(|s| s.reflected.health().seconds_since_proven_fresh())
+            .reduce(f64::max);
         handles.sample(
             [
                 stats.watch_streams,
@@ -588,7 +597,62 @@ async fn sample_metrics(served: Arc<Served>, reflected: RevisionHandle, prefix: 
                 stats.forwarded,
             ],
             (stats.history_revisions, stats.history_bytes),
-            reflected.health().seconds_since_proven_fresh(),
+            since_proven_fresh,
         );
     }
+}
+
+/// Starts one prefix's cache: its source (raw bytes), the cache, and the reflector between
+/// them (returned as its future, to be spawned).
+fn start_slice(
+    client: &Client,
+    prefix: &[u8],
+    options: &CacheServerOptions,
+    changed: &Arc<tokio::sync::watch::Sender<u64>>,
+) -> Result<(Slice, impl std::future::Future<Output = ()>), ServeError> {
+    let prefix_text = String::from_utf8_lossy(prefix).into_owned();
+    // A key the source cannot take (not UTF-8) would be missing from the cache: from the
+    // first one on, every request of this prefix is forwarded instead of answered wrong.
+    let incomplete = Arc::new(AtomicBool::new(false));
+    let user_handler = options.etcd.on_decode_error.clone();
+    let flag = incomplete.clone();
+    let name = prefix_text.clone();
+    let on_decode_error: DecodeErrorHandler = Arc::new(move |e| {
+        if !flag.swap(true, Ordering::Relaxed) {
+            tracing::error!(prefix = %name, key = %e.escaped_key(), "a key under a served prefix is not UTF-8; the cache server forwards every request of the prefix from now on");
+        }
+        if let Some(h) = &user_handler {
+            h(e);
+        }
+    });
+    let etcd = options
+        .etcd
+        .clone()
+        .with_raw_prefix(true)
+        .with_on_decode_error(Some(on_decode_error));
+    let source = EtcdListerWatcher::with_options(client.clone(), prefix.to_vec(), RawCodec, etcd)?;
+    let cache = Arc::new(
+        ServedCache::new(
+            prefix,
+            HistoryBounds {
+                revisions: options.history_revisions,
+                bytes: options.history_bytes,
+            },
+        )
+        .with_changed(changed.clone()),
+    );
+    let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
+    let reflector = Reflector::new(
+        source,
+        queue,
+        ReflectorOptions::default().with_name(format!("cache-server {prefix_text}")),
+    );
+    let slice = Slice {
+        prefix: prefix.to_vec(),
+        prefix_end: prefix_range_end(prefix),
+        cache,
+        reflected: reflector.revision(),
+        incomplete,
+    };
+    Ok((slice, reflector.run()))
 }

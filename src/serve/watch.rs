@@ -23,7 +23,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::cache::{in_range, RevisionError};
+use super::cache::{in_range, Position, RevisionError};
 use super::served::Served;
 
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
@@ -83,6 +83,8 @@ impl PbWatchService for WatchService {
 
 /// One watch served from the cache.
 struct Watch {
+    /// The served prefix whose cache serves it.
+    slice: usize,
     key: Vec<u8>,
     end: Vec<u8>,
     /// The next revision owed to the client: every event below it was sent.
@@ -123,7 +125,7 @@ impl Drop for Session {
 
 impl Session {
     async fn run(mut self, mut requests: Streaming<PbWatchRequest>, interval: Duration) {
-        let mut position = self.served.cache.subscribe();
+        let mut position = self.served.changed.subscribe();
         let mut progress = tokio::time::interval(interval);
         progress.reset();
         let tx = self.tx.clone();
@@ -180,10 +182,9 @@ impl Session {
                     self.next_id += 1;
                     self.next_id - 1
                 };
-                let position = self.served.cache.position();
                 if self.watches.contains_key(&id) || self.forwarded.contains_key(&id) {
                     self.control.push_back(PbWatchResponse {
-                        header: self.header(position.revision),
+                        header: self.header(self.served.revision()),
                         watch_id: id,
                         created: true,
                         canceled: true,
@@ -193,12 +194,12 @@ impl Session {
                     });
                     return;
                 }
-                if !position.synced || !self.served.covers(&key, &create.range_end) {
+                let Some(slice) = self.served.slice_for(&key, &create.range_end) else {
                     let mut create = create;
                     create.watch_id = 0;
                     self.forward(id, PbWatchRequestUnion::CreateRequest(create));
                     return;
-                }
+                };
                 // etcd refuses a watch of a range the client may not read, on the stream.
                 let access = self
                     .served
@@ -206,7 +207,7 @@ impl Session {
                     .await;
                 if let Err(refused) = access {
                     self.control.push_back(PbWatchResponse {
-                        header: self.header(position.revision),
+                        header: self.header(self.served.revision()),
                         watch_id: -1,
                         created: true,
                         canceled: true,
@@ -220,8 +221,9 @@ impl Session {
                     });
                     return;
                 }
-                let position = self.served.cache.position();
+                let position = self.served.slices[slice].cache.position();
                 let watch = Watch {
+                    slice,
                     end: create.range_end.clone(),
                     key,
                     next: if create.start_revision > 0 {
@@ -260,7 +262,7 @@ impl Session {
                 // etcd answers a cancel of an unknown watch with nothing.
                 if known {
                     self.control.push_back(PbWatchResponse {
-                        header: self.header(self.served.cache.position().revision),
+                        header: self.header(self.served.revision()),
                         watch_id: id,
                         canceled: true,
                         ..Default::default()
@@ -270,14 +272,12 @@ impl Session {
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
                 // A revision every watch of the stream has fully received (etcd answers with
                 // the watch id -1).
-                let now = self.served.cache.position().revision;
                 let revision = self
                     .watches
                     .values()
-                    .map(|w| w.next - 1)
+                    .map(|w| (w.next - 1).min(self.position(w).revision))
                     .min()
-                    .unwrap_or(now)
-                    .min(now);
+                    .unwrap_or_else(|| self.served.revision());
                 self.control.push_back(PbWatchResponse {
                     header: self.header(revision),
                     watch_id: -1,
@@ -290,8 +290,8 @@ impl Session {
 
     /// Watches with `progress_notify` that are caught up hear of the cache's revision.
     fn notify_progress(&mut self) {
-        let now = self.served.cache.position().revision;
         for (id, watch) in &self.watches {
+            let now = self.position(watch).revision;
             if watch.progress_notify && watch.next > now {
                 self.control.push_back(PbWatchResponse {
                     header: Some(self.served.headers.header(now)),
@@ -300,6 +300,11 @@ impl Session {
                 });
             }
         }
+    }
+
+    /// Where the cache of `watch`'s prefix is.
+    fn position(&self, watch: &Watch) -> Position {
+        self.served.slices[watch.slice].cache.position()
     }
 
     fn has_work(&self) -> bool {
@@ -313,7 +318,6 @@ impl Session {
         if let Some(response) = self.control.pop_front() {
             return Some(response);
         }
-        let position = self.served.cache.position();
         for _ in 0..self.watches.len() {
             let found = self
                 .watches
@@ -323,6 +327,7 @@ impl Session {
             let Some((&id, watch)) = found else {
                 break;
             };
+            let position = self.position(watch);
             let behind = watch.next <= position.revision || watch.epoch != position.epoch;
             self.turn = id + 1;
             if behind {
@@ -338,13 +343,11 @@ impl Session {
     /// The events owed to watch `id`, as one response (whole revisions only), or its
     /// cancellation when the history no longer reaches back to it.
     fn catch_up(&mut self, id: i64) -> Option<PbWatchResponse> {
+        let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
+        let cache = &served.slices[watch.slice].cache;
         let (groups, revision) =
-            match self
-                .served
-                .cache
-                .groups_from(watch.next, watch.epoch, MAX_REVISIONS_PER_RESPONSE)
-            {
+            match cache.groups_from(watch.next, watch.epoch, MAX_REVISIONS_PER_RESPONSE) {
                 Ok(found) => found,
                 Err(RevisionError::Future) => return None,
                 Err(RevisionError::Compacted(compact_revision)) => {
@@ -358,7 +361,7 @@ impl Session {
                     self.served.metrics.watches(-1);
                     self.served.metrics.slow_cancelled();
                     return Some(PbWatchResponse {
-                        header: self.header(self.served.cache.position().revision),
+                        header: self.header(cache.position().revision),
                         watch_id: id,
                         canceled: true,
                         compact_revision,

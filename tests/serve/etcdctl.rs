@@ -442,3 +442,64 @@ async fn mutual_tls_on_the_listening_side() {
     .await;
     assert!(members.stdout.contains(&s), "{members:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_prefixes_each_from_its_own_cache() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let (pods, nodes) = ("/registry/pods/", "/registry/nodes/");
+    for i in 0..3 {
+        put(&client, &format!("{pods}p{i}"), "pod").await;
+        put(&client, &format!("{nodes}n{i}"), "node").await;
+    }
+    put(&client, "/registry/other/o", "other").await;
+    let overlapping = CacheServer::new(client.clone(), etcd.endpoints(), "/registry/")
+        .with_prefix(pods)
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .await;
+    assert!(
+        matches!(
+            overlapping,
+            Err(etcd_informer::serve::ServeError::Prefixes(_))
+        ),
+        "overlapping prefixes are refused"
+    );
+    let server = CacheServer::new(client.clone(), etcd.endpoints(), pods)
+        .with_prefix(nodes)
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .await
+        .expect("bind");
+    server.ready(WITHIN).await.expect("ready");
+    let start = put(&client, &format!("{pods}p0"), "pod2").await;
+    let node_rev = put(&client, &format!("{nodes}n9"), "node9").await;
+    put(&client, &format!("{pods}zz-end"), "END").await;
+    caught_up(&server, node_rev).await;
+    eventually("the pods cache is current", WITHIN, || {
+        server.stats().revision >= node_rev
+    })
+    .await;
+    let (e, s) = (etcd.endpoint(), server.local_addr().to_string());
+    let from = start.to_string();
+    for args in [
+        vec!["get", "--prefix", pods],
+        vec!["get", "--prefix", nodes, "-w", "json"],
+        vec!["get", "--prefix", "/registry/", "--keys-only"],
+        vec!["get", "--prefix", nodes, "--rev", &from],
+    ] {
+        same(&e, &s, &args).await;
+    }
+    for prefix in [pods, nodes] {
+        let last = if prefix == pods { "END" } else { "node9" };
+        let args = ["watch", "--prefix", prefix, "--rev", &from];
+        let direct = watch_until(&e, &args, |l| l == last).await;
+        let served = watch_until(&s, &args, |l| l == last).await;
+        assert_eq!(direct, served, "etcdctl {args:?}");
+    }
+    assert_eq!(server.health().len(), 2);
+    let stats = server.stats();
+    assert!(stats.ranges_from_cache >= 3, "{stats:?}");
+    assert!(
+        stats.forwarded >= 1,
+        "the range over both is forwarded: {stats:?}"
+    );
+}
