@@ -8,7 +8,8 @@
 //!
 //! The upstream etcd comes from ETCD_ENDPOINTS (with etcdctl's ETCDCTL_* variables), else
 //! 127.0.0.1:2379, else a throwaway etcd started here. Prints one `ready:` line once the cache
-//! has listed the prefix. `--cert server.pem --key server-key.pem` serve TLS, and
+//! has listed the prefix (`--prefix /registry/pods/,/registry/nodes/`: one cache each).
+//! `--cert server.pem --key server-key.pem` serve TLS, and
 //! `--client-ca ca.pem` mutual TLS.
 mod common;
 
@@ -53,10 +54,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = CacheServerOptions::default()
         .with_tls(tls)
         .with_upstream_tls(upstream_tls);
-    let server = CacheServer::new(client, endpoints, prefix.clone())
-        .with_options(options)
-        .bind(listen)
-        .await?;
+    // Several prefixes, comma-separated, each get their own cache.
+    let mut prefixes = prefix.split(',');
+    let mut server = CacheServer::new(client, endpoints, prefixes.next().unwrap_or_default());
+    for more in prefixes {
+        server = server.with_prefix(more);
+    }
+    let server = server.with_options(options).bind(listen).await?;
     server.ready(Duration::from_secs(60)).await?;
     let stats = server.stats();
     say!(
