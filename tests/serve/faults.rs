@@ -1,4 +1,5 @@
-//! Faults: a watcher that does not read, an upstream wiped, stopped or hung.
+//! Faults: a watcher that does not read, an upstream wiped, stopped or hung, and a relist of the
+//! cache under open watches.
 
 use super::*;
 
@@ -321,4 +322,85 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
     assert_eq!(heard, Some(rev));
     eventually("the server is ready again", WITHIN, || server.is_ready()).await;
     assert_eq!(grpc_health(&server).await, 1, "SERVING again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_watches_stay_open_through_a_relist_of_the_cache() {
+    use etcd_informer::testing::etcd::EtcdCluster;
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let all = connect(cluster.endpoints()).await.expect("connect");
+    let member = cluster.member_endpoint(0);
+    let one = connect([member.clone()])
+        .await
+        .expect("connect to member 0");
+    let p = "/registry/relisted/";
+    for k in ["k1", "k2", "k3"] {
+        put(&all, &format!("{p}{k}"), "v1").await;
+    }
+    // The server sees etcd through member 0 alone.
+    let server = start_server(&one, vec![member], p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix().with_prev_key()))
+        .await
+        .expect("watch")
+        .split();
+    assert!(watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("created")
+        .created());
+    // While member 0 is down, the prefix changes and etcd compacts past the changes: the
+    // server's watch cannot resume, so its cache relists.
+    cluster.stop_member(0).await.expect("stop member 0");
+    let others = connect([cluster.member_endpoint(1), cluster.member_endpoint(2)])
+        .await
+        .expect("connect to members 1 and 2");
+    common::put_accepted(&others, &format!("{p}k1"), "v2", WITHIN).await;
+    delete(&others, &format!("{p}k2")).await;
+    put(&others, &format!("{p}k4"), "v1").await;
+    let now = put(&others, "/registry/elsewhere", "x").await;
+    others
+        .kv_client()
+        .compact(
+            now,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .expect("compact");
+    cluster.restart_member(0).await.expect("restart member 0");
+    // The open watch stays open and receives the difference.
+    let mut seen = std::collections::BTreeMap::new();
+    while seen.len() < 3 {
+        let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the difference arrives")
+            .expect("stream")
+            .expect("open");
+        assert!(!r.canceled(), "the watch stays open: {r:?}");
+        for e in r.events() {
+            let kv = e.kv().expect("kv");
+            let value = kv.value_str().unwrap_or("").to_string();
+            seen.insert(
+                kv.key_str().unwrap_or("?").to_string(),
+                (e.event_type(), value),
+            );
+        }
+    }
+    let want: std::collections::BTreeMap<_, _> = [
+        (format!("{p}k1"), (EventType::Put, "v2".to_string())),
+        (format!("{p}k2"), (EventType::Delete, String::new())),
+        (format!("{p}k4"), (EventType::Put, "v1".to_string())),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(seen, want);
+    let relists = &server.health()[0].1.relists;
+    assert!(relists.compacted >= 1, "the cache relisted: {relists:?}");
 }
