@@ -206,25 +206,34 @@ impl ServedCache {
     }
 
     /// The keys in `[key, end)` (etcd's range forms: empty `end` is the key alone, `\0` every
-    /// key from `key` on) at `revision` (0: the cache's), and the cache's revision.
+    /// key from `key` on) at `revision` (0: the cache's), and the cache's revision. `proven`:
+    /// etcd's revision up to which the prefix is known unchanged beyond the cache's revision
+    /// (a linearizable read's proof; 0 if none), so revisions up to it are not in the future.
     pub(crate) fn range_at(
         &self,
         key: &[u8],
         end: &[u8],
         revision: i64,
+        proven: i64,
     ) -> Result<(Found, i64), RevisionError> {
         let state = lock(&self.state);
-        let at = if revision <= 0 {
-            state.revision
-        } else {
-            revision
-        };
-        if at > state.revision {
+        if revision <= 0 {
+            // The current content: never compacted, whatever etcd compacted since.
+            let found = state
+                .kvs
+                .range::<[u8], _>(bounds(key, end))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            return Ok((found, state.revision));
+        }
+        if revision > state.revision.max(proven) {
             return Err(RevisionError::Future);
         }
-        if at < state.range_floor.max(state.first) {
+        if revision < state.range_floor.max(state.first) {
             return Err(RevisionError::Compacted(state.first + 1));
         }
+        // Up to `proven` the prefix is what the cache holds now.
+        let at = revision.min(state.revision);
         let current = state.kvs.range::<[u8], _>(bounds(key, end));
         if at == state.revision {
             let found = current.map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -531,20 +540,34 @@ mod tests {
         cache.commit(4);
         cache.delete("a", 5, None);
         cache.commit(5);
-        let (now, rev) = cache.range_at(b"/p/", b"/p0", 0).unwrap();
+        let (now, rev) = cache.range_at(b"/p/", b"/p0", 0, 0).unwrap();
         assert_eq!((keys(&now), rev), (vec![("/p/b".into(), 4)], 5));
-        let (then, _) = cache.range_at(b"/p/", b"/p0", 4).unwrap();
+        let (then, _) = cache.range_at(b"/p/", b"/p0", 4, 0).unwrap();
         assert_eq!(keys(&then), vec![("/p/a".into(), 4), ("/p/b".into(), 4)]);
-        let (first, _) = cache.range_at(b"/p/", b"/p0", 3).unwrap();
+        let (first, _) = cache.range_at(b"/p/", b"/p0", 3, 0).unwrap();
         assert_eq!(keys(&first), vec![("/p/a".into(), 2)]);
         assert_eq!(
-            cache.range_at(b"/p/", b"", 2),
+            cache.range_at(b"/p/", b"", 2, 0),
             Err(RevisionError::Compacted(4))
         );
-        assert_eq!(cache.range_at(b"/p/a", b"", 6), Err(RevisionError::Future));
+        // Proven unchanged up to 7: revisions 6 and 7 are the current content, 8 is future.
+        let (proven, rev) = cache.range_at(b"/p/", b"/p0", 7, 7).unwrap();
+        assert_eq!((keys(&proven), rev), (vec![("/p/b".into(), 4)], 5));
+        assert_eq!(
+            cache.range_at(b"/p/", b"/p0", 8, 7).err(),
+            Some(RevisionError::Future)
+        );
+        assert_eq!(
+            cache.range_at(b"/p/a", b"", 6, 0),
+            Err(RevisionError::Future)
+        );
         let (groups, _) = cache.groups_from(4, 0, 10).unwrap();
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[1].events[0].prev.as_ref().unwrap().mod_revision, 4);
+        // Revision 0 is the current content even above a compaction.
+        cache.compacted(9);
+        assert!(cache.range_at(b"/p/", b"/p0", 0, 0).is_ok());
+        assert!(cache.range_at(b"/p/", b"/p0", 5, 9).is_err());
     }
 
     #[test]
@@ -571,7 +594,7 @@ mod tests {
         assert_eq!(groups[0].revision, 9);
         assert_eq!(groups[0].events.len(), 3);
         // The gap between 3 and 9 answers no Range.
-        assert!(cache.range_at(b"/p/", b"/p0", 5).is_err());
+        assert!(cache.range_at(b"/p/", b"/p0", 5, 0).is_err());
         for r in 10..13 {
             cache.add_if_newer(DeltaType::Updated, obj("c", 6, r, 2, "c"));
             cache.commit(r);

@@ -145,7 +145,10 @@ pub(crate) async fn range(
         }
         proven_at = proven?;
     }
-    let (found, revision) = match slice.cache.range_at(&r.key, &r.range_end, r.revision) {
+    let found = slice
+        .cache
+        .range_at(&r.key, &r.range_end, r.revision, proven_at);
+    let (found, revision) = match found {
         Ok(found) => found,
         Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
         Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),

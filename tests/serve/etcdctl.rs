@@ -472,7 +472,7 @@ async fn several_prefixes_each_from_its_own_cache() {
     server.ready(WITHIN).await.expect("ready");
     let start = put(&client, &format!("{pods}p0"), "pod2").await;
     let node_rev = put(&client, &format!("{nodes}n9"), "node9").await;
-    put(&client, &format!("{pods}zz-end"), "END").await;
+    let end = put(&client, &format!("{pods}zz-end"), "END").await;
     caught_up(&server, node_rev).await;
     eventually("the pods cache is current", WITHIN, || {
         server.stats().revision >= node_rev
@@ -480,11 +480,15 @@ async fn several_prefixes_each_from_its_own_cache() {
     .await;
     let (e, s) = (etcd.endpoint(), server.local_addr().to_string());
     let from = start.to_string();
+    // etcd's current revision is above the nodes cache's (pods changed last): a linearizable
+    // read there is proven, not "future".
+    let now = end.to_string();
     for args in [
         vec!["get", "--prefix", pods],
         vec!["get", "--prefix", nodes, "-w", "json"],
         vec!["get", "--prefix", "/registry/", "--keys-only"],
         vec!["get", "--prefix", nodes, "--rev", &from],
+        vec!["get", "--prefix", nodes, "--rev", &now, "-w", "json"],
     ] {
         same(&e, &s, &args).await;
     }
@@ -494,6 +498,17 @@ async fn several_prefixes_each_from_its_own_cache() {
         let direct = watch_until(&e, &args, |l| l == last).await;
         let served = watch_until(&s, &args, |l| l == last).await;
         assert_eq!(direct, served, "etcdctl {args:?}");
+    }
+    // A compaction through the server at etcd's revision, above the nodes cache's: the
+    // current content is still served, older revisions are compacted, as on etcd.
+    let compacted = ctl(&s, &["compact", &now]).await;
+    assert_eq!(compacted.code, Some(0), "{compacted:?}");
+    let below = (end - 1).to_string();
+    for args in [
+        vec!["get", "--prefix", nodes, "-w", "json"],
+        vec!["get", "--prefix", nodes, "--rev", &below],
+    ] {
+        same(&e, &s, &args).await;
     }
     assert_eq!(server.health().len(), 2);
     let stats = server.stats();

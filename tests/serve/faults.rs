@@ -186,7 +186,10 @@ async fn reads_and_watches_through_an_upstream_outage() {
         .expect("linearizable read");
     assert_eq!(got.count(), 5);
     // Answered at all means proven within the read timeout (2 s), not waited out.
-    assert!(started.elapsed() < Duration::from_secs(2), "proved, not timed out");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "proved, not timed out"
+    );
     assert_eq!(
         via.kv_client()
             .get(p, serializable())
