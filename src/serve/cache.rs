@@ -291,8 +291,9 @@ impl ServedCache {
                 state.first = state.first.max(old.revision);
             }
         }
-        // A watch may start at the compaction revision itself, as on etcd.
-        state.first = state.first.max(revision - 1);
+        // A watch may start at the compaction revision itself, as on etcd, and always at the
+        // cache's next revision (a compaction above it removed nothing of the prefix).
+        state.first = state.first.max((revision - 1).min(state.revision));
     }
 
     fn publish(&self, state: &State) {
@@ -568,6 +569,10 @@ mod tests {
         cache.compacted(9);
         assert!(cache.range_at(b"/p/", b"/p0", 0, 0).is_ok());
         assert!(cache.range_at(b"/p/", b"/p0", 5, 9).is_err());
+        assert!(
+            cache.groups_from(6, 0, 10).is_ok(),
+            "a watch from now is fine"
+        );
     }
 
     #[test]

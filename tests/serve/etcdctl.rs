@@ -510,6 +510,28 @@ async fn several_prefixes_each_from_its_own_cache() {
     ] {
         same(&e, &s, &args).await;
     }
+    // A watch from now on the idle prefix is not taken for a compacted one.
+    let via = connect([s.as_str()]).await.expect("connect");
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(nodes, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch")
+        .split();
+    assert!(watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("created")
+        .created());
+    let rev = put(&client, &format!("{nodes}n10"), "node10").await;
+    let r = tokio::time::timeout(WITHIN, watch.message())
+        .await
+        .expect("an answer")
+        .expect("stream")
+        .expect("open");
+    assert!(!r.canceled(), "{r:?}");
+    assert_eq!(r.events()[0].kv().map(|kv| kv.mod_revision()), Some(rev));
     assert_eq!(server.health().len(), 2);
     let stats = server.stats();
     assert!(stats.ranges_from_cache >= 3, "{stats:?}");
