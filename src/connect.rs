@@ -207,7 +207,20 @@ impl ConnectConfig {
 
     #[cfg(feature = "tls")]
     fn with_tls(&self, options: ConnectOptions) -> Result<ConnectOptions, ConnectError> {
+        Ok(match self.tls_options() {
+            Some(tls) => options.with_tls(tls),
+            None => options,
+        })
+    }
+
+    /// The TLS options (CA, client certificate) of this configuration, `None` without TLS:
+    /// for other connections to the same etcd (the cache server's forwarding channel).
+    #[cfg(feature = "tls")]
+    pub fn tls_options(&self) -> Option<etcd_client::TlsOptions> {
         use etcd_client::{Certificate, Identity, TlsOptions};
+        if !self.is_tls() {
+            return None;
+        }
         let mut tls = TlsOptions::new();
         if let Some(ca) = &self.ca {
             tls = tls.ca_certificate(Certificate::from_pem(ca));
@@ -215,7 +228,7 @@ impl ConnectConfig {
         if let Some((cert, key)) = &self.identity {
             tls = tls.identity(Identity::from_pem(cert, key));
         }
-        Ok(options.with_tls(tls))
+        Some(tls)
     }
 
     #[cfg(not(feature = "tls"))]

@@ -81,6 +81,8 @@ pub mod queue;
 pub mod real_fifo;
 pub mod reflector;
 pub mod runner;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod sharding;
 pub mod snapshot;
 pub mod store;

@@ -36,6 +36,15 @@
 //! | `etcd_informer_shards_held` | gauge | `runner`, `member` | a sharded runner's replica gains or gives up a shard |
 //! | `etcd_informer_shard_handoffs_total` | counter | `runner`, `member`, `direction` (acquired, released, lost) | a shard changes hands: taken over, handed over after its reconciles ended, or dropped with the lease |
 //! | `etcd_informer_shard_handoff_seconds` | histogram | `runner`, `member`, `direction` (acquired, released) | a shard changes hands: from when this replica was assigned it (acquired) or told to give it up (released) until its owner record says so |
+//! | `etcd_informer_server_watch_streams` | gauge | `prefix` | a cache server's open watch streams (sampled every second) |
+//! | `etcd_informer_server_watches` | gauge | `prefix` | watches a cache server serves from its cache (sampled every second) |
+//! | `etcd_informer_server_events_sent_total` | counter | `prefix` | events a cache server sent to its watches (sampled every second) |
+//! | `etcd_informer_server_slow_watch_cancellations_total` | counter | `prefix` | watches cancelled with `compact_revision` because the history no longer reached back to them (sampled every second) |
+//! | `etcd_informer_server_ranges_total` | counter | `prefix` | Ranges a cache server answered from its cache (sampled every second) |
+//! | `etcd_informer_server_forwarded_total` | counter | `prefix` | requests a cache server forwarded to etcd, passed-through Lease, Maintenance and Auth calls not counted (sampled every second) |
+//! | `etcd_informer_server_history_revisions` | gauge | `prefix` | revisions of history a cache server keeps (sampled every second) |
+//! | `etcd_informer_server_history_bytes` | gauge | `prefix` | bytes of history a cache server keeps (sampled every second) |
+//! | `etcd_informer_server_seconds_since_proven_fresh` | gauge | `prefix` | seconds since a cache server's list and watch last proved its cache fresh (sampled every second) |
 //!
 //! Work-queue metrics are client-go's (`workqueue_*`), labelled by the queue's name; a
 //! [`Runner`](crate::runner::Runner)'s queue is named after the runner. Handlers are named
@@ -168,6 +177,44 @@ pub fn describe() {
         describe_gauge!(
             "etcd_informer_shards_held",
             "Shards this replica of a sharded runner holds."
+        );
+        describe_gauge!(
+            "etcd_informer_server_watch_streams",
+            "Open watch streams of a cache server."
+        );
+        describe_gauge!(
+            "etcd_informer_server_watches",
+            "Watches a cache server serves from its cache."
+        );
+        describe_counter!(
+            "etcd_informer_server_events_sent_total",
+            "Events a cache server sent to its watches."
+        );
+        describe_counter!(
+            "etcd_informer_server_slow_watch_cancellations_total",
+            "Watches a cache server cancelled because its history no longer reached back to them."
+        );
+        describe_counter!(
+            "etcd_informer_server_ranges_total",
+            "Ranges a cache server answered from its cache."
+        );
+        describe_counter!(
+            "etcd_informer_server_forwarded_total",
+            "Requests a cache server forwarded to etcd."
+        );
+        describe_gauge!(
+            "etcd_informer_server_history_revisions",
+            "Revisions of history a cache server keeps."
+        );
+        describe_gauge!(
+            "etcd_informer_server_history_bytes",
+            Unit::Bytes,
+            "Bytes of history a cache server keeps."
+        );
+        describe_gauge!(
+            "etcd_informer_server_seconds_since_proven_fresh",
+            Unit::Seconds,
+            "Seconds since a cache server's list and watch last proved its cache fresh."
         );
         describe_counter!(
             "etcd_informer_shard_handoffs_total",
@@ -560,5 +607,60 @@ impl ShardMetrics {
 
     pub(crate) fn held(&self, shards: usize) {
         self.held.set(shards as f64);
+    }
+}
+
+/// A cache server's metrics (`serve`), sampled from its counters.
+#[cfg(feature = "server")]
+#[derive(Clone)]
+pub(crate) struct ServerMetricHandles {
+    streams: Gauge,
+    watches: Gauge,
+    events: Counter,
+    slow: Counter,
+    ranges: Counter,
+    forwarded: Counter,
+    history_revisions: Gauge,
+    history_bytes: Gauge,
+    since_proven_fresh: Gauge,
+}
+
+#[cfg(feature = "server")]
+impl ServerMetricHandles {
+    pub(crate) fn new(prefix: &str) -> Self {
+        let _ = prefix;
+        ServerMetricHandles {
+            streams: handle!(gauge, "etcd_informer_server_watch_streams", "prefix" => prefix.to_owned()),
+            watches: handle!(gauge, "etcd_informer_server_watches", "prefix" => prefix.to_owned()),
+            events: handle!(counter, "etcd_informer_server_events_sent_total", "prefix" => prefix.to_owned()),
+            slow: handle!(counter, "etcd_informer_server_slow_watch_cancellations_total", "prefix" => prefix.to_owned()),
+            ranges: handle!(counter, "etcd_informer_server_ranges_total", "prefix" => prefix.to_owned()),
+            forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => prefix.to_owned()),
+            history_revisions: handle!(gauge, "etcd_informer_server_history_revisions", "prefix" => prefix.to_owned()),
+            history_bytes: handle!(gauge, "etcd_informer_server_history_bytes", "prefix" => prefix.to_owned()),
+            since_proven_fresh: handle!(gauge, "etcd_informer_server_seconds_since_proven_fresh", "prefix" => prefix.to_owned()),
+        }
+    }
+
+    /// Records one sample: (streams, watches, events, slow, ranges, forwarded), the history's
+    /// (revisions, bytes), and the seconds since the cache was proven fresh.
+    pub(crate) fn sample(
+        &self,
+        counts: [u64; 6],
+        history: (usize, usize),
+        since_proven_fresh: Option<f64>,
+    ) {
+        let [streams, watches, events, slow, ranges, forwarded] = counts;
+        self.streams.set(streams as f64);
+        self.watches.set(watches as f64);
+        self.events.absolute(events);
+        self.slow.absolute(slow);
+        self.ranges.absolute(ranges);
+        self.forwarded.absolute(forwarded);
+        self.history_revisions.set(history.0 as f64);
+        self.history_bytes.set(history.1 as f64);
+        if let Some(seconds) = since_proven_fresh {
+            self.since_proven_fresh.set(seconds);
+        }
     }
 }

@@ -302,6 +302,45 @@ fn free_addr() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_server_example_serves_its_prefix() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let prefix = unique_prefix("example_cache_server");
+    put(&client, format!("{prefix}a"), "1".into()).await;
+    let addr = free_addr();
+    let example = Example::start(
+        "cache_server",
+        &etcd.endpoints,
+        &["--prefix", &prefix, "--listen", &addr],
+    );
+    let ready = example.next_lines(1).remove(0);
+    assert!(
+        ready.starts_with(&format!("ready: serving {prefix} at {addr} (revision "))
+            && ready.ends_with(", keys: 1)"),
+        "{ready}"
+    );
+    let via = etcd_informer::connect([addr.as_str()])
+        .await
+        .expect("connect");
+    put(&via, format!("{prefix}b"), "2".into()).await;
+    let got = via
+        .kv_client()
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("get through the server");
+    let keys: Vec<_> = got
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect();
+    assert_eq!(keys, [format!("{prefix}a"), format!("{prefix}b")]);
+    example.interrupt();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lightweight_controller_serves_metrics_that_move() {
     let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
     let client = etcd.client().await;

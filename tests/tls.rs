@@ -192,6 +192,56 @@ async fn mutual_tls_needs_the_client_certificate() {
     informer_follows(client).await;
 }
 
+/// The cache server in front of an etcd with mutual TLS: its list and watch go over the
+/// client given, its forwarded requests over `upstream_tls`.
+#[cfg(feature = "server")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_server_in_front_of_mutual_tls() {
+    use etcd_informer::serve::{CacheServer, CacheServerOptions};
+    let etcd = TlsEtcd::start(true).await;
+    let config = etcd.config(true);
+    let client = connect(&config).await;
+    client
+        .kv_client()
+        .put("/served/a", "1", None)
+        .await
+        .unwrap();
+    client
+        .kv_client()
+        .put("/elsewhere/x", "2", None)
+        .await
+        .unwrap();
+    let options = CacheServerOptions::default().with_upstream_tls(config.tls_options());
+    let server = CacheServer::new(client, [etcd.endpoint.clone()], "/served/")
+        .with_options(options)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("bind");
+    server.ready(Duration::from_secs(20)).await.expect("ready");
+    let via = etcd_informer::connect([server.local_addr().to_string()])
+        .await
+        .unwrap();
+    // A write and a read outside the prefix are forwarded over TLS; a read inside is cached.
+    via.kv_client()
+        .put("/served/b", "3", None)
+        .await
+        .expect("forwarded put");
+    let outside = via
+        .kv_client()
+        .get("/elsewhere/x", None)
+        .await
+        .expect("forwarded get");
+    assert_eq!(outside.kvs()[0].value_str().unwrap(), "2");
+    let prefix = Some(etcd_client::GetOptions::new().with_prefix());
+    let inside = via
+        .kv_client()
+        .get("/served/", prefix)
+        .await
+        .expect("cached get");
+    assert_eq!(inside.count(), 2);
+    assert!(server.stats().ranges_from_cache >= 1 && server.stats().forwarded >= 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_ca_is_one_clear_error_at_start() {
     let etcd = TlsEtcd::start(false).await;

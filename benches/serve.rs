@@ -1,0 +1,503 @@
+//! The cache server against etcd itself and etcd's gRPC proxy, on a throwaway etcd.
+//!
+//! ```text
+//! cargo bench --bench serve -- [--keys 100000] [--watch-keys 10000] [--watchers 1,100,1000]
+//!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10]
+//! ```
+//!
+//! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
+//! clients list them at once. Watches: N watch streams on a prefix of `--watch-keys` keys (over
+//! at most 20 connections), a writer at `--rate` writes/s for `--seconds`; each event carries
+//! its write time, so delivery latency is measured end to end. Each way is measured the same:
+//! straight to etcd, through `etcd grpc-proxy` (the etcd binary of `ETCD_BIN` or `PATH`), and
+//! through the cache server, which runs in a child process (this binary again, `--child`) so
+//! that its CPU time and memory are its own. Prints a table and one JSON line per figure.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Client, GetOptions, Txn, TxnOp, WatchOptions};
+use etcd_informer::connect;
+use etcd_informer::serve::{CacheServer, CacheServerOptions};
+use etcd_informer::testing::etcd::EtcdServer;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+struct Args {
+    keys: usize,
+    watch_keys: usize,
+    watchers: Vec<usize>,
+    rate: u64,
+    seconds: u64,
+    lists: usize,
+    clients: usize,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        keys: 100_000,
+        watch_keys: 10_000,
+        watchers: vec![1, 100, 1000],
+        rate: 100,
+        seconds: 5,
+        lists: 5,
+        clients: 10,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = argv.iter();
+    while let Some(flag) = it.next() {
+        if flag == "--bench" {
+            continue;
+        }
+        let value = it
+            .next()
+            .unwrap_or_else(|| panic!("{flag} needs a value"))
+            .replace('_', "");
+        let number = || -> u64 {
+            value
+                .parse()
+                .unwrap_or_else(|_| panic!("{flag} needs a whole number"))
+        };
+        match flag.as_str() {
+            "--keys" => a.keys = number() as usize,
+            "--watch-keys" => a.watch_keys = number() as usize,
+            "--rate" => a.rate = number(),
+            "--seconds" => a.seconds = number(),
+            "--lists" => a.lists = number() as usize,
+            "--clients" => a.clients = number() as usize,
+            "--watchers" => {
+                a.watchers = value
+                    .split(',')
+                    .map(|n| n.parse().unwrap_or_else(|_| panic!("--watchers: {n}")))
+                    .collect()
+            }
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    a
+}
+
+/// CPU seconds (user + system) of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[(((p / 100.0) * (sorted.len() - 1) as f64).round() as usize).min(sorted.len() - 1)]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 50.0)
+}
+
+/// A process serving etcd's API on `endpoint`: the proxy or the cache server.
+struct Front {
+    name: &'static str,
+    endpoint: String,
+    child: Option<Child>,
+}
+
+impl Front {
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+/// Starts `command` and waits for a stdout line containing `ready`.
+async fn start_child(mut command: Command, ready: &str) -> Res<Child> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let wait = async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains(ready) {
+                return Ok::<_, std::io::Error>(true);
+            }
+        }
+        Ok(false)
+    };
+    match tokio::time::timeout(Duration::from_secs(120), wait).await {
+        Ok(Ok(true)) => {
+            // Keep draining its output so that it never blocks on a full pipe.
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            Ok(child)
+        }
+        _ => Err(format!("the child never printed {ready:?}").into()),
+    }
+}
+
+async fn start_proxy(etcd: &str) -> Res<Front> {
+    let bin = std::env::var_os("ETCD_BIN").unwrap_or_else(|| "etcd".into());
+    let port = free_port();
+    let mut command = Command::new(bin);
+    command.args([
+        "grpc-proxy",
+        "start",
+        &format!("--endpoints={}", etcd.trim_start_matches("http://")),
+        &format!("--listen-addr=127.0.0.1:{port}"),
+    ]);
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let endpoint = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Ok(mut c)) =
+            tokio::time::timeout(Duration::from_secs(2), connect([endpoint.as_str()])).await
+        {
+            if c.status().await.is_ok() {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill().await;
+            return Err("etcd grpc-proxy did not answer".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(Front {
+        name: "grpc-proxy",
+        endpoint,
+        child: Some(child),
+    })
+}
+
+async fn start_cache_server(etcd: &str, prefix: &str) -> Res<Front> {
+    let port = free_port();
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args(["--child", etcd, prefix, &format!("127.0.0.1:{port}")]);
+    let child = start_child(command, "ready").await?;
+    Ok(Front {
+        name: "cache server",
+        endpoint: format!("127.0.0.1:{port}"),
+        child: Some(child),
+    })
+}
+
+/// The child: a cache server of `prefix` on `listen`.
+async fn child(etcd: String, prefix: String, listen: String) -> Res<()> {
+    let client = connect([etcd.as_str()]).await?;
+    let options = CacheServerOptions::default();
+    let server = CacheServer::new(client, [etcd], prefix)
+        .with_options(options)
+        .bind(listen.parse()?)
+        .await?;
+    server.ready(Duration::from_secs(120)).await?;
+    println!("ready");
+    server.wait().await?;
+    Ok(())
+}
+
+async fn load(client: &Client, prefix: &str, keys: usize, size: usize) -> Res<()> {
+    let value = "v".repeat(size);
+    let mut kv = client.kv_client();
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(128) {
+        let ops = chunk
+            .iter()
+            .map(|i| TxnOp::put(format!("{prefix}k{i:07}"), value.clone(), None))
+            .collect::<Vec<_>>();
+        kv.txn(Txn::new().and_then(ops)).await?;
+    }
+    Ok(())
+}
+
+/// Seconds to list `prefix` once from `endpoint` on a new client.
+async fn list_once(endpoint: &str, prefix: &str, keys: usize) -> Res<f64> {
+    let client = connect([endpoint]).await?;
+    let mut kv = client.kv_client().max_decoding_message_size(usize::MAX);
+    let started = Instant::now();
+    let resp = kv
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await?;
+    let took = started.elapsed().as_secs_f64();
+    if resp.kvs().len() != keys {
+        return Err(format!("listed {} keys of {keys}", resp.kvs().len()).into());
+    }
+    Ok(took)
+}
+
+struct ListFigures {
+    one_ms: f64,
+    concurrent_s: f64,
+    etcd_cpu_s: f64,
+}
+
+async fn lists(endpoint: &str, prefix: &str, args: &Args, etcd_pid: u32) -> Res<ListFigures> {
+    // One list first to warm whatever caches there are (the server's is built at start).
+    list_once(endpoint, prefix, args.keys).await?;
+    let mut times = Vec::new();
+    for _ in 0..args.lists {
+        times.push(list_once(endpoint, prefix, args.keys).await?);
+    }
+    let cpu = cpu_seconds(etcd_pid);
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for _ in 0..args.clients {
+        let (endpoint, prefix, keys) = (endpoint.to_string(), prefix.to_string(), args.keys);
+        all.push(tokio::spawn(async move {
+            list_once(&endpoint, &prefix, keys)
+                .await
+                .map_err(|e| e.to_string())
+        }));
+    }
+    for task in all {
+        task.await??;
+    }
+    Ok(ListFigures {
+        one_ms: median(times) * 1000.0,
+        concurrent_s: started.elapsed().as_secs_f64(),
+        etcd_cpu_s: cpu_seconds(etcd_pid) - cpu,
+    })
+}
+
+struct WatchFigures {
+    p50_ms: f64,
+    p99_ms: f64,
+    events_per_s: f64,
+    delivered: usize,
+    expected: usize,
+    etcd_cpu_s: f64,
+    front_cpu_s: f64,
+    front_rss_mib: f64,
+}
+
+async fn watches(
+    writer: &Client,
+    front: &Front,
+    prefix: &str,
+    n: usize,
+    args: &Args,
+    etcd_pid: u32,
+) -> Res<WatchFigures> {
+    let connections = n.clamp(1, 20);
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(connect([front.endpoint.as_str()]).await?);
+    }
+    let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let writes = (args.rate * args.seconds) as usize;
+    let mut tasks = Vec::new();
+    let (created_tx, mut created_rx) = tokio::sync::mpsc::channel::<()>(n.max(1));
+    for i in 0..n {
+        let mut watch = clients[i % connections].watch_client();
+        let (prefix, latencies, created) =
+            (prefix.to_string(), latencies.clone(), created_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let (_requests, mut responses) = watch
+                .watch(prefix.as_str(), Some(WatchOptions::new().with_prefix()))
+                .await?
+                .split();
+            let mut mine = Vec::with_capacity(writes);
+            let mut seen = 0;
+            while seen < writes {
+                let Some(r) = responses.message().await? else {
+                    break;
+                };
+                if r.created() {
+                    let _ = created.send(()).await;
+                }
+                let now = now_nanos();
+                for e in r.events() {
+                    let sent = e
+                        .kv()
+                        .and_then(|kv| kv.value_str().ok())
+                        .and_then(|v| v.split(':').next())
+                        .and_then(|t| t.parse::<u128>().ok());
+                    if let Some(sent) = sent {
+                        mine.push(now.saturating_sub(sent) as f64 / 1e6);
+                        seen += 1;
+                    }
+                }
+            }
+            let count = mine.len();
+            if let Ok(mut all) = latencies.lock() {
+                all.extend(mine);
+            }
+            Ok::<usize, etcd_client::Error>(count)
+        }));
+    }
+    drop(created_tx);
+    for _ in 0..n {
+        tokio::time::timeout(Duration::from_secs(60), created_rx.recv())
+            .await
+            .map_err(|_| "watches were not created within 60 s")?;
+    }
+    let (etcd_cpu, front_cpu) = (cpu_seconds(etcd_pid), front.pid().map_or(0.0, cpu_seconds));
+    let started = Instant::now();
+    let period = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let mut tick = tokio::time::interval(period);
+    let mut kv = writer.kv_client();
+    let pad = "p".repeat(200);
+    for i in 0..writes {
+        tick.tick().await;
+        let value = format!("{}:{pad}", now_nanos());
+        kv.put(format!("{prefix}k{:07}", i % args.watch_keys), value, None)
+            .await?;
+    }
+    let mut delivered = 0;
+    for task in tasks {
+        if let Ok(Ok(Ok(count))) = tokio::time::timeout(Duration::from_secs(60), task).await {
+            delivered += count;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let front_rss_mib = front.pid().map_or(0.0, rss_mib);
+    let mut all = std::mem::take(&mut *latencies.lock().map_err(|_| "poisoned")?);
+    all.sort_by(f64::total_cmp);
+    Ok(WatchFigures {
+        p50_ms: percentile(&all, 50.0),
+        p99_ms: percentile(&all, 99.0),
+        events_per_s: delivered as f64 / elapsed,
+        delivered,
+        expected: writes * n,
+        etcd_cpu_s: cpu_seconds(etcd_pid) - etcd_cpu,
+        front_cpu_s: front.pid().map_or(0.0, cpu_seconds) - front_cpu,
+        front_rss_mib,
+    })
+}
+
+async fn run() -> Res<()> {
+    let args = args();
+    let etcd = EtcdServer::start().await?;
+    let etcd_pid = etcd.pid().ok_or("etcd has no pid")?;
+    let endpoint = etcd.endpoint();
+    let client = connect([endpoint.as_str()]).await?;
+    let list_prefix = "/bench/list/";
+    let watch_prefix = "/bench/watch/";
+    eprintln!("loading {} + {} keys...", args.keys, args.watch_keys);
+    load(&client, list_prefix, args.keys, 256).await?;
+    load(&client, watch_prefix, args.watch_keys, 256).await?;
+    let direct = Front {
+        name: "etcd direct",
+        endpoint: endpoint.trim_start_matches("http://").to_string(),
+        child: None,
+    };
+    let proxy = start_proxy(&endpoint).await?;
+    let list_server = start_cache_server(&endpoint, list_prefix).await?;
+    let watch_server = start_cache_server(&endpoint, watch_prefix).await?;
+    println!(
+        "\n{} keys of 256 B: one list (median of {}), then {} new clients at once\n",
+        args.keys, args.lists, args.clients
+    );
+    println!(
+        "| way | one list | {} lists at once | etcd CPU for those |",
+        args.clients
+    );
+    println!("| --- | ---: | ---: | ---: |");
+    let mut one = Vec::new();
+    for front in [&direct, &proxy, &list_server] {
+        let f = lists(&front.endpoint, list_prefix, &args, etcd_pid).await?;
+        println!(
+            "| {} | {:.0} ms | {:.2} s | {:.2} s |",
+            front.name, f.one_ms, f.concurrent_s, f.etcd_cpu_s
+        );
+        println!(
+            "{{\"scenario\":\"list\",\"way\":\"{}\",\"keys\":{},\"one_ms\":{:.1},\"concurrent_clients\":{},\"concurrent_s\":{:.3},\"etcd_cpu_s\":{:.2}}}",
+            front.name, args.keys, f.one_ms, args.clients, f.concurrent_s, f.etcd_cpu_s
+        );
+        one.push(f.one_ms);
+    }
+    if let [direct_ms, _, server_ms] = one[..] {
+        println!(
+            "list from the server vs etcd: {:.1}x faster\n",
+            direct_ms / server_ms
+        );
+    }
+    println!(
+        "\nwatchers on {} keys, {} writes/s for {} s\n",
+        args.watch_keys, args.rate, args.seconds
+    );
+    println!(
+        "| way | watchers | delivered | p50 | p99 | events/s | etcd CPU | front CPU | front RSS |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &n in &args.watchers {
+        for front in [&direct, &proxy, &watch_server] {
+            let f = watches(&client, front, watch_prefix, n, &args, etcd_pid).await?;
+            println!(
+                "| {} | {n} | {}/{} | {:.2} ms | {:.2} ms | {:.0} | {:.2} s | {:.2} s | {:.0} MiB |",
+                front.name,
+                f.delivered,
+                f.expected,
+                f.p50_ms,
+                f.p99_ms,
+                f.events_per_s,
+                f.etcd_cpu_s,
+                f.front_cpu_s,
+                f.front_rss_mib
+            );
+            println!(
+                "{{\"scenario\":\"watch\",\"way\":\"{}\",\"watchers\":{n},\"delivered\":{},\"expected\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"events_per_s\":{:.0},\"etcd_cpu_s\":{:.3},\"front_cpu_s\":{:.3},\"front_rss_mib\":{:.1}}}",
+                front.name, f.delivered, f.expected, f.p50_ms, f.p99_ms, f.events_per_s, f.etcd_cpu_s, f.front_cpu_s, f.front_rss_mib
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let result = if argv.get(1).map(String::as_str) == Some("--child") {
+        let get = |i: usize| argv.get(i).cloned().unwrap_or_default();
+        runtime.block_on(child(get(2), get(3), get(4)))
+    } else {
+        runtime.block_on(run())
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,617 @@
+//! The served cache: the prefix's keys at the cache's revision, and a bounded history of the
+//! revisions before it, filled by a [`Reflector`](crate::Reflector) through the [`Queue`] trait
+//! (the Kubernetes apiserver's watch cache is a store fed by a reflector the same way).
+//!
+//! Invariants, under the one lock:
+//! - `kvs` is etcd's content of the prefix at `revision` (keys absolute, as etcd has them);
+//! - `history` holds every event with a revision above `first`, in order, one [`Group`] per
+//!   revision that changed something, each event with the key's previous state in the cache;
+//! - a Range at a revision R with `range_floor <= R <= revision` rolls `kvs` back through the
+//!   groups above R; below the floor the revision is compacted, as etcd says;
+//! - `epoch` changes when the store was replaced (revisions went back): every watch of an
+//!   older epoch is over.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+
+use etcd_client::proto::PbKeyValue;
+use tokio::sync::watch;
+
+use crate::listwatch::BoxFuture;
+use crate::queue::{DeltaType, Queue};
+use crate::{lock, Object};
+
+/// A cached key's state (values are raw bytes).
+pub(crate) type Kv = Arc<Object<Vec<u8>>>;
+
+/// Keys (absolute) and their states, in key order.
+pub(crate) type Found = Vec<(Arc<[u8]>, Kv)>;
+
+/// etcd's text for a revision below the oldest one kept (gRPC OutOfRange).
+pub(crate) const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+/// etcd's text for a revision above the current one (gRPC OutOfRange).
+pub(crate) const FUTURE: &str = "etcdserver: mvcc: required revision is a future revision";
+
+/// One change of one key.
+#[derive(Debug, Clone)]
+pub(crate) struct Event {
+    /// The absolute key.
+    pub(crate) key: Arc<[u8]>,
+    /// The new state; `None` for a delete.
+    pub(crate) kv: Option<Kv>,
+    /// The state just before, from the cache.
+    pub(crate) prev: Option<Kv>,
+    /// The event's revision (a delete's `mod_revision`).
+    pub(crate) revision: i64,
+}
+
+impl Event {
+    /// The event as etcd's watch sends it: a delete's kv holds the key and its revision.
+    pub(crate) fn to_pb(&self, with_prev: bool) -> etcd_client::proto::PbEvent {
+        let (kind, kv) = match &self.kv {
+            Some(kv) => (0, to_pb(&self.key, kv, false)),
+            None => (
+                1,
+                PbKeyValue {
+                    key: self.key.to_vec(),
+                    mod_revision: self.revision,
+                    ..Default::default()
+                },
+            ),
+        };
+        etcd_client::proto::PbEvent {
+            r#type: kind,
+            kv: Some(kv),
+            prev_kv: if with_prev {
+                self.prev.as_ref().map(|p| to_pb(&self.key, p, false))
+            } else {
+                None
+            },
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let value = |kv: &Option<Kv>| kv.as_ref().map_or(0, |kv| kv.value.len());
+        // The key is counted twice: the event's and the object's.
+        2 * self.key.len() + value(&self.kv) + value(&self.prev) + 64
+    }
+}
+
+/// A key-value as etcd sends it.
+pub(crate) fn to_pb(key: &[u8], kv: &Object<Vec<u8>>, keys_only: bool) -> PbKeyValue {
+    PbKeyValue {
+        key: key.to_vec(),
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: if keys_only {
+            Vec::new()
+        } else {
+            kv.value.clone()
+        },
+        lease: kv.lease,
+    }
+}
+
+/// Every event of one revision.
+#[derive(Debug)]
+pub(crate) struct Group {
+    pub(crate) revision: i64,
+    pub(crate) events: Vec<Event>,
+    bytes: usize,
+}
+
+/// How much history the cache keeps: both bounds hold.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HistoryBounds {
+    pub(crate) revisions: usize,
+    pub(crate) bytes: usize,
+}
+
+/// What the cache says of a revision it cannot answer at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RevisionError {
+    /// Below the oldest revision kept; the lowest one a watch may start from.
+    Compacted(i64),
+    /// Above the cache's revision.
+    Future,
+}
+
+/// Where the cache is: revision and epoch, for waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub(crate) revision: i64,
+    pub(crate) epoch: u64,
+    pub(crate) synced: bool,
+}
+
+#[derive(Default)]
+struct State {
+    kvs: BTreeMap<Arc<[u8]>, Kv>,
+    revision: i64,
+    history: VecDeque<Arc<Group>>,
+    history_bytes: usize,
+    first: i64,
+    range_floor: i64,
+    epoch: u64,
+    synced: bool,
+    /// Changes taken from the reflector and not yet committed: a revision is applied whole.
+    pending: Vec<Event>,
+}
+
+/// The cache a [`CacheServer`](super::CacheServer) answers from; see the module's invariants.
+pub(crate) struct ServedCache {
+    prefix: Arc<[u8]>,
+    bounds: HistoryBounds,
+    state: Mutex<State>,
+    position: watch::Sender<Position>,
+    /// Also moved on every change of position, when shared with other caches.
+    any: Option<Arc<watch::Sender<u64>>>,
+}
+
+impl ServedCache {
+    pub(crate) fn new(prefix: &[u8], bounds: HistoryBounds) -> Self {
+        let (position, _) = watch::channel(Position {
+            revision: 0,
+            epoch: 0,
+            synced: false,
+        });
+        ServedCache {
+            prefix: prefix.into(),
+            bounds,
+            state: Mutex::new(State::default()),
+            position,
+            any: None,
+        }
+    }
+
+    /// Also moves `any` whenever this cache's position moves (one signal for several caches).
+    pub(crate) fn with_changed(mut self, any: Arc<watch::Sender<u64>>) -> Self {
+        self.any = Some(any);
+        self
+    }
+
+    /// Follows the cache's position.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Position> {
+        self.position.subscribe()
+    }
+
+    pub(crate) fn position(&self) -> Position {
+        *self.position.borrow()
+    }
+
+    /// How many keys the cache holds.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.state).kvs.len()
+    }
+
+    /// The cache's revision and how many keys it holds there.
+    pub(crate) fn revision_and_len(&self) -> (i64, usize) {
+        let state = lock(&self.state);
+        (state.revision, state.kvs.len())
+    }
+
+    /// (revisions, bytes) of history kept.
+    pub(crate) fn history_size(&self) -> (usize, usize) {
+        let state = lock(&self.state);
+        (state.history.len(), state.history_bytes)
+    }
+
+    fn absolute(&self, key: &str) -> Arc<[u8]> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.len());
+        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(key.as_bytes());
+        k.into()
+    }
+
+    /// The keys in `[key, end)` (etcd's range forms: empty `end` is the key alone, `\0` every
+    /// key from `key` on) at `revision` (0: the cache's), and the cache's revision. `proven`:
+    /// etcd's revision up to which the prefix is known unchanged beyond the cache's revision
+    /// (a linearizable read's proof; 0 if none), so revisions up to it are not in the future.
+    pub(crate) fn range_at(
+        &self,
+        key: &[u8],
+        end: &[u8],
+        revision: i64,
+        proven: i64,
+    ) -> Result<(Found, i64), RevisionError> {
+        let state = lock(&self.state);
+        if revision <= 0 {
+            // The current content: never compacted, whatever etcd compacted since.
+            let found = state
+                .kvs
+                .range::<[u8], _>(bounds(key, end))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            return Ok((found, state.revision));
+        }
+        if revision > state.revision.max(proven) {
+            return Err(RevisionError::Future);
+        }
+        if revision < state.range_floor.max(state.first) {
+            return Err(RevisionError::Compacted(state.first + 1));
+        }
+        // Up to `proven` the prefix is what the cache holds now.
+        let at = revision.min(state.revision);
+        let current = state.kvs.range::<[u8], _>(bounds(key, end));
+        if at == state.revision {
+            let found = current.map(|(k, v)| (k.clone(), v.clone())).collect();
+            return Ok((found, state.revision));
+        }
+        let mut found: BTreeMap<Arc<[u8]>, Kv> =
+            current.map(|(k, v)| (k.clone(), v.clone())).collect();
+        for group in state.history.iter().rev() {
+            if group.revision <= at {
+                break;
+            }
+            for event in group.events.iter().rev() {
+                if !in_range(&event.key, key, end) {
+                    continue;
+                }
+                match &event.prev {
+                    Some(prev) => found.insert(event.key.clone(), prev.clone()),
+                    None => found.remove(&event.key),
+                };
+            }
+        }
+        Ok((found.into_iter().collect(), state.revision))
+    }
+
+    /// The groups with a revision of `from` or more, at most `max` of them, for a watch in
+    /// `epoch`, and the cache's revision; `Compacted` when the history no longer reaches back to `from` or the store was
+    /// replaced since.
+    pub(crate) fn groups_from(
+        &self,
+        from: i64,
+        epoch: u64,
+        max: usize,
+    ) -> Result<(Vec<Arc<Group>>, i64), RevisionError> {
+        let state = lock(&self.state);
+        if epoch != state.epoch || from <= state.first {
+            return Err(RevisionError::Compacted(state.first + 1));
+        }
+        let start = state.history.partition_point(|g| g.revision < from);
+        let groups = state.history.range(start..).take(max).cloned().collect();
+        Ok((groups, state.revision))
+    }
+
+    /// etcd compacted at `revision` (a Compact through the server): Ranges below it are
+    /// compacted, and watches below it, as etcd says; the history before it goes.
+    pub(crate) fn compacted(&self, revision: i64) {
+        let mut state = lock(&self.state);
+        state.range_floor = state.range_floor.max(revision);
+        while state
+            .history
+            .front()
+            .is_some_and(|group| group.revision < revision)
+        {
+            if let Some(old) = state.history.pop_front() {
+                state.history_bytes -= old.bytes;
+                state.first = state.first.max(old.revision);
+            }
+        }
+        // A watch may start at the compaction revision itself, as on etcd, and always at the
+        // cache's next revision (a compaction above it removed nothing of the prefix).
+        state.first = state.first.max((revision - 1).min(state.revision));
+    }
+
+    fn publish(&self, state: &State) {
+        self.position.send_replace(Position {
+            revision: state.revision,
+            epoch: state.epoch,
+            synced: state.synced,
+        });
+        if let Some(any) = &self.any {
+            any.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Applies the pending changes up to `revision`, one group per revision.
+    fn apply_pending(&self, state: &mut State) {
+        if state.pending.is_empty() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut state.pending);
+        pending.sort_by_key(|e| e.revision);
+        let mut group: Option<Group> = None;
+        for mut event in pending {
+            event.prev = state.kvs.get(&event.key).cloned();
+            match &event.kv {
+                Some(kv) => state.kvs.insert(event.key.clone(), kv.clone()),
+                None => state.kvs.remove(&event.key),
+            };
+            if group.as_ref().is_some_and(|g| g.revision != event.revision) {
+                if let Some(done) = group.take() {
+                    push_group(state, done, self.bounds);
+                }
+            }
+            let g = group.get_or_insert_with(|| Group {
+                revision: event.revision,
+                events: Vec::new(),
+                bytes: 0,
+            });
+            g.bytes += event.bytes();
+            g.events.push(event);
+        }
+        if let Some(done) = group {
+            state.revision = state.revision.max(done.revision);
+            push_group(state, done, self.bounds);
+        }
+    }
+}
+
+fn push_group(state: &mut State, group: Group, bounds: HistoryBounds) {
+    state.revision = state.revision.max(group.revision);
+    state.history_bytes += group.bytes;
+    state.history.push_back(Arc::new(group));
+    while state.history.len() > bounds.revisions.max(1)
+        || (state.history_bytes > bounds.bytes && state.history.len() > 1)
+    {
+        let Some(old) = state.history.pop_front() else {
+            break;
+        };
+        state.history_bytes -= old.bytes;
+        state.first = old.revision;
+    }
+}
+
+/// etcd's range `[key, end)` as map bounds.
+pub(crate) fn bounds<'a>(key: &'a [u8], end: &'a [u8]) -> (Bound<&'a [u8]>, Bound<&'a [u8]>) {
+    if end.is_empty() {
+        (Bound::Included(key), Bound::Included(key))
+    } else if end == [0] {
+        (Bound::Included(key), Bound::Unbounded)
+    } else if key >= end {
+        // Empty: a range the map accepts.
+        (Bound::Included(key), Bound::Excluded(key))
+    } else {
+        (Bound::Included(key), Bound::Excluded(end))
+    }
+}
+
+/// Whether `k` is in etcd's range `[key, end)`.
+pub(crate) fn in_range(k: &[u8], key: &[u8], end: &[u8]) -> bool {
+    if end.is_empty() {
+        k == key
+    } else if end == [0] {
+        k >= key
+    } else {
+        k >= key && k < end
+    }
+}
+
+impl Queue<Vec<u8>> for ServedCache {
+    fn add_if_newer(&self, _kind: DeltaType, obj: Kv) -> bool {
+        let key = self.absolute(obj.key());
+        let mut state = lock(&self.state);
+        let known = state.kvs.get(&key).map_or(0, |kv| kv.mod_revision);
+        if obj.mod_revision <= known.max(state.revision) {
+            return false;
+        }
+        let revision = obj.mod_revision;
+        state.pending.push(Event {
+            key,
+            kv: Some(obj),
+            prev: None,
+            revision,
+        });
+        true
+    }
+
+    fn delete(&self, key: &str, revision: i64, _last: Option<Kv>) -> bool {
+        let key = self.absolute(key);
+        let mut state = lock(&self.state);
+        if revision <= state.revision || !state.kvs.contains_key(&key) {
+            return false;
+        }
+        state.pending.push(Event {
+            key,
+            kv: None,
+            prev: None,
+            revision,
+        });
+        true
+    }
+
+    /// The difference between the cache and the list becomes one group at the list's
+    /// revision, so open watches stay open; a replaced store (or the first list) starts the
+    /// history over instead.
+    fn replace(&self, list: Vec<Kv>, revision: i64, store_replaced: bool) {
+        let mut state = lock(&self.state);
+        state.pending.clear();
+        let listed: BTreeMap<Arc<[u8]>, Kv> = list
+            .into_iter()
+            .map(|o| (self.absolute(o.key()), o))
+            .collect();
+        if store_replaced || !state.synced || revision < state.revision {
+            let replaced = state.synced;
+            state.kvs = listed;
+            state.history.clear();
+            state.history_bytes = 0;
+            state.revision = revision;
+            state.first = revision;
+            state.range_floor = revision;
+            if replaced {
+                state.epoch += 1;
+            }
+            state.synced = true;
+            tracing::info!(
+                revision,
+                keys = state.kvs.len(),
+                replaced,
+                "served cache listed"
+            );
+            self.publish(&state);
+            return;
+        }
+        let mut changes = Vec::new();
+        for (key, kv) in &listed {
+            let same = state
+                .kvs
+                .get(key)
+                .is_some_and(|old| old.mod_revision == kv.mod_revision);
+            if !same {
+                changes.push(Event {
+                    key: key.clone(),
+                    kv: Some(kv.clone()),
+                    prev: None,
+                    revision,
+                });
+            }
+        }
+        for key in state.kvs.keys() {
+            if !listed.contains_key(key) {
+                changes.push(Event {
+                    key: key.clone(),
+                    kv: None,
+                    prev: None,
+                    revision,
+                });
+            }
+        }
+        // In the order etcd made them, as far as the list tells: puts by their revision, then
+        // the deletes (at the list's revision).
+        changes.sort_by_key(|e| e.kv.as_ref().map_or(revision, |kv| kv.mod_revision));
+        tracing::info!(
+            revision,
+            changes = changes.len(),
+            "served cache relisted; the difference goes to the watches"
+        );
+        state.pending = changes;
+        self.apply_pending(&mut state);
+        // Revisions between the old one and the list's are gaps: no Range can be answered there.
+        state.revision = state.revision.max(revision);
+        state.range_floor = state.revision;
+        self.publish(&state);
+    }
+
+    fn resync(&self) {}
+
+    fn commit(&self, revision: i64) {
+        let mut state = lock(&self.state);
+        self.apply_pending(&mut state);
+        let _ = revision;
+        self.publish(&state);
+    }
+
+    fn progress(&self, revision: i64) {
+        let mut state = lock(&self.state);
+        self.apply_pending(&mut state);
+        // A trusted bookmark of the watch, in order behind its events: nothing else changed.
+        state.revision = state.revision.max(revision);
+        self.publish(&state);
+    }
+
+    fn room(&self) -> Option<BoxFuture<'_, ()>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(key: &str, create: i64, rev: i64, version: i64, value: &str) -> Kv {
+        let mut o = Object::new(key, rev, value.as_bytes().to_vec());
+        o.create_revision = create;
+        o.version = version;
+        Arc::new(o)
+    }
+
+    fn keys(found: &[(Arc<[u8]>, Kv)]) -> Vec<(String, i64)> {
+        found
+            .iter()
+            .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.mod_revision))
+            .collect()
+    }
+
+    #[test]
+    fn ranges_roll_back_through_history() {
+        let cache = ServedCache::new(
+            b"/p/",
+            HistoryBounds {
+                revisions: 100,
+                bytes: 1 << 20,
+            },
+        );
+        cache.replace(vec![obj("a", 2, 2, 1, "a1")], 3, false);
+        cache.add_if_newer(DeltaType::Updated, obj("a", 2, 4, 2, "a2"));
+        cache.add_if_newer(DeltaType::Added, obj("b", 4, 4, 1, "b1"));
+        cache.commit(4);
+        cache.delete("a", 5, None);
+        cache.commit(5);
+        let (now, rev) = cache.range_at(b"/p/", b"/p0", 0, 0).unwrap();
+        assert_eq!((keys(&now), rev), (vec![("/p/b".into(), 4)], 5));
+        let (then, _) = cache.range_at(b"/p/", b"/p0", 4, 0).unwrap();
+        assert_eq!(keys(&then), vec![("/p/a".into(), 4), ("/p/b".into(), 4)]);
+        let (first, _) = cache.range_at(b"/p/", b"/p0", 3, 0).unwrap();
+        assert_eq!(keys(&first), vec![("/p/a".into(), 2)]);
+        assert_eq!(
+            cache.range_at(b"/p/", b"", 2, 0),
+            Err(RevisionError::Compacted(4))
+        );
+        // Proven unchanged up to 7: revisions 6 and 7 are the current content, 8 is future.
+        let (proven, rev) = cache.range_at(b"/p/", b"/p0", 7, 7).unwrap();
+        assert_eq!((keys(&proven), rev), (vec![("/p/b".into(), 4)], 5));
+        assert_eq!(
+            cache.range_at(b"/p/", b"/p0", 8, 7).err(),
+            Some(RevisionError::Future)
+        );
+        assert_eq!(
+            cache.range_at(b"/p/a", b"", 6, 0),
+            Err(RevisionError::Future)
+        );
+        let (groups, _) = cache.groups_from(4, 0, 10).unwrap();
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[1].events[0].prev.as_ref().unwrap().mod_revision, 4);
+        // Revision 0 is the current content even above a compaction.
+        cache.compacted(9);
+        assert!(cache.range_at(b"/p/", b"/p0", 0, 0).is_ok());
+        assert!(cache.range_at(b"/p/", b"/p0", 5, 9).is_err());
+        assert!(
+            cache.groups_from(6, 0, 10).is_ok(),
+            "a watch from now is fine"
+        );
+    }
+
+    #[test]
+    fn relist_appends_the_difference_and_history_is_bounded() {
+        let cache = ServedCache::new(
+            b"/p/",
+            HistoryBounds {
+                revisions: 2,
+                bytes: 1 << 20,
+            },
+        );
+        cache.replace(
+            vec![obj("a", 2, 2, 1, "a"), obj("b", 3, 3, 1, "b")],
+            3,
+            false,
+        );
+        cache.replace(
+            vec![obj("a", 2, 7, 2, "a2"), obj("c", 6, 6, 1, "c")],
+            9,
+            false,
+        );
+        let (groups, _) = cache.groups_from(4, 0, 10).unwrap();
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].revision, 9);
+        assert_eq!(groups[0].events.len(), 3);
+        // The gap between 3 and 9 answers no Range.
+        assert!(cache.range_at(b"/p/", b"/p0", 5, 0).is_err());
+        for r in 10..13 {
+            cache.add_if_newer(DeltaType::Updated, obj("c", 6, r, 2, "c"));
+            cache.commit(r);
+        }
+        assert_eq!(
+            cache.groups_from(4, 0, 10).err(),
+            Some(RevisionError::Compacted(11))
+        );
+        assert_eq!(cache.history_size().0, 2);
+        // A replaced store ends every watch of the old epoch.
+        cache.replace(vec![], 2, true);
+        assert!(cache.groups_from(3, 0, 10).is_err());
+        assert_eq!(cache.position().epoch, 1);
+    }
+}

@@ -1,0 +1,335 @@
+//! Everything the server does not answer itself goes to the upstream etcd: typed calls
+//! ([`Upstream::unary`]) for the KV and Cluster methods, and whole services passed through as
+//! bytes ([`Passthrough`]: Lease, Maintenance, Auth), with the client's credentials.
+
+use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes};
+use etcd_client::proto::{
+    PbClusterService, PbMember, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,
+    PbMemberListResponse, PbMemberPromoteRequest, PbMemberPromoteResponse, PbMemberRemoveRequest,
+    PbMemberRemoveResponse, PbMemberUpdateRequest, PbMemberUpdateResponse,
+};
+use tokio_stream::{Stream, StreamExt};
+use tonic::body::Body;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder, Streaming};
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use tonic_prost::prost::Message;
+use tonic_prost::ProstCodec;
+
+use super::header::Headers;
+
+/// The metadata a forwarded request carries over: etcd's auth token, and whether the client
+/// requires a leader.
+const FORWARDED_METADATA: [&str; 3] = ["token", "authorization", "hasleader"];
+
+/// The upstream etcd, as a gRPC channel the server forwards requests on.
+#[derive(Clone)]
+pub(crate) struct Upstream {
+    channel: Channel,
+}
+
+impl Upstream {
+    pub(crate) fn new(channel: Channel) -> Self {
+        Upstream { channel }
+    }
+
+    /// A request to the upstream with `message` and the client's credentials from `from`.
+    pub(crate) fn request<M>(from: &tonic::metadata::MetadataMap, message: M) -> Request<M> {
+        let mut request = Request::new(message);
+        for name in FORWARDED_METADATA {
+            if let Some(value) = from.get(name) {
+                request.metadata_mut().insert(name, value.clone());
+            }
+        }
+        request
+    }
+
+    /// Sends a unary call to `path` (`/etcdserverpb.KV/Put`...) with the client's credentials.
+    pub(crate) async fn unary<Q, A>(
+        &self,
+        request: Request<Q>,
+        path: &'static str,
+    ) -> Result<Response<A>, Status>
+    where
+        Q: Message + Send + Sync + 'static,
+        A: Message + Default + Send + Sync + 'static,
+    {
+        let (metadata, _, message) = request.into_parts();
+        let request = Self::request(&metadata, message);
+        let mut grpc =
+            tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("upstream etcd unreachable: {e}")))?;
+        let answer = grpc
+            .unary(
+                request,
+                http::uri::PathAndQuery::from_static(path),
+                ProstCodec::default(),
+            )
+            .await;
+        if let Err(status) = &answer {
+            tracing::debug!(path, code = ?status.code(), message = status.message(), "forwarded call failed");
+        }
+        answer
+    }
+
+    /// Opens a bidirectional stream to `path` with the client's credentials.
+    pub(crate) async fn streaming<S, Q, A>(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        requests: S,
+        path: http::uri::PathAndQuery,
+    ) -> Result<Response<Streaming<A>>, Status>
+    where
+        S: Stream<Item = Q> + Send + 'static,
+        Q: Message + Send + Sync + 'static,
+        A: Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc =
+            tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("upstream etcd unreachable: {e}")))?;
+        grpc.streaming(
+            Self::request(metadata, requests),
+            path,
+            ProstCodec::<Q, A>::default(),
+        )
+        .await
+    }
+
+    async fn raw(
+        &self,
+        request: Request<Streaming<Bytes>>,
+        path: http::uri::PathAndQuery,
+    ) -> Result<Response<Streaming<Bytes>>, Status> {
+        let (metadata, _, messages) = request.into_parts();
+        // A client's error mid-stream ends what is forwarded; the upstream sees the end.
+        let messages = messages.map_while(Result::ok);
+        let mut grpc =
+            tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("upstream etcd unreachable: {e}")))?;
+        grpc.streaming(Self::request(&metadata, messages), path, RawCodec)
+            .await
+    }
+}
+
+/// Messages as bytes, neither decoded nor encoded: what a pass-through needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// The name of a service passed through whole.
+pub(crate) trait ServiceName: Send + Sync + 'static {
+    /// The gRPC service name, `etcdserverpb.Lease`...
+    const NAME: &'static str;
+}
+
+macro_rules! service_name {
+    ($name:ident, $text:literal) => {
+        /// The upstream's `
+        #[doc = $text]
+        /// ` service.
+        pub(crate) struct $name;
+        impl ServiceName for $name {
+            const NAME: &'static str = $text;
+        }
+    };
+}
+
+service_name!(LeaseService, "etcdserverpb.Lease");
+service_name!(MaintenanceService, "etcdserverpb.Maintenance");
+service_name!(AuthService, "etcdserverpb.Auth");
+
+/// Every method of the service `N` forwarded to the upstream as bytes, streams included
+/// (lease keep-alives, snapshots), with the client's credentials.
+pub(crate) struct Passthrough<N> {
+    upstream: Upstream,
+    name: PhantomData<fn() -> N>,
+}
+
+impl<N> Clone for Passthrough<N> {
+    fn clone(&self) -> Self {
+        Passthrough {
+            upstream: self.upstream.clone(),
+            name: PhantomData,
+        }
+    }
+}
+
+impl<N: ServiceName> Passthrough<N> {
+    pub(crate) fn new(upstream: Upstream) -> Self {
+        Passthrough {
+            upstream,
+            name: PhantomData,
+        }
+    }
+}
+
+impl<N: ServiceName> NamedService for Passthrough<N> {
+    const NAME: &'static str = N::NAME;
+}
+
+/// One forwarded call: the method's path.
+struct Call {
+    upstream: Upstream,
+    path: http::uri::PathAndQuery,
+}
+
+type ForwardedStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+
+impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
+    type Response = Response<ForwardedStream>;
+    type Error = Status;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Status>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
+        let (upstream, path) = (self.upstream.clone(), self.path.clone());
+        Box::pin(async move {
+            tracing::debug!(path = %path, "passing a call through");
+            let answer = upstream.raw(request, path).await?;
+            let (metadata, stream, extensions) = answer.into_parts();
+            Ok(Response::from_parts(
+                metadata,
+                Box::pin(stream) as ForwardedStream,
+                extensions,
+            ))
+        })
+    }
+}
+
+impl<N: ServiceName> tonic::codegen::Service<http::Request<Body>> for Passthrough<N> {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let upstream = self.upstream.clone();
+        Box::pin(async move {
+            let path = request
+                .uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .apply_max_message_size_config(Some(usize::MAX), Some(usize::MAX));
+            Ok(grpc.streaming(Call { upstream, path }, request).await)
+        })
+    }
+}
+
+/// The Cluster service: the member list names this server alone (as etcd's gRPC proxy does),
+/// so that a client that syncs its endpoints keeps talking to it; the rest is forwarded.
+pub(crate) struct Cluster {
+    pub(crate) upstream: Upstream,
+    pub(crate) headers: Headers,
+    /// This server's client URL, `http://127.0.0.1:23790`.
+    pub(crate) client_url: String,
+}
+
+#[tonic::async_trait]
+impl PbClusterService for Cluster {
+    async fn member_add(
+        &self,
+        request: Request<PbMemberAddRequest>,
+    ) -> Result<Response<PbMemberAddResponse>, Status> {
+        self.upstream
+            .unary(request, "/etcdserverpb.Cluster/MemberAdd")
+            .await
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<PbMemberRemoveRequest>,
+    ) -> Result<Response<PbMemberRemoveResponse>, Status> {
+        self.upstream
+            .unary(request, "/etcdserverpb.Cluster/MemberRemove")
+            .await
+    }
+
+    async fn member_update(
+        &self,
+        request: Request<PbMemberUpdateRequest>,
+    ) -> Result<Response<PbMemberUpdateResponse>, Status> {
+        self.upstream
+            .unary(request, "/etcdserverpb.Cluster/MemberUpdate")
+            .await
+    }
+
+    async fn member_list(
+        &self,
+        _request: Request<PbMemberListRequest>,
+    ) -> Result<Response<PbMemberListResponse>, Status> {
+        let header = self.headers.header(0);
+        let member = PbMember {
+            id: header.member_id,
+            name: "etcd-informer-cache".into(),
+            peer_ur_ls: Vec::new(),
+            client_ur_ls: vec![self.client_url.clone()],
+            is_learner: false,
+        };
+        Ok(Response::new(PbMemberListResponse {
+            header: Some(header),
+            members: vec![member],
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<PbMemberPromoteRequest>,
+    ) -> Result<Response<PbMemberPromoteResponse>, Status> {
+        self.upstream
+            .unary(request, "/etcdserverpb.Cluster/MemberPromote")
+            .await
+    }
+}

@@ -1,0 +1,386 @@
+//! The KV service: Range answered from the cache for ranges inside the served prefix, the
+//! same answer etcd gives (filters, sort, limit, count, revision); every other range and every
+//! write forwarded to the upstream.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use etcd_client::proto::{
+    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
+    PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
+    PbTxnRequest, PbTxnResponse,
+};
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use etcd_client::proto::{PbKvServer, PbResponseHeader};
+use tonic::body::Body;
+use tonic::codegen::{http, BoxFuture, Service};
+use tonic::server::{NamedService, UnaryService};
+use tonic::{Request, Response, Status};
+use tonic_prost::prost::Message;
+
+use super::cache::{to_pb, Found, Kv, RevisionError, COMPACTED, FUTURE};
+use super::encode::{range_response, RangeCodec};
+use super::forward::Upstream;
+use super::served::Served;
+
+// etcd's RangeRequest enums (rpc.proto).
+const SORT_NONE: i32 = 0;
+const SORT_ASCEND: i32 = 1;
+const SORT_DESCEND: i32 = 2;
+const TARGET_KEY: i32 = 0;
+const TARGET_VERSION: i32 = 1;
+const TARGET_CREATE: i32 = 2;
+const TARGET_MOD: i32 = 3;
+const TARGET_VALUE: i32 = 4;
+
+/// The KV service.
+pub(crate) struct KvService {
+    pub(crate) served: Arc<Served>,
+}
+
+/// The served prefix that can answer a Range from its cache: one holding the whole range,
+/// listed, with options the cache knows, the upstream's identity known.
+fn from_cache(served: &Served, r: &PbRangeRequest) -> Option<usize> {
+    let known = served.headers.known()
+        && (SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
+        && (TARGET_KEY..=TARGET_VALUE).contains(&r.sort_target);
+    known
+        .then(|| served.slice_for(&r.key, &r.range_end))
+        .flatten()
+}
+
+/// etcd's answer to `r` from the keys of its range at the asked revision.
+pub(crate) fn answer(r: &PbRangeRequest, found: Vec<(Arc<[u8]>, Kv)>) -> (Found, bool, i64) {
+    let count = found.len() as i64;
+    if r.count_only {
+        return (Vec::new(), false, count);
+    }
+    let mut kvs: Vec<(Arc<[u8]>, Kv)> = found
+        .into_iter()
+        .filter(|(_, kv)| {
+            (r.max_mod_revision == 0 || kv.mod_revision <= r.max_mod_revision)
+                && (r.min_mod_revision == 0 || kv.mod_revision >= r.min_mod_revision)
+                && (r.max_create_revision == 0 || kv.create_revision <= r.max_create_revision)
+                && (r.min_create_revision == 0 || kv.create_revision >= r.min_create_revision)
+        })
+        .collect();
+    let mut order = r.sort_order;
+    if r.sort_target != TARGET_KEY && order == SORT_NONE {
+        // etcd sorts ascending when only a target other than the key is given.
+        order = SORT_ASCEND;
+    }
+    if order != SORT_NONE {
+        let by = |a: &(Arc<[u8]>, Kv), b: &(Arc<[u8]>, Kv)| -> Ordering {
+            match r.sort_target {
+                TARGET_VERSION => a.1.version.cmp(&b.1.version),
+                TARGET_CREATE => a.1.create_revision.cmp(&b.1.create_revision),
+                TARGET_MOD => a.1.mod_revision.cmp(&b.1.mod_revision),
+                TARGET_VALUE => a.1.value.cmp(&b.1.value),
+                _ => a.0.cmp(&b.0),
+            }
+        };
+        // Stable, from key order: ties stay in key order, as etcd's small sorts leave them.
+        if order == SORT_DESCEND {
+            kvs.sort_by(|a, b| by(b, a));
+        } else {
+            kvs.sort_by(by);
+        }
+    }
+    let mut more = false;
+    if r.limit > 0 && kvs.len() as i64 > r.limit {
+        kvs.truncate(usize::try_from(r.limit).unwrap_or(usize::MAX));
+        more = true;
+    }
+    (kvs, more, count)
+}
+
+/// A Range's answer: etcd's, forwarded, or the cache's.
+pub(crate) enum RangeAnswer {
+    Forwarded(Response<PbRangeResponse>),
+    Cached {
+        header: PbResponseHeader,
+        kvs: Found,
+        keys_only: bool,
+        more: bool,
+        count: i64,
+    },
+}
+
+/// Answers a Range: from the cache when it can (see [`from_cache`]), after the access check
+/// and, for a linearizable read, the freshness proof; else forwarded.
+pub(crate) async fn range(
+    served: &Served,
+    request: Request<PbRangeRequest>,
+) -> Result<RangeAnswer, Status> {
+    let Some(slice) = from_cache(served, request.get_ref()) else {
+        served.metrics.forwarded("Range");
+        let answer = served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Range")
+            .await?;
+        return Ok(RangeAnswer::Forwarded(answer));
+    };
+    let slice = &served.slices[slice];
+    // Never a byte to a client the upstream would refuse.
+    let r = request.get_ref();
+    served
+        .may_read(request.metadata(), &r.key, &r.range_end)
+        .await?;
+    let (metadata, _, r) = request.into_parts();
+    // etcd's revision the content is proven at, for a linearizable read.
+    let mut proven_at = 0;
+    if !r.serializable {
+        let proven = served.linearize(slice).await;
+        if !slice.covers(&r.key, &r.range_end) {
+            // The cache gave up on the prefix meanwhile (a key it cannot hold).
+            served.metrics.forwarded("Range");
+            let answer = served
+                .upstream
+                .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
+                .await?;
+            return Ok(RangeAnswer::Forwarded(answer));
+        }
+        proven_at = proven?;
+    }
+    let found = slice
+        .cache
+        .range_at(&r.key, &r.range_end, r.revision, proven_at);
+    let (found, revision) = match found {
+        Ok(found) => found,
+        Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
+        Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),
+    };
+    let (kvs, more, count) = answer(&r, found);
+    served.metrics.ranged();
+    Ok(RangeAnswer::Cached {
+        header: served.headers.header(revision.max(proven_at)),
+        kvs,
+        keys_only: r.keys_only,
+        more,
+        count,
+    })
+}
+
+/// Range with its answer encoded straight from the cache ([`range_response`]), in front of
+/// the generated KV service, which takes every other method.
+#[derive(Clone)]
+pub(crate) struct KvFront {
+    pub(crate) served: Arc<Served>,
+    pub(crate) inner: PbKvServer<KvService>,
+}
+
+impl NamedService for KvFront {
+    const NAME: &'static str = "etcdserverpb.KV";
+}
+
+/// One Range call.
+struct RangeCall(Arc<Served>);
+
+impl UnaryService<PbRangeRequest> for RangeCall {
+    type Response = Bytes;
+    type Future = BoxFuture<Response<Bytes>, Status>;
+
+    fn call(&mut self, request: Request<PbRangeRequest>) -> Self::Future {
+        let served = self.0.clone();
+        Box::pin(async move {
+            match range(&served, request).await? {
+                RangeAnswer::Forwarded(answer) => {
+                    let (metadata, message, extensions) = answer.into_parts();
+                    let bytes = Bytes::from(message.encode_to_vec());
+                    Ok(Response::from_parts(metadata, bytes, extensions))
+                }
+                RangeAnswer::Cached {
+                    header,
+                    kvs,
+                    keys_only,
+                    more,
+                    count,
+                } => {
+                    // Encoding a large list takes a while: off the reactor's threads.
+                    let encode = move || range_response(&header, &kvs, keys_only, more, count);
+                    let bytes = if kvs_are_many(count) {
+                        tokio::task::spawn_blocking(encode)
+                            .await
+                            .map_err(|e| Status::internal(format!("encoding failed: {e}")))?
+                    } else {
+                        encode()
+                    };
+                    Ok(Response::new(bytes))
+                }
+            }
+        })
+    }
+}
+
+/// Whether an answer is large enough to encode on a blocking thread.
+fn kvs_are_many(count: i64) -> bool {
+    count > 1000
+}
+
+impl Service<http::Request<Body>> for KvFront {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != "/etcdserverpb.KV/Range" {
+            return Box::pin(self.inner.call(request));
+        }
+        let served = self.served.clone();
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(RangeCodec)
+                .apply_max_message_size_config(Some(usize::MAX), Some(usize::MAX));
+            Ok(grpc.unary(RangeCall(served), request).await)
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl PbKvService for KvService {
+    /// Not reached behind [`KvFront`], which answers Range itself; kept typed for the trait.
+    async fn range(
+        &self,
+        request: Request<PbRangeRequest>,
+    ) -> Result<Response<PbRangeResponse>, Status> {
+        match range(&self.served, request).await? {
+            RangeAnswer::Forwarded(answer) => Ok(answer),
+            RangeAnswer::Cached {
+                header,
+                kvs,
+                keys_only,
+                more,
+                count,
+            } => Ok(Response::new(PbRangeResponse {
+                header: Some(header),
+                kvs: kvs
+                    .iter()
+                    .map(|(key, kv)| to_pb(key, kv, keys_only))
+                    .collect(),
+                more,
+                count,
+            })),
+        }
+    }
+
+    type RangeStreamStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>,
+    >;
+
+    async fn range_stream(
+        &self,
+        _request: Request<PbRangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        // etcd 3.4 and 3.5 have no RangeStream either.
+        Err(Status::unimplemented(
+            "unknown method RangeStream for service etcdserverpb.KV",
+        ))
+    }
+
+    async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
+        self.served.metrics.forwarded("Put");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Put")
+            .await
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<PbDeleteRequest>,
+    ) -> Result<Response<PbDeleteResponse>, Status> {
+        self.served.metrics.forwarded("DeleteRange");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/DeleteRange")
+            .await
+    }
+
+    async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
+        self.served.metrics.forwarded("Txn");
+        self.served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Txn")
+            .await
+    }
+
+    async fn compact(
+        &self,
+        request: Request<PbCompactionRequest>,
+    ) -> Result<Response<PbCompactionResponse>, Status> {
+        self.served.metrics.forwarded("Compact");
+        let revision = request.get_ref().revision;
+        let answer = self
+            .served
+            .upstream
+            .unary(request, "/etcdserverpb.KV/Compact")
+            .await?;
+        // What etcd no longer answers, the cache no longer answers either.
+        for slice in &self.served.slices {
+            slice.cache.compacted(revision);
+        }
+        Ok(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Object;
+
+    fn kv(key: &str, create: i64, rev: i64, version: i64, value: &str) -> (Arc<[u8]>, Kv) {
+        let mut o = Object::new(key, rev, value.as_bytes().to_vec());
+        o.create_revision = create;
+        o.version = version;
+        (key.as_bytes().into(), Arc::new(o))
+    }
+
+    fn keys(kvs: &Found) -> Vec<&str> {
+        kvs.iter()
+            .map(|(k, _)| std::str::from_utf8(k).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn filters_sort_and_limit_as_etcd() {
+        let found = vec![
+            kv("/a", 2, 5, 2, "z"),
+            kv("/b", 3, 3, 1, "y"),
+            kv("/c", 4, 6, 3, "x"),
+        ];
+        let mut r = PbRangeRequest {
+            limit: 2,
+            ..Default::default()
+        };
+        let (kvs, more, count) = answer(&r, found.clone());
+        assert_eq!((keys(&kvs), more, count), (vec!["/a", "/b"], true, 3));
+        r.sort_target = TARGET_VALUE;
+        let (kvs, _, _) = answer(&r, found.clone());
+        assert_eq!(keys(&kvs), vec!["/c", "/b"]);
+        r.sort_order = SORT_DESCEND;
+        r.sort_target = TARGET_MOD;
+        r.limit = 0;
+        let (kvs, more, _) = answer(&r, found.clone());
+        assert_eq!((keys(&kvs), more), (vec!["/c", "/a", "/b"], false));
+        let r = PbRangeRequest {
+            min_mod_revision: 4,
+            limit: 1,
+            ..Default::default()
+        };
+        let (kvs, more, count) = answer(&r, found.clone());
+        assert_eq!((keys(&kvs), more, count), (vec!["/a"], true, 3));
+        let r = PbRangeRequest {
+            count_only: true,
+            limit: 1,
+            ..Default::default()
+        };
+        let (kvs, more, count) = answer(&r, found);
+        assert_eq!((kvs.len(), more, count), (0, false, 3));
+    }
+}

@@ -1,0 +1,658 @@
+//! Serving etcd's own gRPC API from a cache (cargo feature `server`): one process lists and
+//! watches prefixes of etcd once (a cache each), and any number of clients (etcdctl,
+//! etcd-client, this crate's [`EtcdListerWatcher`]) read and watch them from the caches,
+//! unchanged.
+//!
+//! - **Range** within a served prefix is answered from its cache (the keys at the cache's
+//!   revision and a bounded history): key, prefix or sub-range, `limit`/`more`/
+//!   `count`, `keys_only`, `count_only`, min/max mod and create revisions, sort, and `revision`
+//!   within the history. Linearizable reads (etcdctl's default) wait for the consistent-read
+//!   proof. Other ranges are forwarded.
+//! - **Watch** within a served prefix is served from its history: many watches per stream,
+//!   `start_revision`, `prev_kv`, filters, progress, cancel; a watch behind the history is
+//!   cancelled with `compact_revision`. Other watches are forwarded.
+//! - **Writes** (Put, DeleteRange, Txn, Compact), Lease, Maintenance and Auth are forwarded
+//!   with the client's token; `Cluster.MemberList` names this server (as etcd's gRPC proxy does).
+//! - **Health**: gRPC's `grpc.health.v1.Health/Check` says SERVING while the server
+//!   [is ready](RunningServer::is_ready), NOT_SERVING otherwise (for Kubernetes' gRPC probes).
+//!
+//! ```no_run
+//! use etcd_informer::serve::CacheServer;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let endpoints = vec!["127.0.0.1:2379".to_string()];
+//! let client = etcd_informer::connect(&endpoints).await?;
+//! let server = CacheServer::new(client, endpoints, "/registry/pods/")
+//!     .with_prefix("/registry/nodes/")
+//!     .bind("127.0.0.1:23790".parse()?)
+//!     .await?;
+//! server.ready(std::time::Duration::from_secs(30)).await?;
+//! println!("serving pods and nodes at {}", server.local_addr());
+//! server.wait().await?;
+//! # Ok(()) }
+//! ```
+
+mod cache;
+mod encode;
+mod forward;
+mod header;
+mod health;
+mod kv;
+mod served;
+mod stats;
+mod watch;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{PbClusterServer, PbKvServer, PbWatchServer};
+use etcd_client::Client;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument;
+
+use self::cache::{HistoryBounds, ServedCache};
+use self::forward::{
+    AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Upstream,
+};
+use self::header::Headers;
+use self::health::Health as HealthService;
+use self::kv::{KvFront, KvService};
+use self::served::{Served, Slice};
+use self::stats::ServerMetrics;
+pub use self::stats::ServerStats;
+use self::watch::WatchService;
+use crate::codec::RawCodec;
+use crate::listwatch::etcd::DecodeErrorHandler;
+use crate::metrics::ServerMetricHandles;
+use crate::queue::Queue;
+use crate::reflector::{Health, Reflector, ReflectorOptions};
+use crate::{EtcdListerWatcher, EtcdOptions};
+
+/// What can go wrong starting a [`CacheServer`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An upstream endpoint is not a valid URL.
+    #[error("bad upstream endpoint {endpoint:?}: {why}")]
+    Endpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        why: String,
+    },
+    /// The prefix or the etcd options were refused.
+    #[error(transparent)]
+    Config(#[from] crate::listwatch::etcd::ConfigError),
+    /// The cache did not list the prefix in time.
+    #[error("the cache of {prefix} did not sync within {waited:?}")]
+    NotReady {
+        /// The served prefix.
+        prefix: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The served prefixes overlap.
+    #[error("served prefixes may not overlap: {0}")]
+    Prefixes(String),
+    /// The gRPC server failed.
+    #[error("the gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The server's task ended abnormally.
+    #[error("the server's task failed: {0}")]
+    Task(String),
+}
+
+/// Options of a [`CacheServer`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CacheServerOptions {
+    /// How many revisions of history are kept for `get --rev` and watches that start in the
+    /// past (default 10,000).
+    pub history_revisions: usize,
+    /// How many bytes of history (keys and values of the events and their previous values) are
+    /// kept at most (default 64 MiB).
+    pub history_bytes: usize,
+    /// How long a linearizable Range may wait for the cache to be proven current before it
+    /// fails with `Unavailable` (default 5 s, etcdctl's command timeout).
+    pub read_timeout: Duration,
+    /// How often an idle watch created with `progress_notify` hears of the revision (default
+    /// 10 minutes, etcd's).
+    pub progress_interval: Duration,
+    /// How often the upstream's identity (cluster id, member id, raft term) is read again for
+    /// the headers (default 5 s).
+    pub identity_refresh: Duration,
+    /// The options of the list and watch of the prefix.
+    pub etcd: EtcdOptions,
+    /// TLS on the listening side (cargo feature `tls`): `None` serves plain HTTP/2.
+    #[cfg(feature = "tls")]
+    pub tls: Option<ServerTls>,
+    /// TLS of the channel that forwards requests to the upstream (cargo feature `tls`; e.g.
+    /// [`ConnectConfig::tls_options`](crate::ConnectConfig::tls_options)); endpoints without a
+    /// scheme are then `https://`. `None`: plain HTTP/2.
+    #[cfg(feature = "tls")]
+    pub upstream_tls: Option<etcd_client::TlsOptions>,
+}
+
+/// The server's TLS: its certificate and key, and for mutual TLS the CA whose certificates
+/// clients must present. PEM, as etcd's `--cert-file`, `--key-file`, `--trusted-ca-file`.
+#[cfg(feature = "tls")]
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate chain, PEM.
+    pub cert_pem: Vec<u8>,
+    /// The server's private key, PEM.
+    pub key_pem: Vec<u8>,
+    /// With a CA, every client must present a certificate it signed (mutual TLS).
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl Default for CacheServerOptions {
+    fn default() -> Self {
+        CacheServerOptions {
+            history_revisions: 10_000,
+            history_bytes: 64 << 20,
+            read_timeout: Duration::from_secs(5),
+            progress_interval: Duration::from_secs(600),
+            identity_refresh: Duration::from_secs(5),
+            etcd: EtcdOptions::default().with_raw_prefix(true),
+            #[cfg(feature = "tls")]
+            tls: None,
+            #[cfg(feature = "tls")]
+            upstream_tls: None,
+        }
+    }
+}
+
+impl CacheServerOptions {
+    /// Sets [`history_revisions`](Self::history_revisions).
+    #[must_use]
+    pub fn with_history_revisions(mut self, revisions: usize) -> Self {
+        self.history_revisions = revisions;
+        self
+    }
+
+    /// Sets [`history_bytes`](Self::history_bytes).
+    #[must_use]
+    pub fn with_history_bytes(mut self, bytes: usize) -> Self {
+        self.history_bytes = bytes;
+        self
+    }
+
+    /// Sets [`read_timeout`](Self::read_timeout).
+    #[must_use]
+    pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
+    }
+
+    /// Sets [`progress_interval`](Self::progress_interval).
+    #[must_use]
+    pub fn with_progress_interval(mut self, interval: Duration) -> Self {
+        self.progress_interval = interval;
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Sets [`upstream_tls`](Self::upstream_tls).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn with_upstream_tls(mut self, tls: Option<etcd_client::TlsOptions>) -> Self {
+        self.upstream_tls = tls;
+        self
+    }
+
+    /// Sets [`etcd`](Self::etcd) (its `raw_prefix` is forced on: any prefix can be served).
+    #[must_use]
+    pub fn with_etcd(mut self, etcd: EtcdOptions) -> Self {
+        self.etcd = etcd;
+        self
+    }
+}
+
+/// A server of etcd's gRPC API answering from caches of one or more prefixes; see the
+/// [module](self).
+pub struct CacheServer {
+    client: Client,
+    endpoints: Vec<String>,
+    prefixes: Vec<Vec<u8>>,
+    options: CacheServerOptions,
+}
+
+impl CacheServer {
+    /// A server of `prefix`, listing and watching it through `client`, and forwarding what it
+    /// does not answer to `endpoints` (the same etcd, `host:port` or `http://host:port`).
+    pub fn new(
+        client: Client,
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        prefix: impl Into<Vec<u8>>,
+    ) -> Self {
+        CacheServer {
+            client,
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            prefixes: vec![prefix.into()],
+            options: CacheServerOptions::default(),
+        }
+    }
+
+    /// Serves `prefix` too, from its own cache (its own list and watch of etcd). No served
+    /// prefix may be a prefix of another ([`bind`](Self::bind) refuses it).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.prefixes.push(prefix.into());
+        self
+    }
+
+    /// Sets the options.
+    #[must_use]
+    pub fn with_options(mut self, options: CacheServerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Binds `addr`, starts the caches (a list and watch of each prefix) and serves. Requests
+    /// that arrive before a cache has listed are forwarded.
+    pub async fn bind(self, addr: SocketAddr) -> Result<RunningServer, ServeError> {
+        for (i, a) in self.prefixes.iter().enumerate() {
+            for b in &self.prefixes[i + 1..] {
+                if a.starts_with(b) || b.starts_with(a) {
+                    return Err(ServeError::Prefixes(format!(
+                        "{:?} and {:?} overlap",
+                        String::from_utf8_lossy(a),
+                        String::from_utf8_lossy(b)
+                    )));
+                }
+            }
+        }
+        #[cfg(feature = "tls")]
+        let upstream_tls = self.options.upstream_tls.clone();
+        #[cfg(feature = "tls")]
+        let default_scheme = if upstream_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        #[cfg(not(feature = "tls"))]
+        let default_scheme = "http";
+        let mut endpoints = Vec::new();
+        for endpoint in &self.endpoints {
+            let url = if endpoint.contains("://") {
+                endpoint.clone()
+            } else {
+                format!("{default_scheme}://{endpoint}")
+            };
+            let bad = |e: tonic::transport::Error| ServeError::Endpoint {
+                endpoint: endpoint.clone(),
+                why: e.to_string(),
+            };
+            let parsed = Endpoint::from_shared(url).map_err(bad)?;
+            #[cfg(feature = "tls")]
+            let parsed = match &upstream_tls {
+                Some(tls) => parsed.tls_config(tls.clone()).map_err(bad)?,
+                None => parsed,
+            };
+            endpoints.push(
+                parsed
+                    .connect_timeout(Duration::from_secs(5))
+                    .tcp_nodelay(true),
+            );
+        }
+        if endpoints.is_empty() {
+            return Err(ServeError::Endpoint {
+                endpoint: String::new(),
+                why: "no upstream endpoint".into(),
+            });
+        }
+        let channel = Channel::balance_list(endpoints.into_iter());
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let options = self.options;
+        let prefix_text = self
+            .prefixes
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect::<Vec<_>>()
+            .join(",");
+        let changed = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let mut slices = Vec::new();
+        let mut tasks = Vec::new();
+        for prefix in &self.prefixes {
+            let (slice, reflector) = start_slice(&self.client, prefix, &options, &changed)?;
+            tasks.push(tokio::spawn(reflector));
+            slices.push(slice);
+        }
+        let headers = Headers::default();
+        let upstream = Upstream::new(channel);
+        let served = Arc::new(Served {
+            slices,
+            changed,
+            upstream: upstream.clone(),
+            headers: headers.clone(),
+            client: self.client.clone(),
+            access: Default::default(),
+            read_timeout: options.read_timeout,
+            metrics: ServerMetrics::default(),
+        });
+        tasks.push(tokio::spawn(
+            sample_metrics(served.clone(), prefix_text.clone())
+                .instrument(tracing::info_span!("cache_server_metrics", prefix = %prefix_text)),
+        ));
+        tasks.push(tokio::spawn(
+            headers
+                .clone()
+                .keep_fresh(self.client.clone(), options.identity_refresh)
+                .instrument(tracing::info_span!("upstream_identity", prefix = %prefix_text)),
+        ));
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        #[cfg(feature = "tls")]
+        let scheme = match &options.tls {
+            Some(tls) => {
+                let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+                let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+                if let Some(ca) = &tls.client_ca_pem {
+                    config = config.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+                }
+                builder = builder.tls_config(config)?;
+                "https"
+            }
+            None => "http",
+        };
+        #[cfg(not(feature = "tls"))]
+        let scheme = "http";
+        let client_url = format!("{scheme}://{local_addr}");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let router = builder
+            .add_service(KvFront {
+                served: served.clone(),
+                inner: PbKvServer::new(KvService {
+                    served: served.clone(),
+                })
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+            })
+            .add_service(
+                PbWatchServer::new(WatchService {
+                    served: served.clone(),
+                    progress_interval: options.progress_interval,
+                })
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(PbClusterServer::new(Cluster {
+                upstream: upstream.clone(),
+                headers,
+                client_url,
+            }))
+            .add_service(Passthrough::<LeaseService>::new(upstream.clone()))
+            .add_service(Passthrough::<MaintenanceService>::new(upstream.clone()))
+            .add_service(Passthrough::<AuthService>::new(upstream))
+            .add_service(HealthService {
+                served: served.clone(),
+            });
+        let span = tracing::info_span!("cache_server", prefix = %prefix_text, addr = %local_addr);
+        let serving = tokio::spawn(
+            async move {
+                let incoming = TcpListenerStream::new(listener);
+                router
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            }
+            .instrument(span),
+        );
+        tracing::info!(prefix = %prefix_text, addr = %local_addr, "cache server listening");
+        Ok(RunningServer {
+            local_addr,
+            prefix: prefix_text,
+            served,
+            tasks,
+            serving: Some(serving),
+            stop: Some(stop),
+        })
+    }
+}
+
+/// A running [`CacheServer`]. Dropping it stops the server and its cache.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    prefix: String,
+    served: Arc<Served>,
+    tasks: Vec<JoinHandle<()>>,
+    serving: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl RunningServer {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Waits until the server [is ready](Self::is_ready): every cache has listed its prefix,
+    /// its watch is open, and the upstream's identity is known; from then on reads inside the
+    /// prefixes are answered from the caches.
+    pub async fn ready(&self, within: Duration) -> Result<(), ServeError> {
+        let mut position = self.served.changed.subscribe();
+        let wait = async {
+            loop {
+                position.borrow_and_update();
+                if self.is_ready() {
+                    return;
+                }
+                tokio::select! {
+                    _ = position.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        };
+        tokio::time::timeout(within, wait)
+            .await
+            .map_err(|_| ServeError::NotReady {
+                prefix: self.prefix.clone(),
+                waited: within,
+            })
+    }
+
+    /// What the server has done so far (over all its prefixes: the lowest revision, the sums
+    /// of keys and history).
+    pub fn stats(&self) -> ServerStats {
+        stats_of(&self.served)
+    }
+
+    /// The health of each prefix's list and watch of etcd (its reflector's): whether it is
+    /// connected, when it last proved the cache fresh, its relists and last error.
+    pub fn health(&self) -> Vec<(String, Health)> {
+        self.served
+            .slices
+            .iter()
+            .map(|s| {
+                let prefix = String::from_utf8_lossy(&s.prefix).into_owned();
+                (prefix, s.reflected.health())
+            })
+            .collect()
+    }
+
+    /// Whether every cache has listed and its watch is connected and proven fresh within the
+    /// source's liveness bound, and the upstream's identity is known: what a readiness probe
+    /// should report (the gRPC health check says the same).
+    pub fn is_ready(&self) -> bool {
+        self.served.ready()
+    }
+
+    /// Serves until the server fails or is shut down.
+    pub async fn wait(mut self) -> Result<(), ServeError> {
+        match self.serving.take() {
+            Some(serving) => match serving.await {
+                Ok(result) => result.map_err(ServeError::from),
+                Err(e) => Err(ServeError::Task(e.to_string())),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Stops accepting requests, ends open streams, and stops the cache.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            // Open watch streams would keep a graceful shutdown waiting: bounded.
+            let abort = serving.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), serving)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(serving) = &self.serving {
+            serving.abort();
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`); `\0`
+/// (every key) for an empty or all-`\xff` prefix.
+fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The server's counters and its caches' sizes.
+fn stats_of(served: &Served) -> ServerStats {
+    let (mut keys, mut revisions, mut bytes) = (0, 0, 0);
+    for slice in &served.slices {
+        let (r, b) = slice.cache.history_size();
+        keys += slice.cache.len();
+        revisions += r;
+        bytes += b;
+    }
+    let incomplete = served
+        .slices
+        .iter()
+        .any(|s| s.incomplete.load(Ordering::Relaxed));
+    served
+        .metrics
+        .stats(served.revision(), keys, (revisions, bytes), incomplete)
+}
+
+/// Samples the server's counters into the crate's metrics every second.
+async fn sample_metrics(served: Arc<Served>, prefix: String) {
+    let handles = ServerMetricHandles::new(&prefix);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let stats = stats_of(&served);
+        // The stalest of the caches.
+        let since_proven_fresh = served
+            .slices
+            .iter()
+            .filter_map(|s| s.reflected.health().seconds_since_proven_fresh())
+            .reduce(f64::max);
+        handles.sample(
+            [
+                stats.watch_streams,
+                stats.watches,
+                stats.events_sent,
+                stats.slow_watches_cancelled,
+                stats.ranges_from_cache,
+                stats.forwarded,
+            ],
+            (stats.history_revisions, stats.history_bytes),
+            since_proven_fresh,
+        );
+    }
+}
+
+/// Starts one prefix's cache: its source (raw bytes), the cache, and the reflector between
+/// them (returned as its future, to be spawned).
+fn start_slice(
+    client: &Client,
+    prefix: &[u8],
+    options: &CacheServerOptions,
+    changed: &Arc<tokio::sync::watch::Sender<u64>>,
+) -> Result<(Slice, impl std::future::Future<Output = ()>), ServeError> {
+    let prefix_text = String::from_utf8_lossy(prefix).into_owned();
+    // A key the source cannot take (not UTF-8) would be missing from the cache: from the
+    // first one on, every request of this prefix is forwarded instead of answered wrong.
+    let incomplete = Arc::new(AtomicBool::new(false));
+    let user_handler = options.etcd.on_decode_error.clone();
+    let flag = incomplete.clone();
+    let name = prefix_text.clone();
+    let on_decode_error: DecodeErrorHandler = Arc::new(move |e| {
+        if !flag.swap(true, Ordering::Relaxed) {
+            tracing::error!(prefix = %name, key = %e.escaped_key(), "a key under a served prefix is not UTF-8; the cache server forwards every request of the prefix from now on");
+        }
+        if let Some(h) = &user_handler {
+            h(e);
+        }
+    });
+    let etcd = options
+        .etcd
+        .clone()
+        .with_raw_prefix(true)
+        .with_on_decode_error(Some(on_decode_error));
+    let source = EtcdListerWatcher::with_options(client.clone(), prefix.to_vec(), RawCodec, etcd)?;
+    let cache = Arc::new(
+        ServedCache::new(
+            prefix,
+            HistoryBounds {
+                revisions: options.history_revisions,
+                bytes: options.history_bytes,
+            },
+        )
+        .with_changed(changed.clone()),
+    );
+    let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
+    let reflector = Reflector::new(
+        source,
+        queue,
+        ReflectorOptions::default().with_name(format!("cache-server {prefix_text}")),
+    );
+    let slice = Slice {
+        prefix: prefix.to_vec(),
+        prefix_end: prefix_range_end(prefix),
+        cache,
+        reflected: reflector.revision(),
+        incomplete,
+    };
+    Ok((slice, reflector.run()))
+}

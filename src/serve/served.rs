@@ -1,0 +1,290 @@
+//! What the KV and Watch services share: the served prefixes (their caches), the upstream, the
+//! headers, the access checks and the consistent-read proof.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
+use etcd_client::{Client, GetOptions};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use super::cache::ServedCache;
+use super::forward::Upstream;
+use super::header::Headers;
+use super::stats::ServerMetrics;
+use crate::lock;
+use crate::reflector::RevisionHandle;
+#[cfg(doc)]
+use crate::EtcdListerWatcher;
+
+/// One served prefix: its cache, and the health of the reflector that fills it.
+pub(crate) struct Slice {
+    pub(crate) prefix: Vec<u8>,
+    pub(crate) prefix_end: Vec<u8>,
+    pub(crate) cache: Arc<ServedCache>,
+    pub(crate) reflected: RevisionHandle,
+    /// A key under the prefix could not be cached (not UTF-8): nothing of this prefix is
+    /// answered from the cache any more.
+    pub(crate) incomplete: Arc<AtomicBool>,
+}
+
+impl Slice {
+    /// Whether etcd's range `[key, end)` lies within the prefix, and the cache has listed and
+    /// holds every key of it.
+    pub(crate) fn covers(&self, key: &[u8], end: &[u8]) -> bool {
+        if self.incomplete.load(Ordering::Relaxed) || !self.cache.position().synced {
+            return false;
+        }
+        if self.prefix.is_empty() {
+            return !key.is_empty();
+        }
+        if key < self.prefix.as_slice() {
+            return false;
+        }
+        if end.is_empty() {
+            return key.starts_with(&self.prefix);
+        }
+        if self.prefix_end == [0] {
+            return true;
+        }
+        end != [0] && end <= self.prefix_end.as_slice()
+    }
+
+    /// Listed, and its watch connected and proven fresh within the source's liveness bound.
+    pub(crate) fn ready(&self) -> bool {
+        self.cache.position().synced && self.reflected.health().connected
+    }
+
+    /// The first key of the prefix's range (`\0` for the whole keyspace).
+    fn first_key(&self) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            vec![0]
+        } else {
+            self.prefix.clone()
+        }
+    }
+}
+
+/// What the KV service and the watch service share.
+pub(crate) struct Served {
+    /// The served prefixes; none is a prefix of another.
+    pub(crate) slices: Vec<Slice>,
+    /// Moves whenever any cache does: what watch sessions wait on.
+    pub(crate) changed: Arc<watch::Sender<u64>>,
+    pub(crate) upstream: Upstream,
+    pub(crate) headers: Headers,
+    /// The server's own client of the upstream, for the consistent-read proof.
+    pub(crate) client: Client,
+    /// What the upstream said of clients' access to ranges.
+    pub(crate) access: Access,
+    pub(crate) read_timeout: Duration,
+    pub(crate) metrics: ServerMetrics,
+}
+
+impl Served {
+    /// The served prefix that holds all of etcd's range `[key, end)` and can answer it from
+    /// its cache, if one does.
+    pub(crate) fn slice_for(&self, key: &[u8], end: &[u8]) -> Option<usize> {
+        self.slices.iter().position(|s| s.covers(key, end))
+    }
+
+    /// Every prefix ready, and the upstream's identity known.
+    pub(crate) fn ready(&self) -> bool {
+        self.headers.known() && self.slices.iter().all(Slice::ready)
+    }
+
+    /// The lowest revision of the caches: one every cache has reached.
+    pub(crate) fn revision(&self) -> i64 {
+        self.slices
+            .iter()
+            .map(|s| s.cache.position().revision)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Returns once the prefix's cache holds every change etcd made before this call (a
+    /// linearizable read; read-your-writes for a write forwarded before it). etcd's current
+    /// revision comes from a linearizable count of the prefix (etcd answers it from its index,
+    /// reading no value); the cache usually reaches it through its own watch within a moment.
+    /// If it does not (keys outside the prefix moved etcd's revision), [`Self::prove`] checks
+    /// that the prefix is unchanged since the cache's revision, at once for a small prefix and
+    /// after [`PROOF_GRACE`] for a large one (that check reads the whole prefix in etcd). Gives
+    /// up with Unavailable after `read_timeout`. Returns etcd's revision the cache's content is
+    /// now proven to be at (the answer's header may name it, as etcd's would). The proof never
+    /// moves the cache's revision: events still on their way through the watch would be
+    /// skipped.
+    pub(crate) async fn linearize(&self, slice: &Slice) -> Result<i64, Status> {
+        let deadline = Instant::now() + self.read_timeout;
+        let unavailable =
+            |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
+        let target = tokio::time::timeout_at(deadline, self.current_revision(slice))
+            .await
+            .map_err(|_| unavailable("no answer from etcd for the consistent-read proof".into()))?
+            .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
+        let mut position = slice.cache.subscribe();
+        let grace = if slice.cache.len() <= SMALL_PREFIX {
+            Instant::now()
+        } else {
+            Instant::now() + PROOF_GRACE
+        };
+        let mut proven_at = None;
+        loop {
+            let now = *position.borrow_and_update();
+            if now.revision >= target {
+                return Ok(target);
+            }
+            if Instant::now() >= grace && proven_at != Some(now.revision) {
+                let (since, len) = slice.cache.revision_and_len();
+                proven_at = Some(since);
+                let proof = self.prove(slice, since, len, target);
+                if let Ok(Ok(true)) = tokio::time::timeout_at(deadline, proof).await {
+                    return Ok(target);
+                }
+            }
+            let wake = if Instant::now() < grace {
+                grace
+            } else {
+                deadline
+            };
+            match tokio::time::timeout_at(wake, position.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(unavailable("the cache stopped".into())),
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => {
+                    return Err(unavailable(format!(
+                    "the cache did not reach etcd's revision {target} within {:?} (it is at {})",
+                    self.read_timeout,
+                    slice.cache.position().revision
+                )))
+                }
+            }
+        }
+    }
+
+    /// etcd's current revision, read linearizably with a count of the prefix.
+    async fn current_revision(&self, slice: &Slice) -> Result<i64, etcd_client::Error> {
+        let options = GetOptions::new()
+            .with_range(slice.prefix_end.clone())
+            .with_count_only();
+        let resp = self
+            .client
+            .kv_client()
+            .get(slice.first_key(), Some(options))
+            .await?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    /// Whether the prefix at etcd's revision `at` is the cache's content at `since`, which held
+    /// `len` keys: one range read of the prefix at `at`, keys only, filtered to keys modified
+    /// after `since`. It is if no key was written after `since` (a created key would be one)
+    /// and the count is the cache's (a delete lowers it). Unlike
+    /// [`EtcdListerWatcher::freshness`], which counts the prefix at `since` in etcd, it needs
+    /// no old revision: an idle prefix whose revision etcd compacted still proves fresh.
+    async fn prove(
+        &self,
+        slice: &Slice,
+        since: i64,
+        len: usize,
+        at: i64,
+    ) -> Result<bool, etcd_client::Error> {
+        let options = GetOptions::new()
+            .with_range(slice.prefix_end.clone())
+            .with_keys_only()
+            .with_min_mod_revision(since + 1)
+            .with_limit(1)
+            .with_revision(at);
+        let resp = self
+            .client
+            .kv_client()
+            .get(slice.first_key(), Some(options))
+            .await?;
+        Ok(resp.kvs().is_empty() && usize::try_from(resp.count()) == Ok(len))
+    }
+
+    /// Whether the client with `metadata` may read `[key, end)`: the upstream is asked once per
+    /// token and range (a one-key count, with the client's token) and its answer remembered for
+    /// [`ACCESS_TTL`]. A refusal is the upstream's error; an upstream that cannot be asked
+    /// keeps the last answer, or refuses if there is none.
+    pub(crate) async fn may_read(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        key: &[u8],
+        end: &[u8],
+    ) -> Result<(), Status> {
+        let token = metadata.get("token").map(|t| t.as_bytes().to_vec());
+        let entry = (token, key.to_vec(), end.to_vec());
+        let known = lock(&self.access).get(&entry).cloned();
+        if let Some((at, answer)) = &known {
+            if at.elapsed() < ACCESS_TTL {
+                return answer.clone();
+            }
+        }
+        let probe = PbRangeRequest {
+            key: key.to_vec(),
+            range_end: end.to_vec(),
+            limit: 1,
+            count_only: true,
+            serializable: true,
+            ..Default::default()
+        };
+        let asked = self.upstream.unary::<_, PbRangeResponse>(
+            Upstream::request(metadata, probe),
+            "/etcdserverpb.KV/Range",
+        );
+        // A hung upstream must not hang reads the cache can answer.
+        let asked = tokio::time::timeout(ACCESS_PROBE_TIMEOUT, asked)
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")));
+        let answer = match asked {
+            Ok(_) => Ok(()),
+            Err(status) if is_refusal(&status) => Err(status),
+            Err(status) => {
+                return match known {
+                    Some((_, answer)) => answer,
+                    None => Err(Status::unavailable(format!(
+                    "etcd-informer cache server: cannot check the client's access with etcd: {}",
+                    status.message()
+                ))),
+                }
+            }
+        };
+        let mut access = lock(&self.access);
+        if access.len() >= ACCESS_ENTRIES {
+            access.clear();
+        }
+        access.insert(entry, (std::time::Instant::now(), answer.clone()));
+        answer
+    }
+}
+
+/// How long a linearizable read of a large prefix waits for the cache's own watch before it
+/// asks etcd to prove the prefix unchanged (a read of the whole prefix in etcd).
+pub(crate) const PROOF_GRACE: Duration = Duration::from_millis(50);
+/// A prefix this small is proven unchanged at once: the proof costs etcd little.
+const SMALL_PREFIX: usize = 1000;
+
+/// How long the upstream's answer on a client's access is remembered.
+pub(crate) const ACCESS_TTL: Duration = Duration::from_secs(5);
+/// How long the upstream is given to answer an access check.
+const ACCESS_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Access answers remembered at most (all are forgotten past it).
+const ACCESS_ENTRIES: usize = 10_000;
+
+/// Whether etcd refused the client (rather than failing to answer).
+fn is_refusal(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::InvalidArgument
+            | Code::FailedPrecondition
+    )
+}
+
+/// Remembered access answers: (token, key, range end) -> (when, answer).
+pub(crate) type Access = Mutex<HashMap<(Option<Vec<u8>>, Vec<u8>, Vec<u8>), AccessAnswer>>;
+type AccessAnswer = (std::time::Instant, Result<(), Status>);

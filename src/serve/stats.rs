@@ -1,0 +1,99 @@
+//! What the server counts: connections, watches, events, cancellations, forwarded requests.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counts of what a [`RunningServer`](super::RunningServer) did; see
+/// [`RunningServer::stats`](super::RunningServer::stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerStats {
+    /// The cache's revision.
+    pub revision: i64,
+    /// Keys in the cache.
+    pub keys: usize,
+    /// Revisions of history kept.
+    pub history_revisions: usize,
+    /// Bytes of history kept (keys and values, events and their previous values).
+    pub history_bytes: usize,
+    /// Open watch streams (client connections watching).
+    pub watch_streams: u64,
+    /// Open watches served from the cache.
+    pub watches: u64,
+    /// Events sent to watches.
+    pub events_sent: u64,
+    /// Watches cancelled with `compact_revision` because the history no longer reached back to
+    /// their position (slow readers, or starts older than the history).
+    pub slow_watches_cancelled: u64,
+    /// Ranges answered from the cache.
+    pub ranges_from_cache: u64,
+    /// Requests forwarded to the upstream (passed-through Lease, Maintenance and Auth calls
+    /// not counted).
+    pub forwarded: u64,
+    /// A key under the prefix could not be cached (it is not UTF-8): the server forwards every
+    /// request instead of answering from an incomplete cache.
+    pub forwarding_all: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    streams: AtomicI64,
+    watches: AtomicI64,
+    events_sent: AtomicU64,
+    slow_cancelled: AtomicU64,
+    ranges: AtomicU64,
+    forwarded: AtomicU64,
+}
+
+/// The server's counters, shared by its services.
+#[derive(Clone, Default)]
+pub(crate) struct ServerMetrics(Arc<Counters>);
+
+impl ServerMetrics {
+    pub(crate) fn forwarded(&self, method: &'static str) {
+        tracing::trace!(method, "forwarded");
+        self.0.forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn ranged(&self) {
+        self.0.ranges.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn session(&self, delta: i64) {
+        self.0.streams.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub(crate) fn watches(&self, delta: i64) {
+        self.0.watches.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub(crate) fn sent(&self, events: usize) {
+        self.0
+            .events_sent
+            .fetch_add(events as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn slow_cancelled(&self) {
+        self.0.slow_cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl ServerMetrics {
+    pub(crate) fn stats(
+        &self,
+        revision: i64,
+        keys: usize,
+        history: (usize, usize),
+        forwarding_all: bool,
+    ) -> ServerStats {
+        let m = &self.0;
+        ServerStats {
+            revision,
+            keys,
+            history_revisions: history.0,
+            history_bytes: history.1,
+            watch_streams: m.streams.load(Ordering::Relaxed).max(0) as u64,
+            watches: m.watches.load(Ordering::Relaxed).max(0) as u64,
+            events_sent: m.events_sent.load(Ordering::Relaxed),
+            slow_watches_cancelled: m.slow_cancelled.load(Ordering::Relaxed),
+            ranges_from_cache: m.ranges.load(Ordering::Relaxed),
+            forwarded: m.forwarded.load(Ordering::Relaxed),
+            forwarding_all,
+        }
+    }
+}

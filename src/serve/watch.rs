@@ -1,0 +1,460 @@
+//! The Watch service: many watches on one client stream, served from the cache's history.
+//!
+//! A session (one client stream) keeps, per watch, the next revision it owes the client, and
+//! pulls the history's groups from there whenever the client's stream has room: nothing is
+//! copied per watcher ahead of time, so a client that does not read holds no memory but its
+//! position, and never holds back other clients or the cache. A watch whose position falls out
+//! of the history is cancelled with `compact_revision`, as etcd cancels a watcher it cannot
+//! catch up. Watches of ranges outside the prefix are forwarded to the upstream, each on its
+//! own upstream stream.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::codec::Streaming;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use super::cache::{in_range, Position, RevisionError};
+use super::served::Served;
+
+/// Responses waiting for the client, per stream. Past it the session waits: a client that
+/// does not read stalls only itself.
+const STREAM_BUFFER: usize = 16;
+/// The most revisions one response carries when a watch catches up (etcd's
+/// `watchBatchMaxRevs`); a revision is never split.
+const MAX_REVISIONS_PER_RESPONSE: usize = 1000;
+// etcd's WatchCreateRequest.FilterType.
+const FILTER_NOPUT: i32 = 0;
+const FILTER_NODELETE: i32 = 1;
+
+/// The Watch service.
+pub(crate) struct WatchService {
+    pub(crate) served: Arc<Served>,
+    /// How often a watch created with `progress_notify` hears of the revision when idle.
+    pub(crate) progress_interval: Duration,
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<PbWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl PbWatchService for WatchService {
+    type WatchStream = ResponseStream;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<PbWatchRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let (metadata, _, requests) = request.into_parts();
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let session = Session {
+            served: self.served.clone(),
+            metadata,
+            tx,
+            watches: BTreeMap::new(),
+            forwarded: BTreeMap::new(),
+            control: VecDeque::new(),
+            next_id: 0,
+            turn: 0,
+            maybe_behind: false,
+        };
+        let span = tracing::info_span!("watch_session");
+        self.served.metrics.session(1);
+        let served = self.served.clone();
+        let interval = self.progress_interval;
+        tokio::spawn(
+            async move {
+                session.run(requests, interval).await;
+                served.metrics.session(-1);
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// One watch served from the cache.
+struct Watch {
+    /// The served prefix whose cache serves it.
+    slice: usize,
+    key: Vec<u8>,
+    end: Vec<u8>,
+    /// The next revision owed to the client: every event below it was sent.
+    next: i64,
+    epoch: u64,
+    prev_kv: bool,
+    no_put: bool,
+    no_delete: bool,
+    progress_notify: bool,
+}
+
+/// One client stream.
+struct Session {
+    served: Arc<Served>,
+    metadata: tonic::metadata::MetadataMap,
+    tx: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    watches: BTreeMap<i64, Watch>,
+    /// Watches forwarded to the upstream: the task relaying each.
+    forwarded: BTreeMap<i64, JoinHandle<()>>,
+    /// Responses that go before any event: created, canceled, progress.
+    control: VecDeque<PbWatchResponse>,
+    next_id: i64,
+    /// Round robin among the watches.
+    turn: i64,
+    /// Whether a watch may be behind the cache (set when the cache moves or a watch is
+    /// created, cleared by a round that finds nothing to send).
+    maybe_behind: bool,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        for task in self.forwarded.values() {
+            task.abort();
+        }
+        self.served.metrics.watches(-(self.watches.len() as i64));
+    }
+}
+
+impl Session {
+    async fn run(mut self, mut requests: Streaming<PbWatchRequest>, interval: Duration) {
+        let mut position = self.served.changed.subscribe();
+        let mut progress = tokio::time::interval(interval);
+        progress.reset();
+        let tx = self.tx.clone();
+        loop {
+            let work = self.has_work();
+            tokio::select! {
+                request = requests.next() => match request {
+                    Some(Ok(request)) => self.handle(request).await,
+                    Some(Err(status)) => {
+                        tracing::debug!(%status, "watch stream ended by the client");
+                        return;
+                    }
+                    None => return,
+                },
+                changed = position.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.maybe_behind = true;
+                }
+                permit = tx.reserve(), if work => match permit {
+                    Ok(permit) => {
+                        if let Some(response) = self.next_response() {
+                            permit.send(Ok(response));
+                        }
+                    }
+                    Err(_) => return,
+                },
+                _ = progress.tick() => self.notify_progress(),
+            }
+        }
+    }
+
+    fn header(&self, revision: i64) -> Option<etcd_client::proto::PbResponseHeader> {
+        Some(self.served.headers.header(revision))
+    }
+
+    async fn handle(&mut self, request: PbWatchRequest) {
+        match request.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(create)) => {
+                let mut key = create.key.clone();
+                if key.is_empty() {
+                    // etcd watches the empty key as `\0`.
+                    key = vec![0];
+                }
+                let id = if create.watch_id != 0 {
+                    create.watch_id
+                } else {
+                    while self.watches.contains_key(&self.next_id)
+                        || self.forwarded.contains_key(&self.next_id)
+                    {
+                        self.next_id += 1;
+                    }
+                    self.next_id += 1;
+                    self.next_id - 1
+                };
+                if self.watches.contains_key(&id) || self.forwarded.contains_key(&id) {
+                    self.control.push_back(PbWatchResponse {
+                        header: self.header(self.served.revision()),
+                        watch_id: id,
+                        created: true,
+                        canceled: true,
+                        cancel_reason: "mvcc: duplicate watch ID provided on the WatchStream"
+                            .into(),
+                        ..Default::default()
+                    });
+                    return;
+                }
+                let Some(slice) = self.served.slice_for(&key, &create.range_end) else {
+                    let mut create = create;
+                    create.watch_id = 0;
+                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
+                    return;
+                };
+                // etcd refuses a watch of a range the client may not read, on the stream.
+                let access = self
+                    .served
+                    .may_read(&self.metadata, &key, &create.range_end)
+                    .await;
+                if let Err(refused) = access {
+                    self.control.push_back(PbWatchResponse {
+                        header: self.header(self.served.revision()),
+                        watch_id: -1,
+                        created: true,
+                        canceled: true,
+                        // etcd's text of the gRPC error, as grpc-go prints it.
+                        cancel_reason: format!(
+                            "rpc error: code = {:?} desc = {}",
+                            refused.code(),
+                            refused.message()
+                        ),
+                        ..Default::default()
+                    });
+                    return;
+                }
+                let position = self.served.slices[slice].cache.position();
+                let watch = Watch {
+                    slice,
+                    end: create.range_end.clone(),
+                    key,
+                    next: if create.start_revision > 0 {
+                        create.start_revision
+                    } else {
+                        position.revision + 1
+                    },
+                    epoch: position.epoch,
+                    prev_kv: create.prev_kv,
+                    no_put: create.filters.contains(&FILTER_NOPUT),
+                    no_delete: create.filters.contains(&FILTER_NODELETE),
+                    progress_notify: create.progress_notify,
+                };
+                tracing::debug!(id, from = watch.next, "watch created");
+                self.watches.insert(id, watch);
+                self.maybe_behind = true;
+                self.served.metrics.watches(1);
+                self.control.push_back(PbWatchResponse {
+                    header: self.header(position.revision),
+                    watch_id: id,
+                    created: true,
+                    ..Default::default()
+                });
+            }
+            Some(PbWatchRequestUnion::CancelRequest(cancel)) => {
+                let id = cancel.watch_id;
+                let known = if self.watches.remove(&id).is_some() {
+                    self.served.metrics.watches(-1);
+                    true
+                } else if let Some(task) = self.forwarded.remove(&id) {
+                    task.abort();
+                    true
+                } else {
+                    false
+                };
+                // etcd answers a cancel of an unknown watch with nothing.
+                if known {
+                    self.control.push_back(PbWatchResponse {
+                        header: self.header(self.served.revision()),
+                        watch_id: id,
+                        canceled: true,
+                        ..Default::default()
+                    });
+                }
+            }
+            Some(PbWatchRequestUnion::ProgressRequest(_)) => {
+                // A revision every watch of the stream has fully received (etcd answers with
+                // the watch id -1).
+                let revision = self
+                    .watches
+                    .values()
+                    .map(|w| (w.next - 1).min(self.position(w).revision))
+                    .min()
+                    .unwrap_or_else(|| self.served.revision());
+                self.control.push_back(PbWatchResponse {
+                    header: self.header(revision),
+                    watch_id: -1,
+                    ..Default::default()
+                });
+            }
+            None => {}
+        }
+    }
+
+    /// Watches with `progress_notify` that are caught up hear of the cache's revision.
+    fn notify_progress(&mut self) {
+        for (id, watch) in &self.watches {
+            let now = self.position(watch).revision;
+            if watch.progress_notify && watch.next > now {
+                self.control.push_back(PbWatchResponse {
+                    header: Some(self.served.headers.header(now)),
+                    watch_id: *id,
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    /// Where the cache of `watch`'s prefix is.
+    fn position(&self, watch: &Watch) -> Position {
+        self.served.slices[watch.slice].cache.position()
+    }
+
+    fn has_work(&self) -> bool {
+        !self.control.is_empty() || self.maybe_behind
+    }
+
+    /// The next response owed to the client, if any: control responses first, then the next
+    /// watch (in turn) that is behind the cache. Watches with nothing that matches move on; a
+    /// whole round without a response clears `maybe_behind` until the cache moves again.
+    fn next_response(&mut self) -> Option<PbWatchResponse> {
+        if let Some(response) = self.control.pop_front() {
+            return Some(response);
+        }
+        for _ in 0..self.watches.len() {
+            let found = self
+                .watches
+                .range(self.turn..)
+                .next()
+                .or_else(|| self.watches.iter().next());
+            let Some((&id, watch)) = found else {
+                break;
+            };
+            let position = self.position(watch);
+            let behind = watch.next <= position.revision || watch.epoch != position.epoch;
+            self.turn = id + 1;
+            if behind {
+                if let Some(response) = self.catch_up(id) {
+                    return Some(response);
+                }
+            }
+        }
+        self.maybe_behind = false;
+        None
+    }
+
+    /// The events owed to watch `id`, as one response (whole revisions only), or its
+    /// cancellation when the history no longer reaches back to it.
+    fn catch_up(&mut self, id: i64) -> Option<PbWatchResponse> {
+        let served = self.served.clone();
+        let watch = self.watches.get_mut(&id)?;
+        let cache = &served.slices[watch.slice].cache;
+        let (groups, revision) =
+            match cache.groups_from(watch.next, watch.epoch, MAX_REVISIONS_PER_RESPONSE) {
+                Ok(found) => found,
+                Err(RevisionError::Future) => return None,
+                Err(RevisionError::Compacted(compact_revision)) => {
+                    tracing::info!(
+                        id,
+                        from = watch.next,
+                        compact_revision,
+                        "watch behind the history kept; cancelled"
+                    );
+                    self.watches.remove(&id);
+                    self.served.metrics.watches(-1);
+                    self.served.metrics.slow_cancelled();
+                    return Some(PbWatchResponse {
+                        header: self.header(cache.position().revision),
+                        watch_id: id,
+                        canceled: true,
+                        compact_revision,
+                        ..Default::default()
+                    });
+                }
+            };
+        let full = groups.len() == MAX_REVISIONS_PER_RESPONSE;
+        let mut events = Vec::new();
+        let mut last = watch.next - 1;
+        for group in &groups {
+            last = group.revision;
+            for event in &group.events {
+                let wanted = in_range(&event.key, &watch.key, &watch.end)
+                    && !(event.kv.is_some() && watch.no_put)
+                    && !(event.kv.is_none() && watch.no_delete);
+                if wanted {
+                    events.push(event.to_pb(watch.prev_kv));
+                }
+            }
+        }
+        watch.next = if full {
+            last + 1
+        } else {
+            revision.max(last) + 1
+        };
+        if events.is_empty() {
+            return None;
+        }
+        self.served.metrics.sent(events.len());
+        let header_revision = if full { last } else { revision.max(last) };
+        Some(PbWatchResponse {
+            header: self.header(header_revision),
+            watch_id: id,
+            events,
+            ..Default::default()
+        })
+    }
+
+    /// Forwards a watch of a range outside the prefix on its own upstream stream, relaying its
+    /// responses under the id `id`.
+    fn forward(&mut self, id: i64, create: PbWatchRequestUnion) {
+        let served = self.served.clone();
+        let metadata = self.metadata.clone();
+        let tx = self.tx.clone();
+        let create = PbWatchRequest {
+            request_union: Some(create),
+        };
+        served.metrics.forwarded("Watch");
+        let task = tokio::spawn(
+            async move {
+                // The request side stays open as long as the relay runs.
+                let (requests, rx) = mpsc::channel(1);
+                let _ = requests.send(create).await;
+                let path = PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+                let opened = served
+                    .upstream
+                    .streaming::<_, PbWatchRequest, PbWatchResponse>(
+                        &metadata,
+                        ReceiverStream::new(rx),
+                        path,
+                    )
+                    .await;
+                let mut responses = match opened {
+                    Ok(responses) => responses.into_inner(),
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                while let Some(response) = responses.next().await {
+                    let end = match response {
+                        Ok(mut response) => {
+                            response.watch_id = id;
+                            let canceled = response.canceled;
+                            if tx.send(Ok(response)).await.is_err() {
+                                return;
+                            }
+                            canceled
+                        }
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            true
+                        }
+                    };
+                    if end {
+                        break;
+                    }
+                }
+                drop(requests);
+            }
+            .instrument(tracing::debug_span!("forwarded_watch", id)),
+        );
+        self.forwarded.insert(id, task);
+    }
+}

@@ -1,0 +1,397 @@
+//! etcd-client and this crate's informer through the server; bad and malformed input; many
+//! connections.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informer_through_the_server() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_informer");
+    for i in 0..20 {
+        put(&client, &format!("{p}k{i:02}"), &format!("v{i}")).await;
+    }
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let lw = EtcdListerWatcher::new(via.clone(), p.as_str(), TextCodec).expect("source");
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("the informer syncs through the server");
+    converges(&informer, &client, &p, WITHIN).await;
+    for i in 0..10 {
+        put(&client, &format!("{p}k{i:02}"), &format!("w{i}")).await;
+    }
+    delete(&client, &format!("{p}k15")).await;
+    converges(&informer, &client, &p, WITHIN).await;
+    // A compaction through the server, then more changes: the informer keeps up.
+    let now = put(&client, &format!("{p}k20"), "x").await;
+    via.kv_client()
+        .compact(now, None)
+        .await
+        .expect("compact through the server");
+    put(&client, &format!("{p}k21"), "y").await;
+    delete(&client, &format!("{p}k00")).await;
+    converges(&informer, &client, &p, WITHIN).await;
+    // A consistent read through the server sees a write made straight to etcd.
+    put(&client, &format!("{p}k22"), "z").await;
+    let lister = informer
+        .consistent_lister(WITHIN)
+        .await
+        .expect("a consistent read through the server");
+    assert!(lister.get("k22").is_some());
+    assert_eq!(cache_state(&informer), etcd_state(&client, &p).await);
+    // Status, leases and the member list through the server.
+    let mut m = via.maintenance_client();
+    let status = m.status().await.expect("status through the server");
+    assert!(!status.version().is_empty());
+    let lease = via
+        .lease_client()
+        .grant(60, None)
+        .await
+        .expect("lease grant");
+    via.kv_client()
+        .put(
+            format!("{p}leased"),
+            "l",
+            Some(PutOptions::new().with_lease(lease.id())),
+        )
+        .await
+        .expect("put with a lease");
+    let ttl = via
+        .lease_client()
+        .time_to_live(lease.id(), None)
+        .await
+        .expect("lease ttl");
+    assert!(ttl.ttl() > 0);
+    converges(&informer, &client, &p, WITHIN).await;
+    let leased = informer.lister().get("leased").expect("leased key cached");
+    assert_eq!(leased.lease, lease.id());
+    let members = via
+        .cluster_client()
+        .member_list()
+        .await
+        .expect("member list");
+    assert_eq!(
+        members.members()[0].client_urls(),
+        [format!("http://{}", server.local_addr())]
+    );
+    informer.stop();
+    let _ = run.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_etcds_answer() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_bad_input");
+    for i in 0..5 {
+        put(&client, &format!("{p}k{i}"), "v").await;
+    }
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let kv = |c: &Client| c.kv_client();
+    let status_of = |r: Result<etcd_client::GetResponse, etcd_client::Error>| match r {
+        Err(etcd_client::Error::GRpcStatus(s)) => (s.code(), s.message().to_string()),
+        other => panic!("expected a gRPC error, got {other:?}"),
+    };
+    // A revision in the future.
+    let future = Some(GetOptions::new().with_prefix().with_revision(1 << 40));
+    let served = status_of(kv(&via).get(p.as_str(), future.clone()).await);
+    let direct = status_of(kv(&client).get(p.as_str(), future).await);
+    assert_eq!(served, direct);
+    assert_eq!(served.0, tonic::Code::OutOfRange);
+    // A revision below the server's history: etcd's compacted error.
+    let old = Some(GetOptions::new().with_prefix().with_revision(1));
+    let served = status_of(kv(&via).get(p.as_str(), old).await);
+    assert_eq!(
+        served,
+        (
+            tonic::Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted".to_string()
+        )
+    );
+    // The empty key: forwarded, etcd's error.
+    let served = status_of(kv(&via).get("", None).await);
+    let direct = status_of(kv(&client).get("", None).await);
+    assert_eq!(served, direct);
+    // Limits of 0, 10^9, negative, and a range outside the prefix: etcd's answer.
+    let outside = unique_prefix("serve_bad_input_outside");
+    put(&client, &format!("{outside}x"), "y").await;
+    for (key, options) in [
+        (p.clone(), GetOptions::new().with_prefix().with_limit(0)),
+        (
+            p.clone(),
+            GetOptions::new().with_prefix().with_limit(1_000_000_000),
+        ),
+        (p.clone(), GetOptions::new().with_prefix().with_limit(-5)),
+        (
+            p.clone(),
+            GetOptions::new()
+                .with_prefix()
+                .with_limit(2)
+                .with_keys_only(),
+        ),
+        (
+            p.clone(),
+            GetOptions::new()
+                .with_prefix()
+                .with_count_only()
+                .with_limit(1),
+        ),
+        (
+            p.clone(),
+            GetOptions::new()
+                .with_prefix()
+                .with_min_mod_revision(1 << 40),
+        ),
+        (outside.clone(), GetOptions::new().with_prefix()),
+    ] {
+        let served = kv(&via)
+            .get(key.as_str(), Some(options.clone()))
+            .await
+            .expect("served");
+        let direct = kv(&client)
+            .get(key.as_str(), Some(options))
+            .await
+            .expect("direct");
+        let shape = |r: &etcd_client::GetResponse| {
+            let kvs: Vec<_> = r
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision()))
+                .collect();
+            (kvs, r.count(), r.more())
+        };
+        assert_eq!(shape(&served), shape(&direct));
+    }
+    // Watches: a forwarded one outside the prefix, filters, a cancel of an unknown id, a
+    // progress request; the server keeps serving.
+    let mut w = via.watch_client();
+    let (mut requests, mut responses) = w
+        .watch(outside.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch outside the prefix")
+        .split();
+    requests
+        .watch(
+            p.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoPut])
+                    .with_prev_key(),
+            ),
+        )
+        .await
+        .expect("second watch");
+    requests.cancel(987_654).await.expect("cancel unknown");
+    requests.request_progress().await.expect("progress");
+    let mut created = 0;
+    let mut progress = false;
+    while created < 2 || !progress {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("watch answers")
+            .expect("watch stream")
+            .expect("open");
+        created += usize::from(r.created());
+        progress |= r.watch_id() == -1;
+    }
+    put(&client, &format!("{outside}x"), "z").await;
+    put(&client, &format!("{p}k1"), "filtered-out").await;
+    delete(&client, &format!("{p}k1")).await;
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("events")
+            .expect("watch stream")
+            .expect("open");
+        for event in r.events() {
+            let kv = event.kv().expect("kv");
+            let prev = event
+                .prev_kv()
+                .map(|kv| kv.value_str().unwrap_or("?").to_string());
+            seen.push((
+                event.event_type(),
+                kv.key_str().unwrap_or("?").to_string(),
+                prev,
+            ));
+        }
+    }
+    // The two watches' events come by different roads (etcd's stream, the cache): in either
+    // order.
+    seen.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut want = vec![
+        (EventType::Put, format!("{outside}x"), None),
+        (
+            EventType::Delete,
+            format!("{p}k1"),
+            Some("filtered-out".to_string()),
+        ),
+    ];
+    want.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(seen, want);
+    let again = kv(&via)
+        .get(p.as_str(), Some(GetOptions::new().with_prefix()))
+        .await;
+    assert_eq!(again.expect("still serving").count(), 4);
+    // A key that is not UTF-8 cannot be cached: from then on the server forwards, and its
+    // answers stay etcd's.
+    let mut odd = p.clone().into_bytes();
+    odd.extend_from_slice(b"\xff\xfe");
+    client
+        .kv_client()
+        .put(odd.clone(), "odd", None)
+        .await
+        .expect("put");
+    eventually("the server forwards everything", WITHIN, || {
+        server.stats().forwarding_all
+    })
+    .await;
+    let served = kv(&via)
+        .get(p.as_str(), Some(GetOptions::new().with_prefix()))
+        .await;
+    let served = served.expect("served");
+    assert_eq!(served.count(), 5);
+    assert!(served.kvs().iter().any(|kv| kv.key() == odd.as_slice()));
+}
+
+/// A message whose field 1 is a number where etcd's requests have bytes: it does not decode.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(uint64, tag = "1")]
+    key: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_and_progress_notifications() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_malformed");
+    put(&client, &format!("{p}k"), "v").await;
+    let options = CacheServerOptions::default().with_progress_interval(Duration::from_millis(200));
+    let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
+    let url = format!("http://{}", server.local_addr());
+    let channel = tonic::transport::Channel::from_shared(url)
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for path in ["/etcdserverpb.KV/Range", "/etcdserverpb.KV/Put"] {
+        grpc.ready().await.expect("ready");
+        let sent: Result<tonic::Response<Garbage>, _> = grpc
+            .unary(
+                tonic::Request::new(Garbage { key: 7 }),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        let status = sent.expect_err("a malformed request is refused");
+        assert_eq!(status.code(), tonic::Code::Internal, "{path}: {status:?}");
+    }
+    grpc.ready().await.expect("ready");
+    let watch: Result<tonic::Response<tonic::codec::Streaming<Garbage>>, _> = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::iter([Garbage { key: 7 }])),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    if let Ok(responses) = watch {
+        let mut responses = responses.into_inner();
+        let ended = tokio::time::timeout(WITHIN, responses.message()).await;
+        assert!(
+            matches!(ended, Ok(Err(_)) | Ok(Ok(None))),
+            "a malformed watch request ends the stream: {ended:?}"
+        );
+    }
+    // The server still serves, and a watch with progress_notify hears of the revision.
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(
+            p.as_str(),
+            Some(WatchOptions::new().with_prefix().with_progress_notify()),
+        )
+        .await
+        .expect("watch")
+        .split();
+    let revision = server.stats().revision;
+    let mut notified = false;
+    while !notified {
+        let r = tokio::time::timeout(WITHIN, watch.message())
+            .await
+            .expect("a progress notification")
+            .expect("stream")
+            .expect("open");
+        notified = !r.created() && r.events().is_empty();
+        if notified {
+            assert_eq!(r.header().map(|h| h.revision()), Some(revision));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_connections_each_watching_and_reading() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_connections");
+    put(&client, &format!("{p}k"), "0").await;
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let endpoint = server.local_addr().to_string();
+    // Opened a hundred at a time: each connects, reads and watches.
+    let mut watchers = Vec::new();
+    for _ in 0..10 {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..100 {
+            let (endpoint, p) = (endpoint.clone(), p.clone());
+            opening.spawn(async move {
+                let via = connect([endpoint.as_str()]).await.expect("connect");
+                let read = GetOptions::new().with_prefix().with_serializable();
+                let got = via.kv_client().get(p.as_str(), Some(read)).await;
+                assert_eq!(got.expect("a read on each connection").count(), 1);
+                let (requests, mut responses) = via
+                    .watch_client()
+                    .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+                    .await
+                    .expect("a watch on each connection")
+                    .split();
+                let created = tokio::time::timeout(WITHIN, responses.message())
+                    .await
+                    .expect("created")
+                    .expect("stream")
+                    .expect("open");
+                assert!(created.created());
+                (via, requests, responses)
+            });
+        }
+        while let Some(opened) = opening.join_next().await {
+            watchers.push(opened.expect("a connection opened"));
+        }
+    }
+    assert_eq!(server.stats().watch_streams, 1000);
+    let rev = put(&client, &format!("{p}k"), "1").await;
+    for (_, _, responses) in &mut watchers {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("every connection hears the write")
+            .expect("stream")
+            .expect("open");
+        assert_eq!(r.events()[0].kv().map(|kv| kv.mod_revision()), Some(rev));
+    }
+    drop(watchers);
+    eventually("the streams are closed", WITHIN, || {
+        server.stats().watch_streams == 0
+    })
+    .await;
+}

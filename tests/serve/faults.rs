@@ -1,0 +1,410 @@
+//! Faults: a watcher that does not read, an upstream wiped, stopped or hung, and a relist of the
+//! cache under open watches.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_does_not_read_is_cancelled_and_holds_no_one_back() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_slow");
+    let options = CacheServerOptions::default()
+        .with_history_revisions(10_000)
+        .with_history_bytes(8 << 20);
+    let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
+    let endpoint = server.local_addr().to_string();
+    // The slow client opens its watch and reads nothing.
+    let slow = connect([endpoint.clone()]).await.expect("connect");
+    let (_slow_requests, mut slow_responses) = slow
+        .watch_client()
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("slow watch")
+        .split();
+    // A reader on another connection: 1,000 watches on one stream, of small values.
+    let small = format!("{p}small/");
+    let fast = connect([endpoint]).await.expect("connect");
+    let (mut requests, mut responses) = fast
+        .watch_client()
+        .watch(small.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("fast watch")
+        .split();
+    for _ in 1..1000 {
+        requests
+            .watch(small.as_str(), Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("another watch");
+    }
+    let mut created = 0;
+    while created < 1000 {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("created")
+            .expect("stream")
+            .expect("open");
+        created += usize::from(r.created());
+    }
+    // Large values the slow watcher's connection cannot take, with a small one every tenth.
+    let value = "x".repeat(16 * 1024);
+    let big = |i: usize| format!("{p}big/k{}", i % 10);
+    for i in 0..100 {
+        put(&client, &big(i), &value).await;
+        if i % 10 == 0 {
+            put(&client, &format!("{small}k"), &i.to_string()).await;
+        }
+    }
+    // Every fast watch gets every event, while the slow one reads nothing.
+    let mut events = 0usize;
+    while events < 10 * 1000 {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the fast watcher is held back: {events} events; {:?}",
+                    server.stats()
+                )
+            })
+            .expect("stream")
+            .expect("open");
+        events += r.events().len();
+    }
+    assert_eq!(server.stats().slow_watches_cancelled, 0);
+    // More large values than the history's 8 MiB hold: the slow watcher falls out of it.
+    let writes = 400;
+    let mut last = 0;
+    for i in 0..writes {
+        last = put(&client, &big(i), &value).await;
+    }
+    caught_up(&server, last).await;
+    // Now the slow one reads: what fit in its buffers, then a cancel with compact_revision.
+    let mut delivered = Vec::new();
+    let compact_revision = loop {
+        let r = tokio::time::timeout(WITHIN, slow_responses.message())
+            .await
+            .expect("the slow watcher hears")
+            .expect("stream")
+            .expect("open");
+        if r.canceled() {
+            break r.compact_revision();
+        }
+        delivered.extend(
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
+        );
+    };
+    assert!(compact_revision > 0, "cancelled with a compact revision");
+    assert!(delivered.len() < writes, "the slow watcher was cut short");
+    assert!(
+        delivered.windows(2).all(|w| w[0] < w[1]),
+        "in order, no repeats"
+    );
+    assert_eq!(
+        server.stats().slow_watches_cancelled,
+        1,
+        "only the slow watch"
+    );
+    // The fast ones are still open and hear the next small write.
+    put(&client, &format!("{small}k"), "after").await;
+    let mut heard = 0;
+    while heard < 1000 {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("the fast watches are still open")
+            .expect("stream")
+            .expect("open");
+        heard += r.events().len();
+    }
+    let (revisions, bytes) = (
+        server.stats().history_revisions,
+        server.stats().history_bytes,
+    );
+    assert!(
+        bytes <= 8 << 20 && revisions < writes,
+        "history bounded: {revisions}, {bytes}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_wipe_reaches_the_informer_through_the_server() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/wiped/";
+    for i in 0..10 {
+        put(&client, &format!("{p}k{i}"), "before").await;
+    }
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let lw = EtcdListerWatcher::new(via, p, TextCodec).expect("source");
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("sync");
+    converges(&informer, &client, p, WITHIN).await;
+    etcd.wipe().await.expect("wipe etcd");
+    let client = etcd.client().await;
+    put(&client, &format!("{p}after"), "new store").await;
+    converges(&informer, &client, p, Duration::from_secs(60)).await;
+    informer.stop();
+    let _ = run.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_watches_through_an_upstream_outage() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/outage/";
+    for i in 0..5 {
+        put(&client, &format!("{p}k{i}"), "v").await;
+    }
+    let options = CacheServerOptions::default().with_read_timeout(Duration::from_secs(2));
+    let server = start_server_with(&client, etcd.endpoints(), p, options).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let serializable = || Some(GetOptions::new().with_prefix().with_serializable());
+    let linearizable = || Some(GetOptions::new().with_prefix());
+    // An idle prefix while etcd moves on and compacts: a linearizable read still proves fresh.
+    for i in 0..20 {
+        put(&client, &format!("/elsewhere/k{i}"), "x").await;
+    }
+    let now = put(&client, "/elsewhere/last", "x").await;
+    client
+        .kv_client()
+        .compact(now, None)
+        .await
+        .expect("compact");
+    let started = tokio::time::Instant::now();
+    let got = via
+        .kv_client()
+        .get(p, linearizable())
+        .await
+        .expect("linearizable read");
+    assert_eq!(got.count(), 5);
+    // Answered at all means proven within the read timeout (2 s), not waited out.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "proved, not timed out"
+    );
+    assert_eq!(
+        via.kv_client()
+            .get(p, serializable())
+            .await
+            .expect("read")
+            .count(),
+        5
+    );
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch")
+        .split();
+    let created = watch.message().await.expect("stream").expect("created");
+    assert!(created.created());
+    // etcd stops: serializable reads still come from the cache; linearizable ones fail with
+    // Unavailable within the read timeout instead of answering unproven.
+    eventually("the server is ready", WITHIN, || server.is_ready()).await;
+    etcd.stop().await.expect("stop etcd");
+    eventually("the server reports itself not ready", WITHIN, || {
+        !server.is_ready()
+    })
+    .await;
+    let got = via.kv_client().get(p, serializable()).await;
+    assert_eq!(
+        got.expect("serializable read while etcd is down").count(),
+        5
+    );
+    let started = tokio::time::Instant::now();
+    match via.kv_client().get(p, linearizable()).await {
+        Err(etcd_client::Error::GRpcStatus(s)) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}")
+        }
+        other => panic!("a linearizable read with etcd down answered: {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // etcd is back: the open watch hears the next write, and reads are proven again.
+    etcd.start_again().await.expect("start etcd again");
+    let client = etcd.client().await;
+    let rev = put(&client, &format!("{p}back"), "again").await;
+    let event = loop {
+        let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the watch hears after the outage")
+            .expect("stream")
+            .expect("open");
+        if let Some(e) = r.events().first() {
+            break e
+                .kv()
+                .map(|kv| (kv.key_str().unwrap_or("?").to_string(), kv.mod_revision()));
+        }
+    };
+    assert_eq!(event, Some((format!("{p}back"), rev)));
+    let got = via.kv_client().get(p, linearizable()).await.expect("read");
+    assert_eq!(got.count(), 6);
+    eventually("the server is ready again", WITHIN, || server.is_ready()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/hung/";
+    put(&client, &format!("{p}k"), "v").await;
+    let options = CacheServerOptions::default().with_read_timeout(Duration::from_secs(2));
+    let server = start_server_with(&client, etcd.endpoints(), p, options).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let serializable = || Some(GetOptions::new().with_prefix().with_serializable());
+    assert_eq!(
+        via.kv_client()
+            .get(p, serializable())
+            .await
+            .expect("read")
+            .count(),
+        1
+    );
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch")
+        .split();
+    assert!(watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("created")
+        .created());
+    assert_eq!(grpc_health(&server).await, 1, "SERVING");
+    // etcd hangs (SIGSTOP): it accepts connections and answers nothing.
+    etcd.pause().expect("pause etcd");
+    let got = tokio::time::timeout(WITHIN, via.kv_client().get(p, serializable())).await;
+    assert_eq!(
+        got.expect("no hang").expect("read from the cache").count(),
+        1
+    );
+    let started = tokio::time::Instant::now();
+    let mut kv = via.kv_client();
+    let linearizable = kv.get(p, Some(GetOptions::new().with_prefix()));
+    match tokio::time::timeout(WITHIN, linearizable)
+        .await
+        .expect("no hang")
+    {
+        Err(etcd_client::Error::GRpcStatus(s)) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}")
+        }
+        other => panic!("a linearizable read with etcd hung answered: {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    eventually("the server reports itself not ready", WITHIN, || {
+        !server.is_ready()
+    })
+    .await;
+    assert_eq!(grpc_health(&server).await, 2, "NOT_SERVING");
+    etcd.resume().expect("resume etcd");
+    let rev = put(&client, &format!("{p}k"), "after").await;
+    let heard = loop {
+        let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the watch hears after the hang")
+            .expect("stream")
+            .expect("open");
+        if let Some(e) = r.events().first() {
+            break e.kv().map(|kv| kv.mod_revision());
+        }
+    };
+    assert_eq!(heard, Some(rev));
+    eventually("the server is ready again", WITHIN, || server.is_ready()).await;
+    assert_eq!(grpc_health(&server).await, 1, "SERVING again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_watches_stay_open_through_a_relist_of_the_cache() {
+    use etcd_informer::testing::etcd::EtcdCluster;
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let all = connect(cluster.endpoints()).await.expect("connect");
+    let member = cluster.member_endpoint(0);
+    let one = connect([member.clone()])
+        .await
+        .expect("connect to member 0");
+    let p = "/registry/relisted/";
+    for k in ["k1", "k2", "k3"] {
+        put(&all, &format!("{p}{k}"), "v1").await;
+    }
+    // The server sees etcd through member 0 alone.
+    let server = start_server(&one, vec![member], p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let (_w, mut watch) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix().with_prev_key()))
+        .await
+        .expect("watch")
+        .split();
+    assert!(watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("created")
+        .created());
+    // While member 0 is down, the prefix changes and etcd compacts past the changes: the
+    // server's watch cannot resume, so its cache relists.
+    cluster.stop_member(0).await.expect("stop member 0");
+    let others = connect([cluster.member_endpoint(1), cluster.member_endpoint(2)])
+        .await
+        .expect("connect to members 1 and 2");
+    common::put_accepted(&others, &format!("{p}k1"), "v2", WITHIN).await;
+    delete(&others, &format!("{p}k2")).await;
+    put(&others, &format!("{p}k4"), "v1").await;
+    let now = put(&others, "/registry/elsewhere", "x").await;
+    others
+        .kv_client()
+        .compact(
+            now,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .expect("compact");
+    cluster.restart_member(0).await.expect("restart member 0");
+    // The open watch stays open and receives the difference.
+    let mut seen = std::collections::BTreeMap::new();
+    while seen.len() < 3 {
+        let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the difference arrives")
+            .expect("stream")
+            .expect("open");
+        assert!(!r.canceled(), "the watch stays open: {r:?}");
+        for e in r.events() {
+            let kv = e.kv().expect("kv");
+            let value = kv.value_str().unwrap_or("").to_string();
+            seen.insert(
+                kv.key_str().unwrap_or("?").to_string(),
+                (e.event_type(), value),
+            );
+        }
+    }
+    let want: std::collections::BTreeMap<_, _> = [
+        (format!("{p}k1"), (EventType::Put, "v2".to_string())),
+        (format!("{p}k2"), (EventType::Delete, String::new())),
+        (format!("{p}k4"), (EventType::Put, "v1".to_string())),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(seen, want);
+    let relists = &server.health()[0].1.relists;
+    assert!(relists.compacted >= 1, "the cache relisted: {relists:?}");
+}
