@@ -16,7 +16,7 @@
 //! | `etcd_informer_applied_revision` | gauge | `informer` | the cache reaches a new revision (sampled every second) |
 //! | `etcd_informer_revision_lag` | gauge | `informer` | revisions the reflector has read and the cache has not applied yet (sampled every second) |
 //! | `etcd_informer_seconds_since_proven_fresh` | gauge | `informer` | seconds since the source last proved the cache fresh: a list, an event, or an answered probe of the watch stream (sampled every second; alert above the source's idle timeout, 2 s by default) |
-//! | `etcd_informer_stage_seconds` | histogram | `informer`, `stage` (watch_to_cache; cache_to_handler, also `handler`) | a change passes a stage of the path: from the etcd watch task receiving its response to the cache applying it (revision-atomic mode), and from the cache applying it to a handler (or event stream) starting on it |
+//! | `etcd_informer_stage_seconds` | histogram | `informer`, `stage` (watch_to_cache; cache_to_handler, also `handler`; cache_to_watcher) | a change passes a stage of the path: from the etcd watch task receiving its response to the cache applying it (revision-atomic mode), from the cache applying it to a handler (or event stream) starting on it, and, in the cache server (`informer` = its prefixes), from its cache applying a revision to the watch response carrying it being handed to each client's stream |
 //! | `etcd_informer_queue_depth` | gauge | `informer` | batches (RealFifo) or keys (DeltaFifo) queued between reflector and cache (sampled every second) |
 //! | `etcd_informer_handler_backlog` | gauge | `informer`, `handler` | notifications queued for a handler (or an event stream) and not delivered |
 //! | `etcd_informer_handler_delivered_total` | counter | `informer`, `handler` | a notification is delivered |
@@ -623,6 +623,27 @@ pub(crate) struct ServerMetricHandles {
     history_revisions: Gauge,
     history_bytes: Gauge,
     since_proven_fresh: Gauge,
+}
+
+/// The cache server's last stage: from its cache applying a revision to a watch response
+/// carrying it being handed to the client's stream.
+#[cfg(feature = "server")]
+#[derive(Clone)]
+pub(crate) struct ServerStage(Histogram);
+
+#[cfg(feature = "server")]
+impl ServerStage {
+    pub(crate) fn new(prefix: &str) -> Self {
+        let _ = prefix;
+        ServerStage(
+            handle!(histogram, "etcd_informer_stage_seconds", "informer" => prefix.to_owned(), "stage" => "cache_to_watcher"),
+        )
+    }
+
+    /// A response whose oldest revision the cache applied at `applied` leaves now.
+    pub(crate) fn sent(&self, applied: std::time::Instant) {
+        self.0.record(applied.elapsed().as_secs_f64());
+    }
 }
 
 #[cfg(feature = "server")]

@@ -121,7 +121,12 @@ fn dashboard_is_json_and_uses_only_exported_metrics() {
         .collect();
     assert_eq!(
         rows,
-        ["Informers", "Controllers", "Sharding and leadership"]
+        [
+            "Informers",
+            "Controllers",
+            "Sharding and leadership",
+            "Cache server"
+        ]
     );
     for panel in panels.iter().filter(|p| p["type"] != "row") {
         let targets = panel["targets"].as_array().expect("targets");

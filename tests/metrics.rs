@@ -90,3 +90,65 @@ async fn every_change_is_timed_by_stage() {
         assert_eq!(under_a_second, Some(CHANGES as f64), "{stage}: {rendered}");
     }
 }
+
+/// The cache server's stage: every watch response carrying changes is timed from its cache
+/// applying the revision to the response leaving for the client (`cache_to_watcher`).
+#[cfg(feature = "server")]
+#[tokio::test]
+async fn the_cache_server_times_its_responses_to_each_watcher() {
+    use etcd_client::WatchOptions;
+    let client = shared_client().await;
+    let etcd = etcd_informer::testing::etcd::test_etcd()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_prefix("server_stage");
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(&[0.001, 0.01, 0.1, 1.0])
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    // A current-thread runtime: the server's handles, registered as it binds and in the tasks
+    // it spawns, go to this thread's recorder.
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let server = etcd_informer::serve::CacheServer::new(
+        client.clone(),
+        etcd.endpoints.clone(),
+        prefix.as_str(),
+    )
+    .bind("127.0.0.1:0".parse().unwrap())
+    .await
+    .expect("the cache server binds");
+    server.ready(Duration::from_secs(30)).await.expect("ready");
+    let mut via = etcd_informer::connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the server");
+    let (_watcher, mut stream) = via
+        .watch(prefix.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch through the server")
+        .split();
+    let mut kv = client.kv_client();
+    const CHANGES: usize = 5;
+    let mut seen = 0;
+    for i in 0..CHANGES {
+        kv.put(format!("{prefix}k{i}"), "v", None).await.unwrap();
+        while seen <= i {
+            let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("an event within 10 s")
+                .expect("the stream goes on")
+                .expect("a response");
+            seen += response.events().len();
+        }
+    }
+    let rendered = handle.render();
+    let series = format!(
+        r#"etcd_informer_stage_seconds_count{{informer="{prefix}",stage="cache_to_watcher"}}"#
+    );
+    let sent = value(&rendered, &series).unwrap_or_else(|| panic!("{series} in {rendered}"));
+    assert!(
+        (1.0..=CHANGES as f64).contains(&sent),
+        "{sent} responses timed for {CHANGES} changes: {rendered}"
+    );
+    server.shutdown().await;
+}

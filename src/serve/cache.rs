@@ -100,6 +100,8 @@ pub(crate) struct Group {
     pub(crate) revision: i64,
     pub(crate) events: Vec<Event>,
     bytes: usize,
+    /// When the cache applied it (metrics only).
+    pub(crate) applied: Option<std::time::Instant>,
 }
 
 /// How much history the cache keeps: both bounds hold.
@@ -330,6 +332,7 @@ impl ServedCache {
                 revision: event.revision,
                 events: Vec::new(),
                 bytes: 0,
+                applied: None,
             });
             g.bytes += event.bytes();
             g.events.push(event);
@@ -341,7 +344,8 @@ impl ServedCache {
     }
 }
 
-fn push_group(state: &mut State, group: Group, bounds: HistoryBounds) {
+fn push_group(state: &mut State, mut group: Group, bounds: HistoryBounds) {
+    group.applied = crate::metrics::ENABLED.then(std::time::Instant::now);
     state.revision = state.revision.max(group.revision);
     state.history_bytes += group.bytes;
     state.history.push_back(Arc::new(group));

@@ -354,7 +354,7 @@ impl CacheServer {
             client: self.client.clone(),
             access: Default::default(),
             read_timeout: options.read_timeout,
-            metrics: ServerMetrics::default(),
+            metrics: ServerMetrics::new(&prefix_text),
         });
         tasks.push(tokio::spawn(
             sample_metrics(served.clone(), prefix_text.clone())

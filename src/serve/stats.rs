@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::metrics::ServerStage;
+
 /// Counts of what a [`RunningServer`](super::RunningServer) did; see
 /// [`RunningServer::stats`](super::RunningServer::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,10 +48,20 @@ struct Counters {
 }
 
 /// The server's counters, shared by its services.
-#[derive(Clone, Default)]
-pub(crate) struct ServerMetrics(Arc<Counters>);
+#[derive(Clone)]
+pub(crate) struct ServerMetrics(Arc<Counters>, ServerStage);
 
 impl ServerMetrics {
+    /// Counters, with the cache-to-watcher stage labelled with the served prefixes.
+    pub(crate) fn new(prefixes: &str) -> Self {
+        ServerMetrics(Arc::default(), ServerStage::new(prefixes))
+    }
+
+    /// A watch response whose oldest revision the cache applied at `applied` leaves now.
+    pub(crate) fn response_sent(&self, applied: std::time::Instant) {
+        self.1.sent(applied);
+    }
+
     pub(crate) fn forwarded(&self, method: &'static str) {
         tracing::trace!(method, "forwarded");
         self.0.forwarded.fetch_add(1, Ordering::Relaxed);

@@ -148,8 +148,11 @@ impl Session {
                 }
                 permit = tx.reserve(), if work => match permit {
                     Ok(permit) => {
-                        if let Some(response) = self.next_response() {
+                        if let Some((response, applied)) = self.next_response() {
                             permit.send(Ok(response));
+                            if let Some(applied) = applied {
+                                self.served.metrics.response_sent(applied);
+                            }
                         }
                     }
                     Err(_) => return,
@@ -314,9 +317,11 @@ impl Session {
     /// The next response owed to the client, if any: control responses first, then the next
     /// watch (in turn) that is behind the cache. Watches with nothing that matches move on; a
     /// whole round without a response clears `maybe_behind` until the cache moves again.
-    fn next_response(&mut self) -> Option<PbWatchResponse> {
+    /// The next response to send, with when the cache applied the oldest revision it
+    /// carries (none for control responses).
+    fn next_response(&mut self) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
         if let Some(response) = self.control.pop_front() {
-            return Some(response);
+            return Some((response, None));
         }
         for _ in 0..self.watches.len() {
             let found = self
@@ -331,8 +336,8 @@ impl Session {
             let behind = watch.next <= position.revision || watch.epoch != position.epoch;
             self.turn = id + 1;
             if behind {
-                if let Some(response) = self.catch_up(id) {
-                    return Some(response);
+                if let Some(found) = self.catch_up(id) {
+                    return Some(found);
                 }
             }
         }
@@ -342,7 +347,7 @@ impl Session {
 
     /// The events owed to watch `id`, as one response (whole revisions only), or its
     /// cancellation when the history no longer reaches back to it.
-    fn catch_up(&mut self, id: i64) -> Option<PbWatchResponse> {
+    fn catch_up(&mut self, id: i64) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
         let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
         let cache = &served.slices[watch.slice].cache;
@@ -360,18 +365,20 @@ impl Session {
                     self.watches.remove(&id);
                     self.served.metrics.watches(-1);
                     self.served.metrics.slow_cancelled();
-                    return Some(PbWatchResponse {
+                    let cancel = PbWatchResponse {
                         header: self.header(cache.position().revision),
                         watch_id: id,
                         canceled: true,
                         compact_revision,
                         ..Default::default()
-                    });
+                    };
+                    return Some((cancel, None));
                 }
             };
         let full = groups.len() == MAX_REVISIONS_PER_RESPONSE;
         let mut events = Vec::new();
         let mut last = watch.next - 1;
+        let mut applied = None;
         for group in &groups {
             last = group.revision;
             for event in &group.events {
@@ -379,6 +386,7 @@ impl Session {
                     && !(event.kv.is_some() && watch.no_put)
                     && !(event.kv.is_none() && watch.no_delete);
                 if wanted {
+                    applied = applied.or(group.applied);
                     events.push(event.to_pb(watch.prev_kv));
                 }
             }
@@ -393,12 +401,13 @@ impl Session {
         }
         self.served.metrics.sent(events.len());
         let header_revision = if full { last } else { revision.max(last) };
-        Some(PbWatchResponse {
+        let response = PbWatchResponse {
             header: self.header(header_revision),
             watch_id: id,
             events,
             ..Default::default()
-        })
+        };
+        Some((response, applied))
     }
 
     /// Forwards a watch of a range outside the prefix on its own upstream stream, relaying its
