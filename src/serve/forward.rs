@@ -187,6 +187,8 @@ service_name!(AuthService, "etcdserverpb.Auth");
 /// (lease keep-alives, snapshots), with the client's credentials.
 pub(crate) struct Passthrough<N> {
     upstream: Upstream,
+    /// The largest request a client may send.
+    max_request: usize,
     name: PhantomData<fn() -> N>,
 }
 
@@ -194,15 +196,17 @@ impl<N> Clone for Passthrough<N> {
     fn clone(&self) -> Self {
         Passthrough {
             upstream: self.upstream.clone(),
+            max_request: self.max_request,
             name: PhantomData,
         }
     }
 }
 
 impl<N: ServiceName> Passthrough<N> {
-    pub(crate) fn new(upstream: Upstream) -> Self {
+    pub(crate) fn new(upstream: Upstream, max_request: usize) -> Self {
         Passthrough {
             upstream,
+            max_request,
             name: PhantomData,
         }
     }
@@ -254,7 +258,7 @@ impl<N: ServiceName> tonic::codegen::Service<http::Request<Body>> for Passthroug
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let upstream = self.upstream.clone();
+        let (upstream, max_request) = (self.upstream.clone(), self.max_request);
         Box::pin(async move {
             let path = request
                 .uri()
@@ -262,7 +266,7 @@ impl<N: ServiceName> tonic::codegen::Service<http::Request<Body>> for Passthroug
                 .cloned()
                 .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
             let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .apply_max_message_size_config(Some(usize::MAX), Some(usize::MAX));
+                .apply_max_message_size_config(Some(max_request), Some(usize::MAX));
             Ok(grpc.streaming(Call { upstream, path }, request).await)
         })
     }

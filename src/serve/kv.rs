@@ -170,6 +170,8 @@ pub(crate) async fn range(
 pub(crate) struct KvFront {
     pub(crate) served: Arc<Served>,
     pub(crate) inner: PbKvServer<KvService>,
+    /// The largest request a client may send.
+    pub(crate) max_request: usize,
 }
 
 impl NamedService for KvFront {
@@ -233,10 +235,10 @@ impl Service<http::Request<Body>> for KvFront {
         if request.uri().path() != "/etcdserverpb.KV/Range" {
             return Box::pin(self.inner.call(request));
         }
-        let served = self.served.clone();
+        let (served, max_request) = (self.served.clone(), self.max_request);
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(RangeCodec)
-                .apply_max_message_size_config(Some(usize::MAX), Some(usize::MAX));
+                .apply_max_message_size_config(Some(max_request), Some(usize::MAX));
             Ok(grpc.unary(RangeCall(served), request).await)
         })
     }

@@ -129,8 +129,12 @@ pub struct CacheServerOptions {
     /// fails with `Unavailable` (default 5 s, etcdctl's command timeout).
     pub read_timeout: Duration,
     /// How often an idle watch created with `progress_notify` hears of the revision (default
-    /// 10 minutes, etcd's).
+    /// 10 minutes, etcd's; at least 1 ms).
     pub progress_interval: Duration,
+    /// The largest request a client may send (default 2 MiB: etcd's `--max-request-bytes`,
+    /// 1.5 MiB, plus its gRPC allowance of 512 KiB). A larger one is refused before it is
+    /// read whole, as etcd refuses it; raise it with the upstream's own limit.
+    pub max_request_bytes: usize,
     /// How often the upstream's identity (cluster id, member id, raft term) is read again for
     /// the headers (default 5 s).
     pub identity_refresh: Duration,
@@ -166,6 +170,7 @@ impl Default for CacheServerOptions {
             history_bytes: 64 << 20,
             read_timeout: Duration::from_secs(5),
             progress_interval: Duration::from_secs(600),
+            max_request_bytes: 2 << 20,
             identity_refresh: Duration::from_secs(5),
             etcd: EtcdOptions::default().with_raw_prefix(true),
             #[cfg(feature = "tls")]
@@ -202,6 +207,13 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_progress_interval(mut self, interval: Duration) -> Self {
         self.progress_interval = interval;
+        self
+    }
+
+    /// Sets [`max_request_bytes`](Self::max_request_bytes).
+    #[must_use]
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes;
         self
     }
 
@@ -384,21 +396,24 @@ impl CacheServer {
         let scheme = "http";
         let client_url = format!("{scheme}://{local_addr}");
         let (stop, stopped) = oneshot::channel::<()>();
+        let max_request = options.max_request_bytes;
         let router = builder
             .add_service(KvFront {
                 served: served.clone(),
                 inner: PbKvServer::new(KvService {
                     served: served.clone(),
                 })
-                .max_decoding_message_size(usize::MAX)
+                .max_decoding_message_size(options.max_request_bytes)
                 .max_encoding_message_size(usize::MAX),
+                max_request: options.max_request_bytes,
             })
             .add_service(
                 PbWatchServer::new(WatchService {
                     served: served.clone(),
-                    progress_interval: options.progress_interval,
+                    // tokio's interval panics on zero.
+                    progress_interval: options.progress_interval.max(Duration::from_millis(1)),
                 })
-                .max_decoding_message_size(usize::MAX)
+                .max_decoding_message_size(options.max_request_bytes)
                 .max_encoding_message_size(usize::MAX),
             )
             .add_service(PbClusterServer::new(Cluster {
@@ -406,9 +421,15 @@ impl CacheServer {
                 headers,
                 client_url,
             }))
-            .add_service(Passthrough::<LeaseService>::new(upstream.clone()))
-            .add_service(Passthrough::<MaintenanceService>::new(upstream.clone()))
-            .add_service(Passthrough::<AuthService>::new(upstream))
+            .add_service(Passthrough::<LeaseService>::new(
+                upstream.clone(),
+                max_request,
+            ))
+            .add_service(Passthrough::<MaintenanceService>::new(
+                upstream.clone(),
+                max_request,
+            ))
+            .add_service(Passthrough::<AuthService>::new(upstream, max_request))
             .add_service(HealthService {
                 served: served.clone(),
             });

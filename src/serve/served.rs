@@ -215,8 +215,14 @@ impl Served {
         key: &[u8],
         end: &[u8],
     ) -> Result<(), Status> {
-        let token = metadata.get("token").map(|t| t.as_bytes().to_vec());
-        let entry = (token, key.to_vec(), end.to_vec());
+        // The client's credentials as etcd reads them: the `token` header, else
+        // `authorization`. An answer is remembered only for the same credentials, so that a
+        // client without any never reads what one with them was allowed.
+        let credentials = metadata
+            .get("token")
+            .or_else(|| metadata.get("authorization"))
+            .map(|t| t.as_bytes().to_vec());
+        let entry = (credentials, key.to_vec(), end.to_vec());
         let known = lock(&self.access).get(&entry).cloned();
         if let Some((at, answer)) = &known {
             if at.elapsed() < ACCESS_TTL {

@@ -29,6 +29,11 @@ use super::served::Served;
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
 /// does not read stalls only itself.
 const STREAM_BUFFER: usize = 16;
+/// Control responses (created, canceled, progress) waiting for the client, per stream. Past
+/// it the session stops reading the client's requests and skips progress notifications until
+/// the client reads, as etcd blocks its receive loop: a client that sends requests and never
+/// reads grows nothing.
+const MAX_CONTROL: usize = 1024;
 /// The most revisions one response carries when a watch catches up (etcd's
 /// `watchBatchMaxRevs`); a revision is never split.
 const MAX_REVISIONS_PER_RESPONSE: usize = 1000;
@@ -131,8 +136,9 @@ impl Session {
         let tx = self.tx.clone();
         loop {
             let work = self.has_work();
+            let room = self.control.len() < MAX_CONTROL;
             tokio::select! {
-                request = requests.next() => match request {
+                request = requests.next(), if room => match request {
                     Some(Ok(request)) => self.handle(request).await,
                     Some(Err(status)) => {
                         tracing::debug!(%status, "watch stream ended by the client");
@@ -294,6 +300,9 @@ impl Session {
     /// Watches with `progress_notify` that are caught up hear of the cache's revision.
     fn notify_progress(&mut self) {
         for (id, watch) in &self.watches {
+            if self.control.len() >= MAX_CONTROL {
+                return;
+            }
             let now = self.position(watch).revision;
             if watch.progress_notify && watch.next > now {
                 self.control.push_back(PbWatchResponse {
@@ -314,11 +323,10 @@ impl Session {
         !self.control.is_empty() || self.maybe_behind
     }
 
-    /// The next response owed to the client, if any: control responses first, then the next
-    /// watch (in turn) that is behind the cache. Watches with nothing that matches move on; a
-    /// whole round without a response clears `maybe_behind` until the cache moves again.
-    /// The next response to send, with when the cache applied the oldest revision it
-    /// carries (none for control responses).
+    /// The next response owed to the client, if any, with when the cache applied the oldest
+    /// revision it carries (none for control responses): control responses first, then the
+    /// next watch (in turn) that is behind the cache. Watches with nothing that matches move
+    /// on; a whole round without a response clears `maybe_behind` until the cache moves again.
     fn next_response(&mut self) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
         if let Some(response) = self.control.pop_front() {
             return Some((response, None));
@@ -334,7 +342,7 @@ impl Session {
             };
             let position = self.position(watch);
             let behind = watch.next <= position.revision || watch.epoch != position.epoch;
-            self.turn = id + 1;
+            self.turn = id.saturating_add(1);
             if behind {
                 if let Some(found) = self.catch_up(id) {
                     return Some(found);

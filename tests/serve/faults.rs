@@ -408,3 +408,70 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
     let relists = &server.health()[0].1.relists;
     assert!(relists.compacted >= 1, "the cache relisted: {relists:?}");
 }
+
+/// One client cannot make the server buffer without bound: a request above
+/// `max_request_bytes` is refused before it is read whole (etcd refuses it too), and a client
+/// that creates watches without reading its responses stalls only itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_requests_and_clients_that_never_read_are_bounded() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_bounds");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let big = vec![b'x'; 3 << 20];
+    let refused = via.kv_client().put(format!("{p}big"), big, None).await;
+    assert!(refused.is_err(), "a 3 MiB put is refused: {refused:?}");
+
+    // A watch stream whose client creates watches without reading a response.
+    let mut watcher = via.clone();
+    let (mut requests, _responses) = watcher
+        .watch(
+            p.as_str(),
+            Some(etcd_client::WatchOptions::new().with_prefix()),
+        )
+        .await
+        .expect("watch through the server")
+        .split();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = sent.clone();
+    let key = format!("{p}k");
+    let flood = tokio::spawn(async move {
+        while counted.load(std::sync::atomic::Ordering::Relaxed) < 1_000_000
+            && requests.watch(key.as_str(), None).await.is_ok()
+        {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    // The server stops reading that stream; everyone else is served meanwhile.
+    put(&client, &format!("{p}k"), "v").await;
+    let got = via
+        .kv_client()
+        .get(format!("{p}k"), None)
+        .await
+        .expect("a read through the server while one client floods it");
+    assert_eq!(got.kvs().len(), 1);
+    // The flood stalls once the server's bound and the transport's windows are full.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut last = u64::MAX;
+    loop {
+        let now = sent.load(std::sync::atomic::Ordering::Relaxed);
+        if now == last {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flood never stalled: {now} sent"
+        );
+        last = now;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        last < 100_000,
+        "{last} watch creations taken from a client that never reads"
+    );
+    flood.abort();
+    server.shutdown().await;
+}
