@@ -140,6 +140,10 @@ struct State {
     synced: bool,
     /// Changes taken from the reflector and not yet committed: a revision is applied whole.
     pending: Vec<Event>,
+    /// Revisions a relist skipped, `(before, listed]`: its difference went to the watches as
+    /// one revision at `listed`, which a watch that was at `before` may take, but one starting
+    /// inside cannot (it would get changes from before its start). Dropped with the history.
+    gaps: Vec<(i64, i64)>,
 }
 
 /// The cache a [`CacheServer`](super::CacheServer) answers from; see the module's invariants.
@@ -273,6 +277,13 @@ impl ServedCache {
         if epoch != state.epoch || from <= state.first {
             return Err(RevisionError::Compacted(state.first + 1));
         }
+        if let Some(&(_, listed)) = state
+            .gaps
+            .iter()
+            .find(|&&(before, listed)| from > before + 1 && from <= listed)
+        {
+            return Err(RevisionError::Compacted(listed + 1));
+        }
         let start = state.history.partition_point(|g| g.revision < from);
         let groups = state.history.range(start..).take(max).cloned().collect();
         Ok((groups, state.revision))
@@ -358,6 +369,8 @@ fn push_group(state: &mut State, mut group: Group, bounds: HistoryBounds) {
         state.history_bytes -= old.bytes;
         state.first = old.revision;
     }
+    let first = state.first;
+    state.gaps.retain(|&(_, listed)| listed > first);
 }
 
 /// etcd's range `[key, end)` as map bounds.
@@ -432,6 +445,7 @@ impl Queue<Vec<u8>> for ServedCache {
             let replaced = state.synced;
             state.kvs = listed;
             state.history.clear();
+            state.gaps.clear();
             state.history_bytes = 0;
             state.revision = revision;
             state.first = revision;
@@ -482,11 +496,15 @@ impl Queue<Vec<u8>> for ServedCache {
             changes = changes.len(),
             "served cache relisted; the difference goes to the watches"
         );
+        let before = state.revision;
         state.pending = changes;
         self.apply_pending(&mut state);
         // Revisions between the old one and the list's are gaps: no Range can be answered there.
         state.revision = state.revision.max(revision);
         state.range_floor = state.revision;
+        if revision > before + 1 {
+            state.gaps.push((before, revision));
+        }
         self.publish(&state);
     }
 
@@ -602,8 +620,17 @@ mod tests {
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].revision, 9);
         assert_eq!(groups[0].events.len(), 3);
-        // The gap between 3 and 9 answers no Range.
+        // The gap between 3 and 9 answers no Range, and no watch that starts inside it: it
+        // would get changes from before its start (a watch that was at 3 may take them).
         assert!(cache.range_at(b"/p/", b"/p0", 5, 0).is_err());
+        for inside in [5, 9] {
+            assert_eq!(
+                cache.groups_from(inside, 0, 10).err(),
+                Some(RevisionError::Compacted(10)),
+                "a watch from {inside}"
+            );
+        }
+        assert!(cache.groups_from(10, 0, 10).is_ok());
         for r in 10..13 {
             cache.add_if_newer(DeltaType::Updated, obj("c", 6, r, 2, "c"));
             cache.commit(r);
