@@ -94,21 +94,21 @@ async fn every_change_is_timed_by_stage() {
 /// The cache server's stage: every watch response carrying changes is timed from its cache
 /// applying the revision to the response leaving for the client (`cache_to_watcher`).
 #[cfg(feature = "server")]
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_server_times_its_responses_to_each_watcher() {
     use etcd_client::WatchOptions;
-    let client = shared_client().await;
     let etcd = etcd_informer::testing::etcd::test_etcd()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
     let prefix = unique_prefix("server_stage");
     let recorder = PrometheusBuilder::new()
         .set_buckets(&[0.001, 0.01, 0.1, 1.0])
         .unwrap()
         .build_recorder();
     let handle = recorder.handle();
-    // A current-thread runtime: the server's handles, registered as it binds and in the tasks
-    // it spawns, go to this thread's recorder.
+    // The stage's handle is registered as the server binds, on this thread (the test's own,
+    // where its future runs): it records into this recorder from any thread afterwards.
     let _recorder = metrics::set_default_local_recorder(&recorder);
     let server = etcd_informer::serve::CacheServer::new(
         client.clone(),
@@ -122,8 +122,20 @@ async fn the_cache_server_times_its_responses_to_each_watcher() {
     let mut via = etcd_informer::connect([server.local_addr().to_string()])
         .await
         .expect("connect to the server");
+    // From a known revision: a watch from "now" could start after the first put.
+    let now = via
+        .kv_client()
+        .get(prefix.as_str(), None)
+        .await
+        .expect("a read through the server")
+        .header()
+        .expect("a header")
+        .revision();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(now + 1);
     let (_watcher, mut stream) = via
-        .watch(prefix.as_str(), Some(WatchOptions::new().with_prefix()))
+        .watch(prefix.as_str(), Some(options))
         .await
         .expect("watch through the server")
         .split();
@@ -135,7 +147,13 @@ async fn the_cache_server_times_its_responses_to_each_watcher() {
         while seen <= i {
             let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
                 .await
-                .expect("an event within 10 s")
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "no event within 10 s for change {i}: {:?} {:?}",
+                        server.stats(),
+                        server.health()
+                    )
+                })
                 .expect("the stream goes on")
                 .expect("a response");
             seen += response.events().len();
