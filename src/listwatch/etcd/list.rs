@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use etcd_client::proto::PbKeyValue;
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, GetResponse, KvClient};
 use tokio::time::Instant;
 
 use super::decode::relative;
@@ -47,38 +47,16 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 // each response carries etcd's *current* revision, never the one read at.
                 options = options.with_revision(revision);
             }
-            // A page may take a while to send, so a second attempt goes out only once the
-            // first has been silent as long as a watch may be (a member that hangs).
-            let deadline = Instant::now() + self.options.page_timeout;
-            let got = hedged(
-                self.options.idle_timeout,
-                deadline,
-                member_unreachable,
-                || {
-                    let mut kv = kv.clone();
-                    let (start, options) = (start.clone(), options.clone());
-                    async move { kv.get(start, Some(options)).await }
-                },
-            )
-            .await;
-            let mut resp = match got {
-                Hedged::Answered(resp) => resp,
-                Hedged::TimedOut => {
-                    return Err(Error::unavailable(format!(
-                        "list of {} timed out after {:?} (page {pages})",
-                        self.prefix(),
-                        self.options.page_timeout
-                    )))
-                }
+            let Some(mut resp) = self
+                .read_page(&kv, &start, options, page_size, revision, "list", pages)
+                .await?
+            else {
                 // A page too big for one message (large values): retry it in smaller pages,
                 // rather than failing the same way on every relist forever.
-                Hedged::Failed(e) if page_size > 1 && is_message_too_large(&e) => {
-                    page_size = (page_size / 4).max(1);
-                    max_page = page_size;
-                    tracing::warn!(prefix = %self.prefix(), page_size, error = %e, "list page too large; retrying with smaller pages");
-                    continue;
-                }
-                Hedged::Failed(e) => return Err(self.failed(e, revision)),
+                page_size = (page_size / 4).max(1);
+                max_page = page_size;
+                tracing::warn!(prefix = %self.prefix(), page_size, "list page too large; retrying with smaller pages");
+                continue;
             };
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
@@ -181,6 +159,46 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
 }
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
+    /// One page of the prefix from `start`, read hedged across members; `None` when it is too
+    /// large for one message and holds more than one key (the caller reads smaller pages).
+    /// `what`, `revision` and `page` name it in errors.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_page(
+        &self,
+        kv: &KvClient,
+        start: &[u8],
+        options: GetOptions,
+        page_size: i64,
+        revision: i64,
+        what: &str,
+        page: usize,
+    ) -> Result<Option<GetResponse>> {
+        // A page may take a while to send, so a second attempt goes out only once the first
+        // has been silent as long as a watch may be (a member that hangs).
+        let deadline = Instant::now() + self.options.page_timeout;
+        let got = hedged(
+            self.options.idle_timeout,
+            deadline,
+            member_unreachable,
+            || {
+                let mut kv = kv.clone();
+                let (start, options) = (start.to_vec(), options.clone());
+                async move { kv.get(start, Some(options)).await }
+            },
+        )
+        .await;
+        match got {
+            Hedged::Answered(resp) => Ok(Some(resp)),
+            Hedged::Failed(e) if page_size > 1 && is_message_too_large(&e) => Ok(None),
+            Hedged::Failed(e) => Err(self.failed(e, revision)),
+            Hedged::TimedOut => Err(Error::unavailable(format!(
+                "{what} of {} timed out after {:?} (page {page})",
+                self.prefix(),
+                self.options.page_timeout
+            ))),
+        }
+    }
+
     /// [`ListerWatcher::key_revisions`]: keys-only pages of the prefix at `at`, in key order,
     /// each read hedged as a list page is; keys not UTF-8 or undecodable at their
     /// `mod_revision` are left out.
@@ -203,32 +221,12 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 .with_keys_only()
                 .with_revision(at)
                 .with_limit(page_size);
-            let deadline = Instant::now() + self.options.page_timeout;
-            let got = hedged(
-                self.options.idle_timeout,
-                deadline,
-                member_unreachable,
-                || {
-                    let mut kv = kv.clone();
-                    let (start, options) = (start.clone(), options.clone());
-                    async move { kv.get(start, Some(options)).await }
-                },
-            )
-            .await;
-            let mut resp = match got {
-                Hedged::Answered(resp) => resp,
-                Hedged::Failed(e) if page_size > 1 && is_message_too_large(&e) => {
-                    page_size = (page_size / 4).max(1);
-                    continue;
-                }
-                Hedged::Failed(e) => return Err(self.failed(e, at)),
-                Hedged::TimedOut => {
-                    return Err(Error::unavailable(format!(
-                    "reading the keys of {} at revision {at} timed out after {:?} (page {pages})",
-                    self.prefix(),
-                    self.options.page_timeout
-                )))
-                }
+            let Some(mut resp) = self
+                .read_page(&kv, &start, options, page_size, at, "audit read", pages)
+                .await?
+            else {
+                page_size = (page_size / 4).max(1);
+                continue;
             };
             pages += 1;
             let more = resp.more();
