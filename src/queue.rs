@@ -205,6 +205,11 @@ impl ReceivedAt {
         stamps.push_back((revision, at));
     }
 
+    /// Forgets every stamp: the store was replaced and its revisions start over.
+    pub(crate) fn clear(&self) {
+        crate::lock(&self.0).clear();
+    }
+
     /// The stamp of `revision`, dropping the older ones.
     pub(crate) fn take(&self, revision: i64) -> Option<std::time::Instant> {
         let mut stamps = crate::lock(&self.0);

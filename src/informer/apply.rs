@@ -91,6 +91,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 store_replaced,
                 initial,
             } => {
+                if store_replaced {
+                    self.shared.received_at.clear();
+                }
                 let items = Arc::try_unwrap(items).unwrap_or_else(|shared| (*shared).clone());
                 // Without handlers, only the metrics hear of the changes: no list of a million
                 // notifications to build and drop, and no cached object decoded.

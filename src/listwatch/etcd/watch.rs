@@ -312,6 +312,11 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     },
                     (DELETE, _) => {
                         let key = self.decoder.key(&kv.key, revision);
+                        let last = key
+                            .as_ref()
+                            .and(event.prev_kv)
+                            .and_then(|p| self.decoder.object(&p));
+                        // After both decodes: the key is gone, whatever they reported.
                         self.decoder.undecodable.remove(&kv.key);
                         let Some(key) = key else {
                             continue;
@@ -319,7 +324,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                         WatchEvent::Deleted {
                             key,
                             revision,
-                            last: event.prev_kv.and_then(|p| self.decoder.object(&p)),
+                            last,
                         }
                     }
                     (other, _) => {
