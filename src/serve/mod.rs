@@ -638,9 +638,12 @@ fn start_slice(
     let user_handler = options.etcd.on_decode_error.clone();
     let flag = incomplete.clone();
     let name = prefix_text.clone();
+    let wake = changed.clone();
     let on_decode_error: DecodeErrorHandler = Arc::new(move |e| {
         if !flag.swap(true, Ordering::Relaxed) {
             tracing::error!(prefix = %name, key = %e.escaped_key(), "a key under a served prefix is not UTF-8; the cache server forwards every request of the prefix from now on");
+            // Watch sessions look again: their watches of the prefix end.
+            wake.send_modify(|n| *n = n.wrapping_add(1));
         }
         if let Some(h) = &user_handler {
             h(e);

@@ -343,6 +343,23 @@ impl Session {
             let position = self.position(watch);
             let behind = watch.next <= position.revision || watch.epoch != position.epoch;
             self.turn = id.saturating_add(1);
+            if self.served.slices[watch.slice]
+                .incomplete
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                // The cache lacks a key of this prefix from now on: the client watches again,
+                // and that watch is forwarded to etcd.
+                self.watches.remove(&id);
+                self.served.metrics.watches(-1);
+                let cancel = PbWatchResponse {
+                    header: self.header(position.revision),
+                    watch_id: id,
+                    canceled: true,
+                    cancel_reason: "etcd-informer cache server: a key under the prefix is not UTF-8 and cannot be cached; watch again (forwarded to etcd)".into(),
+                    ..Default::default()
+                };
+                return Some((cancel, None));
+            }
             if behind {
                 if let Some(found) = self.catch_up(id) {
                     return Some(found);

@@ -243,7 +243,28 @@ async fn bad_input_gets_etcds_answer() {
         .await;
     assert_eq!(again.expect("still serving").count(), 4);
     // A key that is not UTF-8 cannot be cached: from then on the server forwards, and its
-    // answers stay etcd's.
+    // answers stay etcd's; a watch served from the cache until then is cancelled (its client
+    // watches again, forwarded) rather than left missing that key.
+    let now = kv(&via)
+        .get(p.as_str(), None)
+        .await
+        .expect("a read")
+        .header()
+        .expect("a header")
+        .revision();
+    let (_watcher, mut open) = via
+        .watch_client()
+        .watch(
+            p.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(now + 1),
+            ),
+        )
+        .await
+        .expect("a watch through the server")
+        .split();
     let mut odd = p.clone().into_bytes();
     odd.extend_from_slice(b"\xff\xfe");
     client
@@ -261,6 +282,18 @@ async fn bad_input_gets_etcds_answer() {
     let served = served.expect("served");
     assert_eq!(served.count(), 5);
     assert!(served.kvs().iter().any(|kv| kv.key() == odd.as_slice()));
+    let cancelled = tokio::time::timeout(WITHIN, async {
+        loop {
+            match open.message().await {
+                Ok(Some(r)) if r.canceled() => return r.cancel_reason().to_owned(),
+                Ok(Some(_)) => continue,
+                other => panic!("the watch ended without a cancel: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the open watch is cancelled");
+    assert!(cancelled.contains("not UTF-8"), "{cancelled}");
 }
 
 /// A message whose field 1 is a number where etcd's requests have bytes: it does not decode.
