@@ -69,7 +69,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Waits until the cache reflects the source at `revision` or later: its
     /// [`proven_revision`](Self::proven_revision) reaches it, or the source shows that nothing
     /// under the prefix changed between the cache's revision and `revision` (one read per
-    /// change of the cache's revision, so a quiet prefix on a busy etcd is answered at once, on
+    /// change of the cache, so a quiet prefix on a busy etcd is answered at once, on
     /// every etcd version). Fails after `timeout`, or when the source cannot be read; cancel it
     /// by dropping the future.
     ///
@@ -82,14 +82,17 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     ) -> Result<(), ConsistencyError> {
         let started = Instant::now();
         let deadline = started + timeout;
+        // The cache's write count when the source was last asked: asked again once the cache
+        // has changed since (a proof holds only for the content it was asked about).
         let mut asked_at = None;
         loop {
             let applied = self.proven_revision();
             if applied >= revision && self.has_synced() {
                 return Ok(());
             }
-            if asked_at != Some(applied) && self.has_synced() {
-                asked_at = Some(applied);
+            let writes = self.revision_len_and_writes().2;
+            if asked_at != Some(writes) && self.has_synced() {
+                asked_at = Some(writes);
                 let ask = tokio::time::timeout_at(deadline, self.freshness(Some(revision)));
                 match ask.await {
                     Ok(Ok(fresh)) if fresh.proven => return Ok(()),

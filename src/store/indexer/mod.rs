@@ -375,9 +375,10 @@ impl<T> Indexer<T> {
     }
 
     /// Raises the revision to `revision` if it is lower: the watch reported progress there, so
-    /// no change at or below it is still on its way.
+    /// no change at or below it is still on its way. The content does not change, so a proof
+    /// about it still holds.
     pub(crate) fn advance_revision(&self, revision: i64) {
-        let mut inner = self.write();
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         inner.revision = inner.revision.max(revision);
     }
 
