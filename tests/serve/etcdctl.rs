@@ -512,18 +512,7 @@ async fn several_prefixes_each_from_its_own_cache() {
     }
     // A watch from now on the idle prefix is not taken for a compacted one.
     let via = connect([s.as_str()]).await.expect("connect");
-    let (_w, mut watch) = via
-        .watch_client()
-        .watch(nodes, Some(WatchOptions::new().with_prefix()))
-        .await
-        .expect("watch")
-        .split();
-    assert!(watch
-        .message()
-        .await
-        .expect("stream")
-        .expect("created")
-        .created());
+    let (_w, mut watch) = watch_prefix(&via, nodes).await;
     let rev = put(&client, &format!("{nodes}n10"), "node10").await;
     let r = tokio::time::timeout(WITHIN, watch.message())
         .await

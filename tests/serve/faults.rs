@@ -198,14 +198,7 @@ async fn reads_and_watches_through_an_upstream_outage() {
             .count(),
         5
     );
-    let (_w, mut watch) = via
-        .watch_client()
-        .watch(p, Some(WatchOptions::new().with_prefix()))
-        .await
-        .expect("watch")
-        .split();
-    let created = watch.message().await.expect("stream").expect("created");
-    assert!(created.created());
+    let (_w, mut watch) = watch_prefix(&via, p).await;
     // etcd stops: serializable reads still come from the cache; linearizable ones fail with
     // Unavailable within the read timeout instead of answering unproven.
     eventually("the server is ready", WITHIN, || server.is_ready()).await;
@@ -269,18 +262,7 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
             .count(),
         1
     );
-    let (_w, mut watch) = via
-        .watch_client()
-        .watch(p, Some(WatchOptions::new().with_prefix()))
-        .await
-        .expect("watch")
-        .split();
-    assert!(watch
-        .message()
-        .await
-        .expect("stream")
-        .expect("created")
-        .created());
+    let (_w, mut watch) = watch_prefix(&via, p).await;
     assert_eq!(grpc_health(&server).await, 1, "SERVING");
     // etcd hangs (SIGSTOP): it accepts connections and answers nothing.
     etcd.pause().expect("pause etcd");

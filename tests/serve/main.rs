@@ -167,6 +167,25 @@ async fn grpc_health(server: &RunningServer) -> i32 {
     answer.into_inner().status
 }
 
+/// A watch of `prefix` through `via` from now, once the server has confirmed it.
+async fn watch_prefix(
+    via: &Client,
+    prefix: &str,
+) -> (
+    etcd_client::WatchRequestSender,
+    etcd_client::WatchResponseStream,
+) {
+    let (requests, mut responses) = via
+        .watch_client()
+        .watch(prefix, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch")
+        .split();
+    let created = responses.message().await.expect("stream").expect("created");
+    assert!(created.created(), "{created:?}");
+    (requests, responses)
+}
+
 async fn start_server(client: &Client, endpoints: Vec<String>, prefix: &str) -> RunningServer {
     start_server_with(client, endpoints, prefix, CacheServerOptions::default()).await
 }
