@@ -11,6 +11,32 @@ use std::marker::PhantomData;
 pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Decodes etcd values into `T` and encodes `T` into values.
+///
+/// `JsonCodec`, `BincodeCodec`, `ProstCodec` (by cargo feature), [`RawCodec`] and
+/// [`TextCodec`] come with the crate; a format of your own is two functions. A decode error names no key: the source
+/// adds the key and revision ([`DecodeError`]).
+///
+/// ```
+/// use etcd_informer::codec::{Codec, CodecError};
+///
+/// /// `host:port` values.
+/// struct Endpoint { host: String, port: u16 }
+/// struct EndpointCodec;
+///
+/// impl Codec<Endpoint> for EndpointCodec {
+///     fn decode(&self, bytes: &[u8]) -> Result<Endpoint, CodecError> {
+///         let text = std::str::from_utf8(bytes)?;
+///         let (host, port) = text.rsplit_once(':').ok_or("expected host:port")?;
+///         Ok(Endpoint { host: host.to_owned(), port: port.parse()? })
+///     }
+///     fn encode(&self, e: &Endpoint) -> Result<Vec<u8>, CodecError> {
+///         Ok(format!("{}:{}", e.host, e.port).into_bytes())
+///     }
+/// }
+/// let e = EndpointCodec.decode(b"10.0.0.1:2379").unwrap();
+/// assert_eq!((e.host.as_str(), e.port), ("10.0.0.1", 2379));
+/// assert!(EndpointCodec.decode(b"nonsense").is_err());
+/// ```
 pub trait Codec<T>: Send + Sync + 'static {
     /// Decodes one value.
     fn decode(&self, bytes: &[u8]) -> Result<T, CodecError>;

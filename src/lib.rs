@@ -58,13 +58,27 @@
 //! `metrics` feature, informers, handlers, queues, runners and electors report through the
 //! `metrics` facade; [`metrics`] lists every metric.
 //!
+//! ## Indexes
+//! [`InformerOptions::with_index`] adds an index beside the default namespace index
+//! ([`InformerOptions::with_indexers`] replaces them all); read it with
+//! [`Lister::by_index`]. [`HandlerRegistration::wait_synced`] waits until one handler has had
+//! the first list.
+//!
+//! ## Logging
+//! The crate logs through [`tracing`] and prints nothing itself: install a subscriber (e.g.
+//! `tracing_subscriber::fmt().with_env_filter("etcd_informer=info").init()`) or decode errors
+//! and connection failures go unseen. An outage is logged as a WARN at its first failure, a
+//! WARN summary every 30 s while it lasts, and an INFO `list/watch is back` with how long it
+//! was down.
+//!
 //! ## Ordering
 //! Each handler sees changes after the cache holds them. In the default
 //! [`Processing::Atomic`] mode a handler sees every change in etcd's order, revision by
 //! revision, and a transaction's changes together. In the [`Processing::DeltaFifo`] mode a
 //! handler sees one key's changes in revision order; across keys, in the order the DeltaFIFO
 //! hands keys out: a key keeps its place in the queue while more changes for it arrive, and
-//! they are delivered together.
+//! they are delivered together. A read of the cache from within a handler sees it as it is at
+//! that moment, which may be past the event being handled.
 
 #![warn(missing_docs)]
 
@@ -131,7 +145,10 @@ pub use listwatch::{
 };
 pub use object::{split_key, Object};
 pub use reflector::{Backoff, Health, Queue, Reflector, ReflectorOptions, RELIST_STORM_WINDOW};
-pub use store::{Indexer, Indexers, Store, StoreContent, NAMESPACE_INDEX};
+pub use store::{
+    namespace_index_func, namespace_indexers, IndexFunc, Indexer, Indexers, Store, StoreContent,
+    StoreError, NAMESPACE_INDEX,
+};
 
 /// The README's Rust example, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

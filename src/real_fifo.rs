@@ -113,6 +113,39 @@ impl<T> fmt::Debug for Batch<T> {
 /// state; with the queued relist and the cache (popped batches are applied before `pop`
 /// returns) it gives the newest state the queue knows of any key, which decides duplicates and
 /// the last value of deletes.
+///
+/// An informer makes one for you ([`Processing::Atomic`](crate::Processing::Atomic)); a
+/// pipeline of your own pops it by hand, applying each batch to the store it was given:
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use etcd_informer::{Batch, DeltaType, EtcdListerWatcher, Indexer, RealFifo, Reflector, ReflectorOptions, TextCodec};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// let lw = EtcdListerWatcher::new(client, "/registry/configmaps/", TextCodec)?;
+/// let store = Indexer::<String>::with_namespace_index();
+/// let fifo = Arc::new(RealFifo::new(Arc::new(store.clone())));
+/// tokio::spawn(Reflector::new(lw, fifo.clone(), ReflectorOptions::default()).run());
+/// while let Ok(()) = fifo
+///     .pop(|batch| match batch {
+///         // One etcd revision (a transaction) at a time, in etcd's order.
+///         Batch::Changes { revision, deltas } => {
+///             for d in deltas {
+///                 println!("{revision} {}: {}", d.kind, d.object.key());
+///                 match d.kind {
+///                     DeltaType::Deleted => drop(store.delete(d.object.key())),
+///                     _ => drop(store.add(d.object)),
+///                 }
+///             }
+///         }
+///         // A relist: the whole content, to diff against the store (keys it lacks are gone).
+///         Batch::Replace { items, .. } => store.replace(items.list()),
+///         Batch::Resync | Batch::Progress(_) => {}
+///     })
+///     .await
+/// {}
+/// # Ok(()) }
+/// ```
 pub struct RealFifo<T> {
     inner: Mutex<Inner<T>>,
     notify: Notify,

@@ -181,6 +181,8 @@ pub struct Reflector<T, L> {
     revision_at: Option<std::time::Instant>,
     /// Notified when the informer's audit asks for a relist.
     relist: Option<Arc<tokio::sync::Notify>>,
+    /// The current run of failures, logged as one story rather than a line per retry.
+    outage: OutageLog,
 }
 
 /// How many times a reflector listed, by reason.
@@ -373,6 +375,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             relists: RelistMetrics::new(&options.name),
             options,
             watching_since: None,
+            outage: OutageLog::default(),
             transform: None,
             received_at: None,
             response_at: None,
@@ -614,6 +617,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             }
         };
         self.handle.connected();
+        self.outage.recovered();
         self.watching_since = Some(Instant::now());
         // An event already taken from the stream, not yet handled.
         let mut ready: Option<Option<WatchEvent<T>>> = None;
@@ -717,16 +721,75 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
         }
     }
 
-    fn report(&self, e: &Error) {
+    fn report(&mut self, e: &Error) {
         self.handle.failed(e.to_string());
         if e.is_expired() {
             tracing::info!(error = %e, "revision expired; relisting");
         } else {
-            tracing::warn!(error = %e, "list/watch failed; retrying with backoff");
+            self.outage.failed(e);
         }
         if let Some(h) = &self.options.watch_error_handler {
             h(e);
         }
+    }
+}
+
+/// How often a run of failures is summarized after its first warning.
+const OUTAGE_SUMMARY_PERIOD: Duration = Duration::from_secs(30);
+
+/// Logs a run of list/watch failures as one story: the first failure at WARN, the retries
+/// after it at DEBUG with a WARN summary every [`OUTAGE_SUMMARY_PERIOD`], and one INFO line
+/// when a watch is open again, saying how long the source was down. An outage of minutes is
+/// a handful of lines, not one per retry (every 50 ms to 1 s while etcd is unreachable).
+#[derive(Debug, Default)]
+struct OutageLog {
+    /// When the first failure of the run happened; `None` while the source answers.
+    since: Option<Instant>,
+    /// Failures in the run.
+    failures: u64,
+    /// Failures since the last line at WARN, and when that line was.
+    unreported: u64,
+    reported_at: Option<Instant>,
+}
+
+impl OutageLog {
+    fn failed(&mut self, e: &Error) {
+        let now = Instant::now();
+        self.failures += 1;
+        let Some(since) = self.since else {
+            self.since = Some(now);
+            self.reported_at = Some(now);
+            tracing::warn!(error = %e, "list/watch failed; retrying (repeats are summarized every {}s)", OUTAGE_SUMMARY_PERIOD.as_secs());
+            return;
+        };
+        self.unreported += 1;
+        tracing::debug!(error = %e, failures = self.failures, "list/watch failed again; retrying");
+        if self
+            .reported_at
+            .is_none_or(|at| now.duration_since(at) >= OUTAGE_SUMMARY_PERIOD)
+        {
+            tracing::warn!(
+                error = %e,
+                down_for = ?now.duration_since(since),
+                failures = self.failures,
+                "list/watch still failing: {} more failures since the last warning; retrying",
+                self.unreported
+            );
+            self.unreported = 0;
+            self.reported_at = Some(now);
+        }
+    }
+
+    /// A watch is open again: ends the run, with a line if it was warned of.
+    fn recovered(&mut self) {
+        if let Some(since) = self.since.take() {
+            tracing::info!(
+                down_for = ?since.elapsed(),
+                failures = self.failures,
+                "list/watch is back"
+            );
+        }
+        *self = OutageLog::default();
     }
 }
 
@@ -762,4 +825,82 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::{OutageLog, OUTAGE_SUMMARY_PERIOD};
+    use crate::listwatch::Error;
+
+    /// Lines written by a subscriber, for asserting on what was logged.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            crate::lock(&self.0).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn lines(&self, level: &str) -> Vec<String> {
+            String::from_utf8_lossy(&crate::lock(&self.0))
+                .lines()
+                .filter(|l| l.contains(level))
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_is_one_warning_a_summary_per_period_and_a_line_when_back() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let mut log = OutageLog::default();
+        let refused = Error::unavailable("/services/: connection refused");
+        // 70 s of retries, one every 500 ms: 140 failures.
+        for _ in 0..140 {
+            log.failed(&refused);
+            tokio::time::advance(std::time::Duration::from_millis(500)).await;
+        }
+        log.recovered();
+        let warns = captured.lines("WARN");
+        assert_eq!(
+            warns.len(),
+            1 + (70 / OUTAGE_SUMMARY_PERIOD.as_secs()) as usize,
+            "the first failure, then one summary per 30 s: {warns:#?}"
+        );
+        assert!(warns[0].contains("connection refused"), "{}", warns[0]);
+        assert!(
+            warns[1].contains("60 more failures since the last warning"),
+            "{}",
+            warns[1]
+        );
+        let back = captured.lines("INFO");
+        assert_eq!(back.len(), 1, "{back:#?}");
+        assert!(
+            back[0].contains("list/watch is back") && back[0].contains("down_for=70s"),
+            "{}",
+            back[0]
+        );
+        assert!(back[0].contains("failures=140"), "{}", back[0]);
+        // A watch opened again with no failure before it says nothing.
+        log.recovered();
+        assert_eq!(captured.lines("INFO").len(), 1);
+        // The next outage warns at once again.
+        log.failed(&refused);
+        assert_eq!(captured.lines("WARN").len(), warns.len() + 1);
+    }
 }

@@ -26,7 +26,10 @@ pub enum ConsistencyError {
         waited: Duration,
     },
     /// The source could not be asked for its revision (etcd unreachable, for example).
-    #[error("informer {informer}: cannot read the current revision: {source}")]
+    #[error(
+        "{}cannot read the current revision: {source}",
+        named(informer, source)
+    )]
     Source {
         /// The informer's name.
         informer: String,
@@ -34,6 +37,16 @@ pub enum ConsistencyError {
         #[source]
         source: SourceError,
     },
+}
+
+/// "informer NAME: ", unless the source's own message names it already (an informer is named
+/// after its prefix by default, and etcd's errors name the prefix): a message names it once.
+fn named(informer: &str, source: &SourceError) -> String {
+    if source.to_string().contains(informer) {
+        String::new()
+    } else {
+        format!("informer {informer}: ")
+    }
 }
 
 /// What the source said of the cache's freshness.
@@ -141,5 +154,31 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             self.wait_for_revision(current.revision, left).await?;
         }
         Ok(self.lister())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConsistencyError, SourceError};
+
+    #[test]
+    fn a_source_error_names_the_prefix_once() {
+        let source = || SourceError::unavailable("/services/: grpc request error: refused");
+        let e = ConsistencyError::Source {
+            informer: "/services/".into(),
+            source: source(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot read the current revision: /services/: grpc request error: refused"
+        );
+        let e = ConsistencyError::Source {
+            informer: "zones".into(),
+            source: source(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "informer zones: cannot read the current revision: /services/: grpc request error: refused"
+        );
     }
 }

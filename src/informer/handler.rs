@@ -61,10 +61,41 @@ impl<T> Event<T> {
 /// Receives the changes of an informer's cache (client-go's `ResourceEventHandler`).
 ///
 /// Calls come one at a time, in the order of the informer's queue: for one key always in
-/// revision order. The cache already holds the new state when a call is made. Handlers share a
-/// delivery thread while they keep up; one that blocks for over 20 ms gets that thread to itself
-/// and delays only itself from then on. One that panics has that one notification skipped and
-/// logged.
+/// revision order. The cache already holds the new state when a call is made; a read of the
+/// cache (a lister, an index) from within a call sees it as it is at that moment, which may be
+/// later than the event: changes applied since wait in this handler's backlog. Count or act on
+/// the objects the call gives, or re-read when the current state is what matters. Handlers
+/// share a delivery thread while they keep up; one that blocks for over 20 ms gets that thread
+/// to itself and delays only itself from then on. One that panics has that one notification
+/// skipped and logged.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use etcd_informer::{DeletedObject, Object, ResourceEventHandler};
+///
+/// struct Service { zone: String }
+///
+/// /// Counts the services of one zone as they come and go.
+/// struct ZoneCount { zone: String, count: AtomicUsize }
+///
+/// impl ResourceEventHandler<Service> for ZoneCount {
+///     fn on_add(&self, svc: &Arc<Object<Service>>, _initial: bool) {
+///         if svc.value.zone == self.zone {
+///             self.count.fetch_add(1, Ordering::Relaxed);
+///         }
+///     }
+///     fn on_delete(&self, svc: &DeletedObject<Service>) {
+///         // Deletes carry the last value the cache held (a relist's tombstone too).
+///         if svc.object().value.zone == self.zone {
+///             self.count.fetch_sub(1, Ordering::Relaxed);
+///         }
+///     }
+/// }
+/// # let h = ZoneCount { zone: "a".into(), count: AtomicUsize::new(0) };
+/// # h.on_add(&Arc::new(Object::new("s/1", 1, Service { zone: "a".into() })), true);
+/// # assert_eq!(h.count.load(Ordering::Relaxed), 1);
+/// ```
 pub trait ResourceEventHandler<T>: Send + Sync + 'static {
     /// A key appeared in the cache.
     fn on_add(&self, obj: &Arc<Object<T>>, is_in_initial_list: bool) {
@@ -86,12 +117,18 @@ type DeleteFn<T> = Box<dyn Fn(&DeletedObject<T>) + Send + Sync>;
 
 /// A handler made of optional closures (client-go's `ResourceEventHandlerFuncs`).
 ///
+/// Name the object type (`::<Service>` below) when a closure reads the object's fields: the
+/// closures are type-checked before the handler meets the informer that would tell it.
+///
 /// ```
 /// use etcd_informer::ResourceEventHandlerFuncs;
-/// let handler = ResourceEventHandlerFuncs::<String>::new()
-///     .on_add(|obj, _| println!("created: {}", obj.key()))
-///     .on_update(|_, new| println!("updated: {}", new.key()))
-///     .on_delete(|obj| println!("deleted: {}", obj.key()));
+///
+/// struct Service { zone: String }
+///
+/// let handler = ResourceEventHandlerFuncs::<Service>::new()
+///     .on_add(|svc, _| println!("created: {} in {}", svc.key(), svc.value.zone))
+///     .on_update(|old, new| println!("updated: {} {} -> {}", new.key(), old.value.zone, new.value.zone))
+///     .on_delete(|svc| println!("deleted: {}", svc.key()));
 /// # let _ = handler;
 /// ```
 pub struct ResourceEventHandlerFuncs<T> {

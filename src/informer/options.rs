@@ -64,6 +64,24 @@ pub enum RelistUnchanged {
 }
 
 /// Options of a [`SharedIndexInformer`](crate::SharedIndexInformer).
+///
+/// Start from `default()` and change what you need; the fields say what each does.
+///
+/// ```
+/// use std::time::Duration;
+/// use etcd_informer::{InformerOptions, Processing};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Service { zone: String }
+///
+/// let options = InformerOptions::<Service>::default()
+///     .with_name("services")
+///     .with_index("zone", |s| vec![s.value.zone.clone()])
+///     // A handler that falls far behind gets its backlog merged per key.
+///     .with_max_handler_backlog(Some(10_000))
+///     .with_resync_period(Duration::from_secs(600));
+/// assert_eq!(options.processing, Processing::Atomic);
+/// ```
 #[non_exhaustive]
 pub struct InformerOptions<T> {
     /// A name for logs, spans and handler threads (the etcd prefix, usually).
@@ -131,10 +149,50 @@ impl<T> InformerOptions<T> {
         self
     }
 
-    /// Sets the indexes of the cache (`indexers`).
+    /// Replaces every index of the cache (`indexers`), the default namespace index included:
+    /// pass [`namespace_indexers`](crate::namespace_indexers) extended with yours to keep it,
+    /// or use [`with_index`](Self::with_index) to add one beside it.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use etcd_informer::{IndexFunc, Indexers, InformerOptions, Object};
+    ///
+    /// struct Service { zone: String }
+    ///
+    /// // Only a zone index: `by_namespace` and the namespace index are gone.
+    /// let by_zone: IndexFunc<Service> = Arc::new(|s: &Object<Service>| vec![s.value.zone.clone()]);
+    /// let indexers = Indexers::from([("zone".to_owned(), by_zone)]);
+    /// let options = InformerOptions::default().with_indexers(indexers);
+    /// assert_eq!(options.indexers.len(), 1);
+    /// ```
     #[must_use]
     pub fn with_indexers(mut self, indexers: Indexers<T>) -> Self {
         self.indexers = indexers;
+        self
+    }
+
+    /// Adds the index `name` beside the others (the namespace index stays): `index` gives the
+    /// values an object is listed under, none or several. Read it with
+    /// [`Indexer::index_keys`](crate::Indexer::index_keys) or
+    /// [`Lister::by_index`](crate::Lister::by_index); an index of the same name is replaced.
+    ///
+    /// ```
+    /// use etcd_informer::{InformerOptions, NAMESPACE_INDEX};
+    ///
+    /// struct Service { zone: String }
+    ///
+    /// // Name the type once (`::<Service>`), so that the closure can read its fields.
+    /// let options = InformerOptions::<Service>::default()
+    ///     .with_index("zone", |s| vec![s.value.zone.clone()]);
+    /// assert!(options.indexers.contains_key("zone") && options.indexers.contains_key(NAMESPACE_INDEX));
+    /// ```
+    #[must_use]
+    pub fn with_index(
+        mut self,
+        name: impl Into<String>,
+        index: impl Fn(&crate::Object<T>) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.indexers.insert(name.into(), Arc::new(index));
         self
     }
 

@@ -40,6 +40,35 @@ impl<T: Send + Sync + 'static> HandlerRegistration<T> {
             .is_some_and(|s| s.queue.has_synced() && self.listener.initial_delivered())
     }
 
+    /// Waits until [`has_synced`](Self::has_synced) (client-go's `WaitForCacheSync` given this
+    /// registration): true once it is, false if the informer stops or is dropped first. Cancel
+    /// it by dropping the future (under [`tokio::time::timeout`], say).
+    ///
+    /// ```no_run
+    /// # async fn demo(informer: etcd_informer::SharedIndexInformer<String>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use etcd_informer::ResourceEventHandlerFuncs;
+    /// let registration = informer.add_event_handler(
+    ///     ResourceEventHandlerFuncs::new().on_add(|o, _| println!("created: {}", o.key())),
+    /// )?;
+    /// tokio::spawn(informer.clone().run());
+    /// if !registration.wait_synced().await {
+    ///     return Err("the informer stopped before this handler synced".into());
+    /// }
+    /// // Every object of the first list has reached the handler.
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_synced(&self) -> bool {
+        super::shared_informer::wait_until(|| {
+            self.has_synced()
+                || self
+                    .informer
+                    .upgrade()
+                    .is_none_or(|s| s.stopped.load(Ordering::Acquire))
+        })
+        .await;
+        self.has_synced()
+    }
+
     /// Notifications queued for this handler and not yet delivered.
     pub fn backlog(&self) -> usize {
         self.listener.backlog()

@@ -33,8 +33,13 @@ use crate::{lock, Lister};
 ///
 /// Guarantees:
 /// - the cache is updated before any handler hears of the change;
-/// - each handler receives one key's changes in revision order; across keys, in the order the
-///   DeltaFIFO hands keys out (first changed, first delivered);
+/// - each handler receives every change in etcd's order, a revision (one transaction) at a
+///   time, in the default [`Processing::Atomic`]; with [`Processing::DeltaFifo`], one key's
+///   changes in revision order and, across keys, the order the DeltaFIFO hands keys out
+///   (first changed, first delivered);
+/// - a read of the cache from within a handler sees the cache as it is then, which may be
+///   past the event being handled (later changes applied, their notifications still queued):
+///   act on the event's objects, or re-read the key, as a client-go handler would;
 /// - each handler has its own backlog ([`HandlerRegistration::backlog`](crate::HandlerRegistration::backlog)); handlers share a
 ///   delivery thread while they keep up, and one stuck for over 20 ms on a notification is left
 ///   that thread while the others move on: a slow or stuck handler delays the others by 20 ms at
@@ -389,11 +394,22 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         Lister::new(self.shared.indexer.clone())
     }
 
-    /// Adds indexes, indexing what is cached already.
+    /// Adds indexes, indexing what is cached already. Fails if one of that name exists.
     pub fn add_indexers(&self, indexers: Indexers<T>) -> Result<(), InformerError> {
         // Under the processor lock, so no delta is applied half-indexed.
         let _processor = self.processor();
         Ok(self.shared.indexer.add_indexers(indexers)?)
+    }
+
+    /// Adds the index `name` (see [`InformerOptions::with_index`], the way to give it before
+    /// the informer runs), indexing what is cached already. Fails if one of that name exists.
+    pub fn add_index(
+        &self,
+        name: impl Into<String>,
+        index: impl Fn(&crate::Object<T>) -> Vec<String> + Send + Sync + 'static,
+    ) -> Result<(), InformerError> {
+        let index: crate::IndexFunc<T> = Arc::new(index);
+        self.add_indexers(Indexers::from([(name.into(), index)]))
     }
 
     /// The revision the reflector has read and queued up to (client-go's

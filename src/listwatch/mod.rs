@@ -336,6 +336,52 @@ pub enum Resume {
 /// (forward it, or answer for itself), so that a forgotten method cannot silently turn
 /// consistent reads into errors or a stalled watch into a healthy-looking one. A source that
 /// lists whole can implement [`list_into`](Self::list_into) with [`list_whole_into`].
+///
+/// A source that counts the lists of another and forwards everything else:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::time::Duration;
+/// use etcd_informer::listwatch::{
+///     BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result, Resume,
+///     SourceIdentity, WatchStream,
+/// };
+///
+/// struct CountingLists<L> { inner: L, lists: AtomicUsize }
+///
+/// impl<T: 'static, L: ListerWatcher<T>> ListerWatcher<T> for CountingLists<L> {
+///     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
+///         self.lists.fetch_add(1, Ordering::Relaxed);
+///         self.inner.list()
+///     }
+///     fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
+///         self.lists.fetch_add(1, Ordering::Relaxed);
+///         self.inner.list_into(sink)
+///     }
+///     fn watch(&self, after: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
+///         self.inner.watch(after)
+///     }
+///     fn freshness(&self, since: i64, cached: usize, at: Option<i64>) -> BoxFuture<'_, Result<Freshness>> {
+///         self.inner.freshness(since, cached, at)
+///     }
+///     fn liveness_bound(&self) -> Option<Duration> {
+///         self.inner.liveness_bound()
+///     }
+///     fn decode_errors(&self) -> u64 {
+///         self.inner.decode_errors()
+///     }
+///     fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
+///         self.inner.key_revisions(at, page)
+///     }
+///     fn identity(&self) -> SourceIdentity {
+///         self.inner.identity()
+///     }
+///     fn can_resume(&self, revision: i64, keys: usize, cluster_id: u64) -> BoxFuture<'_, Result<Resume>> {
+///         self.inner.can_resume(revision, keys, cluster_id)
+///     }
+/// }
+/// ```
 pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// Every object, and the revision they were read at.
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>>;

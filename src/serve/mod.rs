@@ -116,6 +116,16 @@ pub enum ServeError {
 }
 
 /// Options of a [`CacheServer`].
+///
+/// ```
+/// use std::time::Duration;
+/// use etcd_informer::serve::CacheServerOptions;
+/// // A longer history for watchers that resume from far back, and a tighter read timeout.
+/// let options = CacheServerOptions::default()
+///     .with_history_revisions(50_000)
+///     .with_read_timeout(Duration::from_secs(2));
+/// assert_eq!(options.history_revisions, 50_000);
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct CacheServerOptions {
@@ -243,6 +253,22 @@ impl CacheServerOptions {
 
 /// A server of etcd's gRPC API answering from caches of one or more prefixes; see the
 /// [module](self).
+///
+/// ```no_run
+/// use etcd_informer::serve::{CacheServer, CacheServerOptions};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let endpoints = ["127.0.0.1:2379"];
+/// let client = etcd_informer::connect(endpoints).await?;
+/// let server = CacheServer::new(client, endpoints, "/registry/")
+///     .with_options(CacheServerOptions::default().with_history_revisions(50_000))
+///     .bind("127.0.0.1:0".parse()?)
+///     .await?;
+/// server.ready(std::time::Duration::from_secs(30)).await?;
+/// // Point etcdctl or etcd-client at it: `etcdctl --endpoints <addr> get --prefix /registry/`.
+/// println!("serving at {}", server.local_addr());
+/// server.shutdown().await;
+/// # Ok(()) }
+/// ```
 pub struct CacheServer {
     client: Client,
     endpoints: Vec<String>,

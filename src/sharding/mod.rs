@@ -102,6 +102,24 @@ const JOIN_RETRY: Duration = Duration::from_millis(500);
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A [`Runner`] whose keys are shared among replicas; see the [module documentation](self).
+///
+/// ```no_run
+/// # async fn demo(jobs: etcd_informer::SharedIndexInformer<String>) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use etcd_informer::runner::{Action, Runner};
+/// use etcd_informer::sharding::ShardedRunner;
+/// let client = etcd_informer::connect(["127.0.0.1:2379"]).await?;
+/// // Every replica runs this with its own name; keys of one namespace stay together.
+/// let sharded = ShardedRunner::new(Runner::new("jobs").watch(&jobs).workers(4), client, "replica-1")
+///     .shard_by_namespace()
+///     .lease_ttl(Duration::from_secs(10));
+/// let reconcile = |key: String| async move {
+///     println!("reconciling {key}");
+///     Ok::<_, String>(Action::Done)
+/// };
+/// sharded.run(reconcile, async { let _ = tokio::signal::ctrl_c().await; }).await;
+/// # Ok(()) }
+/// ```
 pub struct ShardedRunner {
     runner: Runner,
     client: Client,

@@ -143,6 +143,14 @@ impl<T> StoreContent<T> {
         self.inner.table.mod_revision(key)
     }
 
+    /// Every object, in no particular order (a relist's content, popped by hand from a
+    /// [`RealFifo`](crate::RealFifo)).
+    pub fn list(&self) -> Vec<Arc<Object<T>>> {
+        let mut out = Vec::with_capacity(self.inner.table.len());
+        self.inner.table.for_each(&mut |o| out.push(o));
+        out
+    }
+
     /// How many objects it holds.
     pub fn len(&self) -> usize {
         self.inner.table.len()
