@@ -3,7 +3,8 @@
 //! A session (one client stream) keeps, per watch, the next revision it owes the client, and
 //! pulls the history's groups from there whenever the client's stream has room: nothing is
 //! copied per watcher ahead of time, so a client that does not read holds no memory but its
-//! position, and never holds back other clients or the cache. A watch whose position falls out
+//! position and its stream's buffer ([`STREAM_BUFFER`] responses), and never holds back other
+//! clients or the cache. A watch whose position falls out
 //! of the history is cancelled with `compact_revision`, as etcd cancels a watcher it cannot
 //! catch up. Watches of ranges outside the prefix are forwarded to the upstream, each on its
 //! own upstream stream.
@@ -134,18 +135,23 @@ impl Session {
         let mut progress = tokio::time::interval(interval);
         progress.reset();
         let tx = self.tx.clone();
+        // A client may close its side of the stream and keep reading (etcd-client's `split()`
+        // with the sender dropped, grpcurl): etcd keeps streaming to it, and so does this.
+        let mut reading = true;
         loop {
             let work = self.has_work();
             let room = self.control.len() < MAX_CONTROL;
             tokio::select! {
-                request = requests.next(), if room => match request {
+                request = requests.next(), if room && reading => match request {
                     Some(Ok(request)) => self.handle(request).await,
                     Some(Err(status)) => {
                         tracing::debug!(%status, "watch stream ended by the client");
                         return;
                     }
-                    None => return,
+                    None => reading = false,
                 },
+                // The client is gone (it dropped the response stream).
+                _ = tx.closed() => return,
                 changed = position.changed() => {
                     if changed.is_err() {
                         return;
@@ -180,6 +186,13 @@ impl Session {
                     // etcd watches the empty key as `\0`.
                     key = vec![0];
                 }
+                // etcd refuses an empty or inverted range before it takes an id (`\0` is
+                // "every key from `key`", not an end).
+                let end = create.range_end.as_slice();
+                if !end.is_empty() && end != [0] && key.as_slice() >= end {
+                    self.refuse_create("mvcc: watcher range is empty");
+                    return;
+                }
                 let id = if create.watch_id != 0 {
                     create.watch_id
                 } else {
@@ -192,15 +205,7 @@ impl Session {
                     self.next_id - 1
                 };
                 if self.watches.contains_key(&id) || self.forwarded.contains_key(&id) {
-                    self.control.push_back(PbWatchResponse {
-                        header: self.header(self.served.revision()),
-                        watch_id: id,
-                        created: true,
-                        canceled: true,
-                        cancel_reason: "mvcc: duplicate watch ID provided on the WatchStream"
-                            .into(),
-                        ..Default::default()
-                    });
+                    self.refuse_create("mvcc: duplicate watch ID provided on the WatchStream");
                     return;
                 }
                 let Some(slice) = self.served.slice_for(&key, &create.range_end) else {
@@ -297,6 +302,19 @@ impl Session {
         }
     }
 
+    /// Answers a create request as etcd answers one it refuses: created and cancelled at
+    /// once, under the watch id -1 (the create's own id is not taken).
+    fn refuse_create(&mut self, reason: &str) {
+        self.control.push_back(PbWatchResponse {
+            header: self.header(self.served.revision()),
+            watch_id: -1,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.into(),
+            ..Default::default()
+        });
+    }
+
     /// Watches with `progress_notify` that are caught up hear of the cache's revision.
     fn notify_progress(&mut self) {
         for (id, watch) in &self.watches {
@@ -326,11 +344,13 @@ impl Session {
     /// The next response owed to the client, if any, with when the cache applied the oldest
     /// revision it carries (none for control responses): control responses first, then the
     /// next watch (in turn) that is behind the cache. Watches with nothing that matches move
-    /// on; a whole round without a response clears `maybe_behind` until the cache moves again.
+    /// on; a whole round without a response clears `maybe_behind` until the cache moves again,
+    /// unless a watch read a batch of revisions with nothing for it and has more to read.
     fn next_response(&mut self) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
         if let Some(response) = self.control.pop_front() {
             return Some((response, None));
         }
+        let mut still_behind = false;
         for _ in 0..self.watches.len() {
             let found = self
                 .watches
@@ -342,6 +362,7 @@ impl Session {
             };
             let position = self.position(watch);
             let behind = watch.next <= position.revision || watch.epoch != position.epoch;
+            let from = watch.next;
             self.turn = id.saturating_add(1);
             if self.served.slices[watch.slice]
                 .incomplete
@@ -364,9 +385,15 @@ impl Session {
                 if let Some(found) = self.catch_up(id) {
                     return Some(found);
                 }
+                // A batch of revisions that held nothing for this watch, with more to read:
+                // it is still behind, and nothing will publish to say so on a quiet prefix.
+                still_behind |= self
+                    .watches
+                    .get(&id)
+                    .is_some_and(|w| w.next > from && w.next <= self.position(w).revision);
             }
         }
-        self.maybe_behind = false;
+        self.maybe_behind = still_behind;
         None
     }
 

@@ -12,6 +12,7 @@ mod clients;
 mod common;
 mod etcdctl;
 mod faults;
+mod parity;
 
 use std::path::PathBuf;
 use std::process::Stdio;

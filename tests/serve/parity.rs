@@ -1,0 +1,169 @@
+//! Issue 34's items, each judged by etcd: the same client does the same thing against etcd
+//! directly and through the server, and must see the same (item 3: a half-closed stream; item 4:
+//! a catch-up through unmatched revisions; item 10: duplicate watch ids and empty ranges).
+
+use super::*;
+
+/// Item 3: a client that closes its request side (etcd-client's `split()` with the sender
+/// dropped, grpcurl) keeps receiving events, as etcd keeps streaming to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_watch_stream_keeps_streaming() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_half_closed");
+    put(&client, &format!("{p}a"), "0").await;
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        let (requests, mut responses) = watch_prefix(target, &p).await;
+        drop(requests);
+        let revision = put(&client, &format!("{p}a"), name).await;
+        let got = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: no event after the request side closed"))
+            .unwrap_or_else(|e| panic!("{name}: the stream failed: {e}"))
+            .unwrap_or_else(|| panic!("{name}: the stream ended when the request side closed"));
+        let kv = got.events()[0].kv().expect("a put");
+        assert_eq!((kv.value(), kv.mod_revision()), (name.as_bytes(), revision));
+    }
+}
+
+/// Item 4: a watch from an old revision on one key of a prefix busy with other keys gets its
+/// one event as soon as it is in the history, not a batch of 1,000 revisions per publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_through_many_unmatched_revisions_does_not_stall() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_catch_up");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    // The first revision of the watch, in the server's history (after its list).
+    let from = put(&client, &format!("{p}other"), "0").await;
+    caught_up(&server, from).await;
+    // 5,000 revisions that the watch does not match, written by 8 writers at once.
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let client = client.clone();
+            let p = p.clone();
+            tokio::spawn(async move {
+                for i in 0..625 {
+                    put(&client, &format!("{p}other{w}"), &i.to_string()).await;
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    let wanted = put(&client, &format!("{p}wanted"), "x").await;
+    caught_up(&server, wanted).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        let started = std::time::Instant::now();
+        let (_watcher, mut responses) = target
+            .watch_client()
+            .watch(
+                format!("{p}wanted"),
+                Some(WatchOptions::new().with_start_revision(from)),
+            )
+            .await
+            .expect("watch")
+            .split();
+        let event = loop {
+            let response = tokio::time::timeout(WITHIN, responses.message())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: no event within {WITHIN:?}"))
+                .expect("stream")
+                .expect("a response");
+            if let Some(event) = response.events().first() {
+                break event.clone();
+            }
+        };
+        let took = started.elapsed();
+        assert_eq!(event.kv().expect("put").mod_revision(), wanted);
+        println!("{name}: the one event after 5,000 unmatched revisions in {took:?}");
+        // etcd answers in milliseconds; the server stalled a publish per 1,000 revisions.
+        assert!(
+            took < Duration::from_millis(1500),
+            "{name} took {took:?} to send the event"
+        );
+    }
+}
+
+/// The first response of `stream` that is not about a watch the test created before: the
+/// fields a client reads of a refused create.
+async fn refusal(
+    name: &str,
+    responses: &mut etcd_client::WatchResponseStream,
+) -> (i64, bool, bool, String) {
+    let r = tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no answer"))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .unwrap_or_else(|| panic!("{name}: the stream ended"));
+    (
+        r.watch_id(),
+        r.created(),
+        r.canceled(),
+        r.cancel_reason().to_owned(),
+    )
+}
+
+/// Item 10: a duplicate watch id, and an empty or inverted range, get etcd's own answers
+/// (watch id -1, created and cancelled, etcd's reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_watch_ids_and_empty_ranges_get_etcds_answers() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_refused_watches");
+    put(&client, &format!("{p}a"), "0").await;
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let mut answers = Vec::new();
+    for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        let (mut requests, mut responses) = target
+            .watch_client()
+            .watch(format!("{p}a"), Some(WatchOptions::new().with_watch_id(7)))
+            .await
+            .expect("watch")
+            .split();
+        let created = refusal(name, &mut responses).await;
+        assert_eq!(
+            (created.0, created.1, created.2),
+            (7, true, false),
+            "{name}"
+        );
+        requests
+            .watch(format!("{p}b"), Some(WatchOptions::new().with_watch_id(7)))
+            .await
+            .expect("send");
+        let duplicate = refusal(name, &mut responses).await;
+        requests
+            .watch(
+                format!("{p}b"),
+                Some(WatchOptions::new().with_range(format!("{p}a"))),
+            )
+            .await
+            .expect("send");
+        let inverted = refusal(name, &mut responses).await;
+        requests
+            .watch(
+                format!("{p}b"),
+                Some(WatchOptions::new().with_range(format!("{p}b"))),
+            )
+            .await
+            .expect("send");
+        let empty = refusal(name, &mut responses).await;
+        answers.push((duplicate, inverted, empty));
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "etcd (left) and the cache server (right) answer differently"
+    );
+    assert_eq!(answers[0].0 .0, -1, "{:?}", answers[0]);
+}
