@@ -3,7 +3,7 @@
 //! A session (one client stream) keeps, per watch, the next revision it owes the client, and
 //! pulls the history's groups from there whenever the client's stream has room: nothing is
 //! copied per watcher ahead of time, so a client that does not read holds no memory but its
-//! position and its stream's buffer ([`STREAM_BUFFER`] responses), and never holds back other
+//! position and its stream's buffer (`STREAM_BUFFER` responses), and never holds back other
 //! clients or the cache. A watch whose position falls out
 //! of the history is cancelled with `compact_revision`, as etcd cancels a watcher it cannot
 //! catch up. Watches of ranges outside the prefix are forwarded to the upstream, each on its
