@@ -28,11 +28,6 @@ pub(crate) type Kv = Arc<Object<Vec<u8>>>;
 /// Keys (absolute) and their states, in key order.
 pub(crate) type Found = Vec<(Arc<[u8]>, Kv)>;
 
-/// etcd's text for a revision below the oldest one kept (gRPC OutOfRange).
-pub(crate) const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
-/// etcd's text for a revision above the current one (gRPC OutOfRange).
-pub(crate) const FUTURE: &str = "etcdserver: mvcc: required revision is a future revision";
-
 /// One change of one key.
 #[derive(Debug, Clone)]
 pub(crate) struct Event {

@@ -21,7 +21,7 @@ use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::prost::Message;
 
-use super::cache::{to_pb, Found, Kv, RevisionError, COMPACTED, FUTURE};
+use super::cache::{to_pb, Found, Kv};
 use super::encode::{range_response, RangeCodec};
 use super::forward::Upstream;
 use super::served::Served;
@@ -145,13 +145,25 @@ pub(crate) async fn range(
         }
         proven_at = proven?;
     }
-    let found = slice
-        .cache
-        .range_at(&r.key, &r.range_end, r.revision, proven_at);
-    let (found, revision) = match found {
-        Ok(found) => found,
-        Err(RevisionError::Compacted(_)) => return Err(Status::out_of_range(COMPACTED)),
-        Err(RevisionError::Future) => return Err(Status::out_of_range(FUTURE)),
+    // A past revision is answered from the history only while etcd holds it too; below the
+    // history, or past the cache's revision, etcd answers: it is the judge of what a
+    // revision holds, compacted or future.
+    let held = r.revision <= 0 || served.etcd_holds(slice, r.revision).await?;
+    let found = held
+        .then(|| {
+            slice
+                .cache
+                .range_at(&r.key, &r.range_end, r.revision, proven_at)
+                .ok()
+        })
+        .flatten();
+    let Some((found, revision)) = found else {
+        served.metrics.forwarded("Range");
+        let answer = served
+            .upstream
+            .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
+            .await?;
+        return Ok(RangeAnswer::Forwarded(answer));
     };
     let (kvs, more, count) = answer(&r, found);
     served.metrics.ranged();

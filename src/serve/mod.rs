@@ -391,6 +391,7 @@ impl CacheServer {
             headers: headers.clone(),
             client: self.client.clone(),
             access: Default::default(),
+            compaction: Default::default(),
             read_timeout: options.read_timeout,
             metrics: ServerMetrics::new(&prefix_text),
         });

@@ -60,7 +60,7 @@ impl Slice {
     }
 
     /// The first key of the prefix's range (`\0` for the whole keyspace).
-    fn first_key(&self) -> Vec<u8> {
+    pub(crate) fn first_key(&self) -> Vec<u8> {
         if self.prefix.is_empty() {
             vec![0]
         } else {
@@ -81,11 +81,71 @@ pub(crate) struct Served {
     pub(crate) client: Client,
     /// What the upstream said of clients' access to ranges.
     pub(crate) access: Access,
+    /// What etcd last said of its compaction (see [`Served::etcd_holds`]).
+    pub(crate) compaction: Compaction,
     pub(crate) read_timeout: Duration,
     pub(crate) metrics: ServerMetrics,
 }
 
+/// How long etcd's answer that it holds a revision stands for later questions: compaction only
+/// moves up, so a revision at or above one etcd held was held then too; a compaction made
+/// straight on etcd is seen within this long.
+const COMPACTION_ANSWER_TTL: Duration = Duration::from_secs(1);
+
+/// The lowest revision etcd was last seen to hold (not compacted), and when.
+#[derive(Default)]
+pub(crate) struct Compaction(Mutex<Option<(i64, Instant)>>);
+
 impl Served {
+    /// Whether etcd still holds `revision` of the prefix of `slice`, as etcd itself decides a
+    /// read at that revision: the cache's history may reach below a compaction made straight
+    /// on etcd, and must then answer as etcd does. Asked with a serializable count of one key
+    /// at that revision (no value read), or answered from an answer at most
+    /// [`COMPACTION_ANSWER_TTL`] old for a revision at or below it (the pages of one list).
+    pub(crate) async fn etcd_holds(&self, slice: &Slice, revision: i64) -> Result<bool, Status> {
+        if let Some((held, at)) = *lock(&self.compaction.0) {
+            if held <= revision && at.elapsed() < COMPACTION_ANSWER_TTL {
+                return Ok(true);
+            }
+        }
+        let asked = Instant::now();
+        let options = GetOptions::new()
+            .with_revision(revision)
+            .with_count_only()
+            .with_serializable();
+        let mut kv = self.client.kv_client();
+        let read = kv.get(slice.first_key(), Some(options));
+        match tokio::time::timeout(self.read_timeout, read).await {
+            Ok(Ok(_)) => {
+                let mut known = lock(&self.compaction.0);
+                if known.is_none_or(|(held, at)| at < asked || revision < held) {
+                    *known = Some((revision, asked));
+                }
+                Ok(true)
+            }
+            Ok(Err(etcd_client::Error::GRpcStatus(status)))
+                if status
+                    .message()
+                    .contains("required revision has been compacted") =>
+            {
+                Ok(false)
+            }
+            // A revision past etcd's is not compacted; the read itself will say it is future.
+            Ok(Err(etcd_client::Error::GRpcStatus(status)))
+                if status.message().contains("future revision") =>
+            {
+                Ok(true)
+            }
+            Ok(Err(e)) => Err(Status::unavailable(format!(
+                "cannot ask etcd whether revision {revision} is compacted: {e}"
+            ))),
+            Err(_) => Err(Status::unavailable(format!(
+                "etcd did not say within {:?} whether revision {revision} is compacted",
+                self.read_timeout
+            ))),
+        }
+    }
+
     /// The served prefix that holds all of etcd's range `[key, end)` and can answer it from
     /// its cache, if one does.
     pub(crate) fn slice_for(&self, key: &[u8], end: &[u8]) -> Option<usize> {

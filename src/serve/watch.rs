@@ -236,6 +236,16 @@ impl Session {
                     return;
                 }
                 let position = self.served.slices[slice].cache.position();
+                let start = create.start_revision;
+                if start > 0 && start <= position.revision && !self.replayable(slice, start).await {
+                    // Below the history, or compacted on etcd meanwhile: etcd replays it or
+                    // cancels it as compacted, as a client of etcd would see.
+                    tracing::debug!(id, start, "watch from before the history; forwarded");
+                    let mut create = create;
+                    create.watch_id = 0;
+                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
+                    return;
+                }
                 let watch = Watch {
                     slice,
                     end: create.range_end.clone(),
@@ -299,6 +309,24 @@ impl Session {
                 });
             }
             None => {}
+        }
+    }
+
+    /// Whether a watch from `start` can be replayed from the history of `slice`: it reaches
+    /// back that far, and etcd has not compacted `start` either (a compaction made straight
+    /// on etcd). When etcd cannot be asked, the history's own answer stands.
+    async fn replayable(&self, slice: usize, start: i64) -> bool {
+        let cached = &self.served.slices[slice];
+        let position = cached.cache.position();
+        if cached.cache.groups_from(start, position.epoch, 0).is_err() {
+            return false;
+        }
+        match self.served.etcd_holds(cached, start).await {
+            Ok(held) => held,
+            Err(status) => {
+                tracing::debug!(%status, start, "replaying from the history unasked");
+                true
+            }
         }
     }
 

@@ -529,3 +529,52 @@ async fn several_prefixes_each_from_its_own_cache() {
         "the range over both is forwarded: {stats:?}"
     );
 }
+
+/// etcd is the judge below the server's history too: a `--rev` older than the history and a
+/// watch from there get etcd's keys and replay; after a compaction made straight on etcd, a
+/// `--rev` below it gets etcd's "compacted" (within a second: the server's last word from
+/// etcd on its compaction stands that long).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_below_the_history_and_after_a_compaction_made_on_etcd() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/old/";
+    let early = put(&client, &format!("{p}a"), "1").await;
+    put(&client, &format!("{p}b"), "2").await;
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let in_history = put(&client, &format!("{p}a"), "3").await;
+    let last = put(&client, &format!("{p}zz-end"), "END").await;
+    caught_up(&server, last).await;
+    let (e, s) = (etcd.endpoint(), server.local_addr().to_string());
+    let early = early.to_string();
+    let printed = same(&e, &s, &["get", "--prefix", p, "--rev", &early]).await;
+    assert_eq!(printed.stdout, format!("{p}a\n1\n"));
+    let from_early = ["watch", "--prefix", p, "--rev", &early];
+    let (direct, served) = tokio::join!(
+        watch_until(&e, &from_early, |l| l == "END"),
+        watch_until(&s, &from_early, |l| l == "END")
+    );
+    assert_eq!(direct, served, "a watch from below the history");
+    let compact_at = last.to_string();
+    ctl(&e, &["compact", &compact_at]).await;
+    let in_history = in_history.to_string();
+    let get_below = ["get", "--prefix", p, "--rev", &in_history];
+    let direct = ctl(&e, &get_below).await;
+    assert!(direct.stderr.contains("compacted"), "{direct:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let served = ctl(&s, &get_below).await;
+        if served == direct {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a compaction made on etcd still unseen after 5 s: etcd {direct:?}, server {served:?}"
+        );
+    }
+    let watch_below = ["watch", "--prefix", p, "--rev", &in_history];
+    let printed = same(&e, &s, &watch_below).await;
+    assert!(printed.stderr.contains("compacted"), "{printed:?}");
+    let at = ["get", "--prefix", p, "--rev", &compact_at];
+    same(&e, &s, &at).await;
+}

@@ -1,6 +1,7 @@
 //! Issue 34's items, each judged by etcd: the same client does the same thing against etcd
 //! directly and through the server, and must see the same (item 3: a half-closed stream; item 4:
-//! a catch-up through unmatched revisions; item 10: duplicate watch ids and empty ranges).
+//! a catch-up through unmatched revisions; item 10: duplicate watch ids and empty ranges; item 1:
+//! a revision below the history; item 2: a compaction made straight on etcd).
 
 use super::*;
 
@@ -11,15 +12,18 @@ async fn a_half_closed_watch_stream_keeps_streaming() {
     let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
     let client = shared_client().await;
     let p = unique_prefix("serve_half_closed");
-    put(&client, &format!("{p}a"), "0").await;
+    let mut last = put(&client, &format!("{p}a"), "0").await;
     let server = start_server(&client, etcd.endpoints.clone(), &p).await;
     let via = connect([server.local_addr().to_string()])
         .await
         .expect("connect to the cache server");
     for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        // A watch from now starts after the server's revision: let it reach the last write.
+        caught_up(&server, last).await;
         let (requests, mut responses) = watch_prefix(target, &p).await;
         drop(requests);
         let revision = put(&client, &format!("{p}a"), name).await;
+        last = revision;
         let got = tokio::time::timeout(WITHIN, responses.message())
             .await
             .unwrap_or_else(|_| panic!("{name}: no event after the request side closed"))
@@ -166,4 +170,165 @@ async fn duplicate_watch_ids_and_empty_ranges_get_etcds_answers() {
         "etcd (left) and the cache server (right) answer differently"
     );
     assert_eq!(answers[0].0 .0, -1, "{:?}", answers[0]);
+}
+
+/// What a client reads of `key`'s prefix at `revision` through `via`: the keys and values, or
+/// the error etcd gave.
+async fn read_at(
+    via: &Client,
+    prefix: &str,
+    revision: i64,
+) -> Result<Vec<(String, String)>, String> {
+    via.kv_client()
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_revision(revision)),
+        )
+        .await
+        .map(|r| {
+            r.kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key_str().unwrap_or("?").to_owned(),
+                        kv.value_str().unwrap_or("?").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .map_err(|e| match e {
+            etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+            other => other.to_string(),
+        })
+}
+
+/// The first response of a watch of `prefix` from `revision` through `via`: its events (key,
+/// value, mod revision), whether it was cancelled, and its compact revision.
+async fn watch_from(
+    via: &Client,
+    prefix: &str,
+    revision: i64,
+) -> (Vec<(String, String, i64)>, bool, i64) {
+    let (_requests, mut responses) = via
+        .watch_client()
+        .watch(
+            prefix,
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(revision),
+            ),
+        )
+        .await
+        .expect("watch")
+        .split();
+    loop {
+        let r = tokio::time::timeout(WITHIN, responses.message())
+            .await
+            .expect("a watch response in time")
+            .expect("stream")
+            .expect("a response");
+        if r.created() && r.events().is_empty() && !r.canceled() {
+            continue;
+        }
+        let events = r
+            .events()
+            .iter()
+            .filter_map(|e| e.kv())
+            .map(|kv| {
+                (
+                    kv.key_str().unwrap_or("?").to_owned(),
+                    kv.value_str().unwrap_or("?").to_owned(),
+                    kv.mod_revision(),
+                )
+            })
+            .collect();
+        return (events, r.canceled(), r.compact_revision());
+    }
+}
+
+/// Item 1: a revision below the server's history that etcd has not compacted: a read at it and
+/// a watch from it get etcd's answers (the keys; a replay), not "compacted".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revision_below_the_history_is_answered_as_etcd_answers_it() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_below_history");
+    let early = put(&client, &format!("{p}a"), "1").await;
+    put(&client, &format!("{p}b"), "2").await;
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let latest = put(&client, &format!("{p}a"), "3").await;
+    caught_up(&server, latest).await;
+    let direct = read_at(&client, &p, early).await;
+    assert_eq!(
+        direct.as_deref(),
+        Ok(&[(format!("{p}a"), "1".to_owned())][..])
+    );
+    assert_eq!(read_at(&via, &p, early).await, direct, "a read at {early}");
+    let direct = watch_from(&client, &p, early).await;
+    assert!(!direct.1 && direct.0.len() >= 2, "{direct:?}");
+    assert_eq!(
+        watch_from(&via, &p, early).await,
+        direct,
+        "a watch from {early}"
+    );
+}
+
+/// Item 2: a compaction made straight on etcd is seen: a read below it and a watch from below
+/// it get etcd's "compacted", and a read at it still gets the keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_made_straight_on_etcd_is_answered_as_etcd_answers_it() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/compacted/";
+    put(&client, &format!("{p}seed"), "0").await;
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let mut revisions = Vec::new();
+    for i in 0..5 {
+        revisions.push(put(&client, &format!("{p}k{i}"), &i.to_string()).await);
+    }
+    caught_up(&server, revisions[4]).await;
+    // Both serve revisions[1] from the history before the compaction.
+    assert_eq!(
+        read_at(&via, p, revisions[1]).await,
+        read_at(&client, p, revisions[1]).await
+    );
+    client
+        .kv_client()
+        .compact(revisions[3], None)
+        .await
+        .expect("compact on etcd");
+    for revision in [revisions[1], revisions[3]] {
+        let direct = read_at(&client, p, revision).await;
+        let served = eventually_same(|| read_at(&via, p, revision), &direct).await;
+        assert_eq!(served, direct, "a read at {revision}");
+    }
+    assert!(read_at(&client, p, revisions[1]).await.is_err());
+    let direct = watch_from(&client, p, revisions[1]).await;
+    assert_eq!((direct.1, direct.2), (true, revisions[3]), "{direct:?}");
+    assert_eq!(watch_from(&via, p, revisions[1]).await, direct);
+}
+
+/// The server may see a compaction made on etcd a moment late (its last answer stands for a
+/// second): waits up to 5 s for `read` to give `want`, and returns what it gave last.
+async fn eventually_same<F, Fut, T>(read: F, want: &T) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = T>,
+    T: PartialEq,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = read().await;
+        if &got == want || tokio::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
