@@ -192,8 +192,9 @@ async fn mutual_tls_needs_the_client_certificate() {
     informer_follows(client).await;
 }
 
-/// The cache server in front of an etcd with mutual TLS: its list and watch go over the
-/// client given, its forwarded requests over `upstream_tls`.
+/// The cache server in front of an etcd with mutual TLS (auth off): its list and watch go over
+/// the client given, its forwarded requests over `upstream_tls`. Its clients have no token, so
+/// they are served only with `trust_clients_as_server`; by default they are refused.
 #[cfg(feature = "server")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_server_in_front_of_mutual_tls() {
@@ -212,6 +213,29 @@ async fn cache_server_in_front_of_mutual_tls() {
         .await
         .unwrap();
     let options = CacheServerOptions::default().with_upstream_tls(config.tls_options());
+    let refusing = CacheServer::new(client.clone(), [etcd.endpoint.clone()], "/served/")
+        .with_options(options.clone())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("bind");
+    refusing
+        .ready(Duration::from_secs(20))
+        .await
+        .expect("ready");
+    let tokenless = etcd_informer::connect([refusing.local_addr().to_string()])
+        .await
+        .unwrap();
+    let refused = tokenless
+        .kv_client()
+        .get("/elsewhere/x", None)
+        .await
+        .expect_err("a token-less client would act as the server");
+    assert!(
+        refused.to_string().contains("--trust-clients-as-server"),
+        "{refused}"
+    );
+    refusing.shutdown().await;
+    let options = options.with_trust_clients_as_server(true);
     let server = CacheServer::new(client, [etcd.endpoint.clone()], "/served/")
         .with_options(options)
         .bind("127.0.0.1:0".parse().unwrap())

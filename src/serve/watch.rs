@@ -37,6 +37,7 @@ const MAX_CONTROL: usize = 1024;
 /// The most revisions one response carries when a watch catches up (etcd's
 /// `watchBatchMaxRevs`); a revision is never split.
 const MAX_REVISIONS_PER_RESPONSE: usize = 1000;
+const WATCH_PATH: &str = "/etcdserverpb.Watch/Watch";
 // etcd's WatchCreateRequest.FilterType.
 const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
@@ -203,17 +204,17 @@ impl Session {
                     });
                     return;
                 }
-                let Some(slice) = self.served.slice_for(&key, &create.range_end) else {
-                    let mut create = create;
-                    create.watch_id = 0;
-                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
-                    return;
+                let slice = self.served.slice_for(&key, &create.range_end);
+                // etcd refuses a watch of a range the client may not read, on the stream; a
+                // forwarded watch is judged by etcd, once this server lets it through.
+                let access = match slice {
+                    Some(_) => {
+                        self.served
+                            .may_read(&self.metadata, &key, &create.range_end)
+                            .await
+                    }
+                    None => self.served.upstream.admit(&self.metadata, WATCH_PATH),
                 };
-                // etcd refuses a watch of a range the client may not read, on the stream.
-                let access = self
-                    .served
-                    .may_read(&self.metadata, &key, &create.range_end)
-                    .await;
                 if let Err(refused) = access {
                     self.control.push_back(PbWatchResponse {
                         header: self.header(self.served.revision()),
@@ -230,6 +231,12 @@ impl Session {
                     });
                     return;
                 }
+                let Some(slice) = slice else {
+                    let mut create = create;
+                    create.watch_id = 0;
+                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
+                    return;
+                };
                 let position = self.served.slices[slice].cache.position();
                 let watch = Watch {
                     slice,
@@ -450,7 +457,7 @@ impl Session {
                 // The request side stays open as long as the relay runs.
                 let (requests, rx) = mpsc::channel(1);
                 let _ = requests.send(create).await;
-                let path = PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+                let path = PathAndQuery::from_static(WATCH_PATH);
                 let opened = served
                     .upstream
                     .streaming::<_, PbWatchRequest, PbWatchResponse>(
