@@ -16,6 +16,18 @@
 //! - **Health**: gRPC's `grpc.health.v1.Health/Check` says SERVING while the server
 //!   [is ready](RunningServer::is_ready), NOT_SERVING otherwise (for Kubernetes' gRPC probes).
 //!
+//! **No client gets more than etcd would give it.** Requests run upstream with the client's
+//! own token, never with the server's credentials. etcd takes a request without a token as
+//! coming from its connection's client certificate, and forwarded requests travel on the
+//! server's connection: so when [`upstream_tls`](CacheServerOptions::upstream_tls) carries a
+//! certificate, token-less requests are refused with PermissionDenied (all but
+//! `Auth.Authenticate` and `Maintenance.Status`, which etcd answers to anyone), unless
+//! [`trust_clients_as_server`](CacheServerOptions::trust_clients_as_server). The server does
+//! not authorize clients by their own certificates: that would take a second copy of etcd's
+//! permission model. etcd's answer on a client's access to a cached range is used for
+//! [`access_ttl`](CacheServerOptions::access_ttl) (5 s) at most: the bound on a revoked
+//! permission.
+//!
 //! ```no_run
 //! use etcd_informer::serve::CacheServer;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
