@@ -762,3 +762,67 @@ fn start_slice(
     };
     Ok((slice, reflector.run()))
 }
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// What `tokenless_policy` decides for `options` listening on `listen`, and what it warns.
+    fn policy(options: &CacheServerOptions, listen: &str) -> (Tokenless, String) {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                crate::lock(&self.0).extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        let listen = listen.parse().expect("address");
+        let decided =
+            tracing::subscriber::with_default(subscriber, || tokenless_policy(options, listen));
+        let printed = String::from_utf8_lossy(&crate::lock(&buffer.0)).into_owned();
+        (decided, printed)
+    }
+
+    #[test]
+    fn a_client_certificate_upstream_refuses_token_less_requests_and_warnings_say_why() {
+        let certificate =
+            etcd_client::TlsOptions::new().identity(etcd_client::Identity::from_pem("cert", "key"));
+        let mutual = ServerTls {
+            cert_pem: b"cert".to_vec(),
+            key_pem: b"key".to_vec(),
+            client_ca_pem: Some(b"ca".to_vec()),
+        };
+        let plain = CacheServerOptions::default();
+        assert_eq!(
+            policy(&plain, "127.0.0.1:1"),
+            (Tokenless::Forward, String::new())
+        );
+        let (decided, warned) = policy(&plain, "0.0.0.0:1");
+        assert_eq!(decided, Tokenless::Forward);
+        assert!(warned.contains("beyond loopback without TLS"), "{warned}");
+        let identity = plain.clone().with_upstream_tls(Some(certificate));
+        let (decided, warned) = policy(&identity, "127.0.0.1:1");
+        assert_eq!(decided, Tokenless::Refuse);
+        assert!(warned.contains("set a client CA"), "{warned}");
+        let secured = identity.clone().with_tls(Some(mutual));
+        assert_eq!(
+            policy(&secured, "10.0.0.1:1"),
+            (Tokenless::Refuse, String::new())
+        );
+        let (decided, warned) = policy(&secured.with_trust_clients_as_server(true), "10.0.0.1:1");
+        assert_eq!(decided, Tokenless::Forward);
+        assert!(warned.contains("the server's permissions"), "{warned}");
+    }
+}
