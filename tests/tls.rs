@@ -592,6 +592,92 @@ mod access {
             Outcome::Answered("s3cret".into())
         );
         assert!(mutual.stats().ranges_from_cache >= 1);
+        // The issue's reproduction, with etcdctl and the CN=limited certificate: refused, and
+        // told why, where it used to print the secret and then overwrite it.
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path.display().to_string()
+        };
+        let (cert, key) = etcd
+            .ca
+            .issue_named("limited", ExtendedKeyUsagePurpose::ClientAuth);
+        let tls = [
+            format!("--cacert={}", file("ca.pem", etcd.ca.pem())),
+            format!("--cert={}", file("limited.pem", cert)),
+            format!("--key={}", file("limited-key.pem", key)),
+        ];
+        for args in [vec!["get", SECRET], vec!["put", SECRET, "pwned"]] {
+            let printed = etcdctl(&a, &tls, &args).await;
+            assert!(
+                !printed.status.success() && !printed.stdout.contains("s3cret"),
+                "etcdctl {args:?}: {printed:?}"
+            );
+            assert!(
+                printed.stderr.contains("--trust-clients-as-server"),
+                "etcdctl {args:?}: {printed:?}"
+            );
+        }
+        assert_eq!(
+            root.get(SECRET, None).await.unwrap().kvs()[0]
+                .value_str()
+                .unwrap(),
+            "s3cret"
+        );
+        // What the opt-in gives away: the same certificate then reads as the server, root.
+        let trusting = cache_server(
+            &etcd,
+            &root,
+            true,
+            CacheServerOptions::default().with_trust_clients_as_server(true),
+        )
+        .await;
+        let trusted = connect(&with_cert(&format!("https://{}", trusting.local_addr()))).await;
+        assert_eq!(
+            request(&trusted, "cached read").await,
+            Outcome::Answered("s3cret".into())
+        );
+    }
+
+    /// What etcdctl printed.
+    #[derive(Debug)]
+    struct Printed {
+        status: std::process::ExitStatus,
+        stdout: String,
+        stderr: String,
+    }
+
+    /// Runs the etcdctl beside `ETCD_BIN` (else on `PATH`) against `endpoint`.
+    async fn etcdctl(endpoint: &str, tls: &[String], args: &[&str]) -> Printed {
+        let bin = std::env::var_os("ETCD_BIN")
+            .map(|bin| std::path::PathBuf::from(bin).with_file_name("etcdctl"))
+            .filter(|beside| beside.is_file())
+            .unwrap_or_else(|| "etcdctl".into());
+        let mut command = tokio::process::Command::new(bin);
+        for var in [
+            "ETCDCTL_ENDPOINTS",
+            "ETCDCTL_USER",
+            "ETCDCTL_CACERT",
+            "ETCDCTL_CERT",
+            "ETCDCTL_KEY",
+        ] {
+            command.env_remove(var);
+        }
+        let output = command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoint}"))
+            .args(tls)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .expect("etcdctl (the Debian package etcd-client, or beside ETCD_BIN)");
+        Printed {
+            status: output.status,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
     }
 
     /// Reads the secret through `via` until it is refused; returns the refusal and when it
