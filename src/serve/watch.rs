@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::cache::{in_range, Position, RevisionError};
+use super::forward::TOKENLESS_REFUSED;
 use super::served::Served;
 
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
@@ -216,12 +217,22 @@ impl Session {
                     None => self.served.upstream.admit(&self.metadata, WATCH_PATH),
                 };
                 if let Err(refused) = access {
+                    // etcd's text of the gRPC error, as grpc-go prints it; etcd 3.5 and later
+                    // name no reason but this server's own refusal, which says what to do.
+                    let plain = self.served.headers.plain_watch_refusals();
+                    let (watch_id, refused) = match plain {
+                        true if refused.message() != TOKENLESS_REFUSED => (
+                            create.watch_id,
+                            Status::permission_denied("etcdserver: permission denied"),
+                        ),
+                        true => (create.watch_id, refused),
+                        false => (-1, refused),
+                    };
                     self.control.push_back(PbWatchResponse {
                         header: self.header(self.served.revision()),
-                        watch_id: -1,
+                        watch_id,
                         created: true,
                         canceled: true,
-                        // etcd's text of the gRPC error, as grpc-go prints it.
                         cancel_reason: format!(
                             "rpc error: code = {:?} desc = {}",
                             refused.code(),
