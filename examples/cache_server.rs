@@ -11,6 +11,10 @@
 //! has listed the prefix (`--prefix /registry/pods/,/registry/nodes/`: one cache each).
 //! `--cert server.pem --key server-key.pem` serve TLS, and
 //! `--client-ca ca.pem` mutual TLS.
+//!
+//! With ETCDCTL_CERT, requests without an auth token are refused (etcd would run them as this
+//! server's certificate); `--trust-clients-as-server` forwards them anyway, giving every
+//! client that can reach the server the server's own permissions.
 mod common;
 
 use std::time::Duration;
@@ -51,9 +55,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(_) => ConnectConfig::from_env()?.tls_options(),
         None => None,
     };
+    let trust = std::env::args().any(|a| a == "--trust-clients-as-server");
     let options = CacheServerOptions::default()
         .with_tls(tls)
-        .with_upstream_tls(upstream_tls);
+        .with_upstream_tls(upstream_tls)
+        .with_trust_clients_as_server(trust);
     // Several prefixes, comma-separated, each get their own cache.
     let mut prefixes = prefix.split(',');
     let mut server = CacheServer::new(client, endpoints, prefixes.next().unwrap_or_default());

@@ -33,7 +33,15 @@ impl Authority {
 
     /// A certificate for 127.0.0.1 and its key, as PEM.
     fn issue(&self, usage: ExtendedKeyUsagePurpose) -> (String, String) {
+        self.issue_named("etcd-informer test", usage)
+    }
+
+    /// A certificate for 127.0.0.1 whose common name is `name` (etcd's user, with
+    /// `--client-cert-auth`), and its key, as PEM.
+    fn issue_named(&self, name: &str, usage: ExtendedKeyUsagePurpose) -> (String, String) {
         let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
         params
             .subject_alt_names
             .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
@@ -58,7 +66,8 @@ fn free_port() -> u16 {
 
 /// An etcd serving clients over TLS only, killed on drop.
 struct TlsEtcd {
-    _child: tokio::process::Child,
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    child: tokio::process::Child,
     _dir: tempfile::TempDir,
     endpoint: String,
     ca: Authority,
@@ -115,7 +124,7 @@ impl TlsEtcd {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         TlsEtcd {
-            _child: child,
+            child,
             _dir: dir,
             endpoint,
             ca,
@@ -192,8 +201,9 @@ async fn mutual_tls_needs_the_client_certificate() {
     informer_follows(client).await;
 }
 
-/// The cache server in front of an etcd with mutual TLS: its list and watch go over the
-/// client given, its forwarded requests over `upstream_tls`.
+/// The cache server in front of an etcd with mutual TLS (auth off): its list and watch go over
+/// the client given, its forwarded requests over `upstream_tls`. Its clients have no token, so
+/// they are served only with `trust_clients_as_server`; by default they are refused.
 #[cfg(feature = "server")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_server_in_front_of_mutual_tls() {
@@ -212,6 +222,29 @@ async fn cache_server_in_front_of_mutual_tls() {
         .await
         .unwrap();
     let options = CacheServerOptions::default().with_upstream_tls(config.tls_options());
+    let refusing = CacheServer::new(client.clone(), [etcd.endpoint.clone()], "/served/")
+        .with_options(options.clone())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("bind");
+    refusing
+        .ready(Duration::from_secs(20))
+        .await
+        .expect("ready");
+    let tokenless = etcd_informer::connect([refusing.local_addr().to_string()])
+        .await
+        .unwrap();
+    let refused = tokenless
+        .kv_client()
+        .get("/elsewhere/x", None)
+        .await
+        .expect_err("a token-less client would act as the server");
+    assert!(
+        refused.to_string().contains("--trust-clients-as-server"),
+        "{refused}"
+    );
+    refusing.shutdown().await;
+    let options = options.with_trust_clients_as_server(true);
     let server = CacheServer::new(client, [etcd.endpoint.clone()], "/served/")
         .with_options(options)
         .bind("127.0.0.1:0".parse().unwrap())
@@ -298,5 +331,452 @@ fn environment_is_read_as_etcdctl_reads_it() {
         "ETCDCTL_USER",
     ] {
         std::env::remove_var(var);
+    }
+}
+
+/// Nobody gets more through the cache server than etcd would give them: etcd with TLS,
+/// `--client-cert-auth` and auth on, where a client's certificate is its identity, and a cache
+/// server that reaches it with `root`'s certificate.
+#[cfg(feature = "server")]
+mod access {
+    use std::time::{Duration, Instant};
+
+    use etcd_client::{Client, GetOptions, Permission, WatchOptions};
+    use etcd_informer::serve::{CacheServer, CacheServerOptions, RunningServer, ServerTls};
+    use etcd_informer::ConnectConfig;
+    use rcgen::ExtendedKeyUsagePurpose;
+
+    use super::{connect, TlsEtcd};
+
+    /// The secret the server caches, and what `limited` may read.
+    const SECRET: &str = "/secret/a";
+    const PUBLIC: &str = "/public/p";
+
+    impl TlsEtcd {
+        /// A config trusting this etcd's CA with a client certificate for `name`.
+        fn config_as(&self, name: &str) -> ConnectConfig {
+            let (cert, key) = self
+                .ca
+                .issue_named(name, ExtendedKeyUsagePurpose::ClientAuth);
+            ConnectConfig::new([self.endpoint.clone()])
+                .ca_pem(self.ca.pem())
+                .client_identity(cert, key)
+        }
+
+        /// Stops (SIGSTOP) or resumes (SIGCONT) etcd: a hung upstream.
+        fn signal(&self, signal: i32) {
+            let pid = self.child.id().expect("etcd runs") as i32;
+            // SAFETY: kill(2) on our own child's pid.
+            assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal}");
+        }
+    }
+
+    /// etcd with auth on: `root` (password `rootpw`, or a certificate CN=root) may do
+    /// anything, `limited` (`limpw`, or CN=limited) may read `/public/` only. Returns it and a
+    /// client authenticated by its CN=root certificate alone, as the issue's server is.
+    async fn auth_etcd() -> (TlsEtcd, Client) {
+        let etcd = TlsEtcd::start(true).await;
+        let config = etcd.config_as("root");
+        let mut root = connect(&config).await;
+        root.user_add("root", "rootpw", None).await.unwrap();
+        root.user_grant_role("root", "root").await.unwrap();
+        root.user_add("limited", "limpw", None).await.unwrap();
+        root.role_add("public-reader").await.unwrap();
+        root.role_grant_permission("public-reader", Permission::read("/public/").with_prefix())
+            .await
+            .unwrap();
+        root.user_grant_role("limited", "public-reader")
+            .await
+            .unwrap();
+        for (key, value) in [(SECRET, "s3cret"), (PUBLIC, "open"), ("/other/o", "other")] {
+            root.put(key, value, None).await.unwrap();
+        }
+        root.auth_enable().await.unwrap();
+        (etcd, root)
+    }
+
+    /// A cache server of `/secret/` with `root`'s certificate upstream, by default: TLS with
+    /// a client CA (`mutual`), else plain on loopback.
+    async fn cache_server(
+        etcd: &TlsEtcd,
+        root: &Client,
+        mutual: bool,
+        options: CacheServerOptions,
+    ) -> RunningServer {
+        let mut options = options.with_upstream_tls(etcd.config_as("root").tls_options());
+        if mutual {
+            let (cert, key) = etcd.ca.issue(ExtendedKeyUsagePurpose::ServerAuth);
+            options = options.with_tls(Some(ServerTls {
+                cert_pem: cert.into_bytes(),
+                key_pem: key.into_bytes(),
+                client_ca_pem: Some(etcd.ca.pem().into_bytes()),
+            }));
+        }
+        let server = CacheServer::new(root.clone(), [etcd.endpoint.clone()], "/secret/")
+            .with_options(options)
+            .bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("bind");
+        server.ready(Duration::from_secs(20)).await.expect("ready");
+        server
+    }
+
+    /// What a client got: a summary of the answer, or the gRPC error (a watch's cancel reason
+    /// counts as PermissionDenied, as etcd gives it).
+    #[derive(Debug, Clone, PartialEq)]
+    enum Outcome {
+        Answered(String),
+        Refused(tonic::Code, String),
+    }
+
+    impl Outcome {
+        fn of<T>(result: Result<T, etcd_client::Error>, summary: impl FnOnce(T) -> String) -> Self {
+            match result {
+                Ok(answer) => Outcome::Answered(summary(answer)),
+                Err(etcd_client::Error::GRpcStatus(s)) => {
+                    Outcome::Refused(s.code(), s.message().to_owned())
+                }
+                Err(other) => Outcome::Refused(tonic::Code::Unknown, other.to_string()),
+            }
+        }
+
+        /// The cache server's documented refusal of a token-less request.
+        fn is_documented_refusal(&self) -> bool {
+            matches!(self, Outcome::Refused(tonic::Code::PermissionDenied, m)
+                if m.contains("--trust-clients-as-server"))
+        }
+
+        /// The same kind of answer (values equal; errors of the same code).
+        fn same_as(&self, other: &Outcome) -> bool {
+            match (self, other) {
+                (Outcome::Answered(a), Outcome::Answered(b)) => a == b,
+                (Outcome::Refused(a, _), Outcome::Refused(b, _)) => a == b,
+                _ => false,
+            }
+        }
+    }
+
+    const REQUESTS: [&str; 8] = [
+        "cached read",
+        "watch",
+        "forwarded read (allowed)",
+        "forwarded read (not allowed)",
+        "put",
+        "lease grant",
+        "auth disable",
+        "snapshot",
+    ];
+
+    async fn request(client: &Client, which: &str) -> Outcome {
+        let mut c = client.clone();
+        let value = |r: etcd_client::GetResponse| match r.kvs().first() {
+            Some(kv) => kv.value_str().unwrap_or("?").to_owned(),
+            None => "(none)".to_owned(),
+        };
+        match which {
+            "cached read" => Outcome::of(c.get(SECRET, None).await, value),
+            "forwarded read (allowed)" => Outcome::of(c.get(PUBLIC, None).await, value),
+            "forwarded read (not allowed)" => Outcome::of(c.get("/other/o", None).await, value),
+            "put" => Outcome::of(c.put(SECRET, "pwned", None).await, |_| "put".into()),
+            "lease grant" => Outcome::of(c.lease_grant(60, None).await, |_| "granted".into()),
+            "auth disable" => Outcome::of(c.auth_disable().await, |_| "disabled".into()),
+            "snapshot" => match c.snapshot().await {
+                Ok(mut stream) => Outcome::of(stream.message().await, |m| {
+                    format!("snapshot chunk: {}", m.is_some())
+                }),
+                Err(e) => Outcome::of(Err::<(), _>(e), |_| String::new()),
+            },
+            "watch" => {
+                let options = Some(WatchOptions::new().with_prefix());
+                let mut stream = match c.watch("/secret/", options).await {
+                    Ok(stream) => stream,
+                    Err(e) => return Outcome::of(Err::<(), _>(e), |_| String::new()),
+                };
+                let first = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                    .await
+                    .expect("a watch is answered");
+                match first {
+                    Ok(Some(r)) if r.canceled() => Outcome::Refused(
+                        tonic::Code::PermissionDenied,
+                        r.cancel_reason().to_owned(),
+                    ),
+                    Ok(Some(r)) => Outcome::Answered(format!("created: {}", r.created())),
+                    Ok(None) => Outcome::Refused(tonic::Code::Unknown, "stream ended".into()),
+                    Err(e) => Outcome::of(Err::<(), _>(e), |_| String::new()),
+                }
+            }
+            other => unreachable!("{other}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_client_gets_more_through_the_cache_server_than_from_etcd() {
+        let (etcd, root) = auth_etcd().await;
+        let mutual = cache_server(&etcd, &root, true, CacheServerOptions::default()).await;
+        // No client CA: the issue's worse case, where anyone reaching the listener gets in.
+        let open = cache_server(&etcd, &root, false, CacheServerOptions::default()).await;
+        let a = format!("https://{}", mutual.local_addr());
+        let b = format!("http://{}", open.local_addr());
+        let limited = etcd.config_as("limited");
+        let with_cert = |endpoint: &str| {
+            let (cert, key) = etcd
+                .ca
+                .issue_named("limited", ExtendedKeyUsagePurpose::ClientAuth);
+            ConnectConfig::new([endpoint.to_owned()])
+                .ca_pem(etcd.ca.pem())
+                .client_identity(cert, key)
+        };
+        // etcd's answers: `limited` by password token and by certificate alone.
+        let direct_token = connect(&limited.clone().user("limited", "limpw")).await;
+        let direct_cert = connect(&limited).await;
+        let token_clients = [
+            (
+                "token client, mutual TLS",
+                connect(&with_cert(&a).user("limited", "limpw")).await,
+            ),
+            (
+                "token client, no client certificate",
+                connect(&ConnectConfig::new([b.clone()]).user("limited", "limpw")).await,
+            ),
+        ];
+        let tokenless_clients = [
+            ("certificate-only client", connect(&with_cert(&a)).await),
+            (
+                "client with no credentials",
+                connect(&ConnectConfig::new([b.clone()])).await,
+            ),
+        ];
+        let mut table = Vec::new();
+        for which in REQUESTS {
+            let by_token = request(&direct_token, which).await;
+            let by_cert = request(&direct_cert, which).await;
+            for (name, client) in &token_clients {
+                let via = request(client, which).await;
+                table.push(format!(
+                    "{which} | {name} | etcd: {by_token:?} | via: {via:?}"
+                ));
+                assert!(
+                    via.same_as(&by_token),
+                    "{which}, {name}: etcd answers {by_token:?}, the server {via:?}"
+                );
+            }
+            for (name, client) in &tokenless_clients {
+                let via = request(client, which).await;
+                table.push(format!(
+                    "{which} | {name} | etcd: {by_cert:?} | via: {via:?}"
+                ));
+                assert!(
+                    via.is_documented_refusal(),
+                    "{which}, {name}: etcd answers the certificate {by_cert:?}, the server {via:?}"
+                );
+            }
+        }
+        for line in &table {
+            eprintln!("{line}");
+        }
+        // Nothing was written through the server, and auth is still on.
+        let mut root = root;
+        let secret = root.get(SECRET, None).await.unwrap();
+        assert_eq!(secret.kvs()[0].value_str().unwrap(), "s3cret");
+        assert_eq!(
+            request(&direct_cert, "cached read").await,
+            Outcome::Refused(
+                tonic::Code::PermissionDenied,
+                "etcdserver: permission denied".into()
+            )
+        );
+        // The sanity check of the table: root by token gets the secret from the cache.
+        let root_via = connect(&with_cert(&a).user("root", "rootpw")).await;
+        assert_eq!(
+            request(&root_via, "cached read").await,
+            Outcome::Answered("s3cret".into())
+        );
+        assert!(mutual.stats().ranges_from_cache >= 1);
+        // The issue's reproduction, with etcdctl and the CN=limited certificate: refused, and
+        // told why, where it used to print the secret and then overwrite it.
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path.display().to_string()
+        };
+        let (cert, key) = etcd
+            .ca
+            .issue_named("limited", ExtendedKeyUsagePurpose::ClientAuth);
+        let tls = [
+            format!("--cacert={}", file("ca.pem", etcd.ca.pem())),
+            format!("--cert={}", file("limited.pem", cert)),
+            format!("--key={}", file("limited-key.pem", key)),
+        ];
+        for args in [vec!["get", SECRET], vec!["put", SECRET, "pwned"]] {
+            let printed = etcdctl(&a, &tls, &args).await;
+            assert!(
+                !printed.status.success() && !printed.stdout.contains("s3cret"),
+                "etcdctl {args:?}: {printed:?}"
+            );
+            assert!(
+                printed.stderr.contains("--trust-clients-as-server"),
+                "etcdctl {args:?}: {printed:?}"
+            );
+        }
+        assert_eq!(
+            root.get(SECRET, None).await.unwrap().kvs()[0]
+                .value_str()
+                .unwrap(),
+            "s3cret"
+        );
+        // What the opt-in gives away: the same certificate then reads as the server, root.
+        let trusting = cache_server(
+            &etcd,
+            &root,
+            true,
+            CacheServerOptions::default().with_trust_clients_as_server(true),
+        )
+        .await;
+        let trusted = connect(&with_cert(&format!("https://{}", trusting.local_addr()))).await;
+        assert_eq!(
+            request(&trusted, "cached read").await,
+            Outcome::Answered("s3cret".into())
+        );
+    }
+
+    /// What etcdctl printed.
+    #[derive(Debug)]
+    struct Printed {
+        status: std::process::ExitStatus,
+        stdout: String,
+        stderr: String,
+    }
+
+    /// Runs the etcdctl beside `ETCD_BIN` (else on `PATH`) against `endpoint`.
+    async fn etcdctl(endpoint: &str, tls: &[String], args: &[&str]) -> Printed {
+        let bin = std::env::var_os("ETCD_BIN")
+            .map(|bin| std::path::PathBuf::from(bin).with_file_name("etcdctl"))
+            .filter(|beside| beside.is_file())
+            .unwrap_or_else(|| "etcdctl".into());
+        let mut command = tokio::process::Command::new(bin);
+        for var in [
+            "ETCDCTL_ENDPOINTS",
+            "ETCDCTL_USER",
+            "ETCDCTL_CACERT",
+            "ETCDCTL_CERT",
+            "ETCDCTL_KEY",
+        ] {
+            command.env_remove(var);
+        }
+        let output = command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoint}"))
+            .args(tls)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .expect("etcdctl (the Debian package etcd-client, or beside ETCD_BIN)");
+        Printed {
+            status: output.status,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Reads the secret through `via` until it is refused; returns the refusal and when it
+    /// came, failing past `within`.
+    async fn read_until_refused(via: &Client, within: Duration) -> (Outcome, Duration) {
+        let started = Instant::now();
+        loop {
+            let mut c = via.clone();
+            let read = c
+                .get(SECRET, Some(GetOptions::new().with_serializable()))
+                .await;
+            let outcome = Outcome::of(read, |r| format!("{} keys", r.kvs().len()));
+            if let Outcome::Refused(..) = outcome {
+                return (outcome, started.elapsed());
+            }
+            assert!(
+                started.elapsed() < within,
+                "still answered {outcome:?} after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_revoked_role_stops_reads_within_the_bound_also_while_etcd_hangs() {
+        let (etcd, mut root) = auth_etcd().await;
+        root.role_add("secret-reader").await.unwrap();
+        root.role_grant_permission("secret-reader", Permission::read("/secret/").with_prefix())
+            .await
+            .unwrap();
+        let server = cache_server(&etcd, &root, true, CacheServerOptions::default()).await;
+        let (cert, key) = etcd
+            .ca
+            .issue_named("limited", ExtendedKeyUsagePurpose::ClientAuth);
+        let via = connect(
+            &ConnectConfig::new([format!("https://{}", server.local_addr())])
+                .ca_pem(etcd.ca.pem())
+                .client_identity(cert, key)
+                .user("limited", "limpw"),
+        )
+        .await;
+        let direct = connect(&etcd.config_as("limited").user("limited", "limpw")).await;
+        // The documented bound (CacheServerOptions::access_ttl), plus the time a read takes.
+        let bound = Duration::from_secs(5);
+        let slack = Duration::from_millis(1500);
+        for hang in [false, true] {
+            root.user_grant_role("limited", "secret-reader")
+                .await
+                .unwrap();
+            // Granted: the server learns of it within the bound (a refusal is kept as long).
+            let started = Instant::now();
+            loop {
+                let read = request(&via, "cached read").await;
+                if read == Outcome::Answered("s3cret".into()) {
+                    break;
+                }
+                assert!(started.elapsed() < bound + slack, "never granted: {read:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            root.user_revoke_role("limited", "secret-reader")
+                .await
+                .unwrap();
+            if hang {
+                // etcd hangs right after the revocation: nothing can tell the server of it.
+                etcd.signal(libc::SIGSTOP);
+            } else {
+                let at_etcd = request(&direct, "cached read").await;
+                assert!(
+                    matches!(at_etcd, Outcome::Refused(tonic::Code::PermissionDenied, _)),
+                    "etcd refuses at once: {at_etcd:?}"
+                );
+            }
+            // While etcd hangs, the first read past the bound waits for the access check's
+            // own timeout (1 s) before it is refused.
+            let within = if hang {
+                bound + Duration::from_secs(1) + slack
+            } else {
+                bound + slack
+            };
+            let (refused, after) = read_until_refused(&via, within).await;
+            eprintln!("revoked (etcd hung: {hang}): refused after {after:?}: {refused:?}");
+            let code = if hang {
+                tonic::Code::Unavailable
+            } else {
+                tonic::Code::PermissionDenied
+            };
+            assert!(
+                matches!(&refused, Outcome::Refused(c, _) if *c == code),
+                "{refused:?}"
+            );
+            // And it stays refused: an expired answer is not used again.
+            let again = request(&via, "cached read").await;
+            assert!(
+                matches!(&again, Outcome::Refused(c, _) if *c == code),
+                "{again:?}"
+            );
+            if hang {
+                etcd.signal(libc::SIGCONT);
+            }
+        }
     }
 }

@@ -1,6 +1,12 @@
 //! Everything the server does not answer itself goes to the upstream etcd: typed calls
 //! ([`Upstream::unary`]) for the KV and Cluster methods, and whole services passed through as
 //! bytes ([`Passthrough`]: Lease, Maintenance, Auth), with the client's credentials.
+//!
+//! etcd takes a request without an auth token as coming from the common name of the
+//! connection's client certificate (with `--client-cert-auth`), and the connection it sees is
+//! the server's. So when that connection carries a certificate of its own, a token-less
+//! request is refused here ([`Tokenless::Refuse`]) rather than run with the server's identity:
+//! every forwarded call and every access check passes through [`Upstream`], which checks it.
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
@@ -28,26 +34,72 @@ use super::header::Headers;
 /// requires a leader.
 const FORWARDED_METADATA: [&str; 3] = ["token", "authorization", "hasleader"];
 
+/// Calls whose answer etcd gives without looking at who asks: a token-less client gets them
+/// even from a server that refuses token-less requests. Authenticate is how a client gets its
+/// token (its password is in the request); Status is answered to anyone who can connect.
+const ANSWERED_TO_ANYONE: [&str; 2] = [
+    "/etcdserverpb.Auth/Authenticate",
+    "/etcdserverpb.Maintenance/Status",
+];
+
+/// What becomes of a client's request that carries no auth token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tokenless {
+    /// Forwarded as it is: the upstream connection has no identity of its own, so etcd answers
+    /// it as it answers a client without credentials (or the operator trusts every client
+    /// with the server's identity: `trust_clients_as_server`).
+    Forward,
+    /// Refused with PermissionDenied: etcd would take the server's certificate as the
+    /// client's identity.
+    Refuse,
+}
+
 /// The upstream etcd, as a gRPC channel the server forwards requests on.
 #[derive(Clone)]
 pub(crate) struct Upstream {
     channel: Channel,
+    tokenless: Tokenless,
 }
 
 impl Upstream {
-    pub(crate) fn new(channel: Channel) -> Self {
-        Upstream { channel }
+    pub(crate) fn new(channel: Channel, tokenless: Tokenless) -> Self {
+        Upstream { channel, tokenless }
     }
 
-    /// A request to the upstream with `message` and the client's credentials from `from`.
-    pub(crate) fn request<M>(from: &tonic::metadata::MetadataMap, message: M) -> Request<M> {
+    /// Whether a client with `from`'s metadata may have `path` forwarded: with a token (etcd
+    /// then judges the token, never the connection), or where token-less requests are
+    /// forwarded, or for a call etcd answers to anyone.
+    pub(crate) fn admit(
+        &self,
+        from: &tonic::metadata::MetadataMap,
+        path: &str,
+    ) -> Result<(), Status> {
+        if self.tokenless == Tokenless::Forward
+            || has_token(from)
+            || ANSWERED_TO_ANYONE.contains(&path)
+        {
+            return Ok(());
+        }
+        tracing::debug!(path, "refused a request without an auth token");
+        Err(Status::permission_denied(TOKENLESS_REFUSED))
+    }
+
+    /// A request to the upstream with `message` and the client's credentials from `from`, if
+    /// [admitted](Self::admit).
+    fn request<M>(
+        &self,
+        from: &tonic::metadata::MetadataMap,
+        message: M,
+        path: &str,
+    ) -> Result<Request<M>, Status> {
+        self.admit(from, path)?;
         let mut request = Request::new(message);
         for name in FORWARDED_METADATA {
             if let Some(value) = from.get(name) {
                 request.metadata_mut().insert(name, value.clone());
             }
         }
-        request
+        Ok(request)
     }
 
     /// Sends a unary call to `path` (`/etcdserverpb.KV/Put`...) with the client's credentials.
@@ -61,7 +113,7 @@ impl Upstream {
         A: Message + Default + Send + Sync + 'static,
     {
         let (metadata, _, message) = request.into_parts();
-        let request = Self::request(&metadata, message);
+        let request = self.request(&metadata, message, path)?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         grpc.ready()
@@ -92,17 +144,14 @@ impl Upstream {
         Q: Message + Send + Sync + 'static,
         A: Message + Default + Send + Sync + 'static,
     {
+        let request = self.request(metadata, requests, path.path())?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("upstream etcd unreachable: {e}")))?;
-        grpc.streaming(
-            Self::request(metadata, requests),
-            path,
-            ProstCodec::<Q, A>::default(),
-        )
-        .await
+        grpc.streaming(request, path, ProstCodec::<Q, A>::default())
+            .await
     }
 
     async fn raw(
@@ -113,14 +162,34 @@ impl Upstream {
         let (metadata, _, messages) = request.into_parts();
         // A client's error mid-stream ends what is forwarded; the upstream sees the end.
         let messages = messages.map_while(Result::ok);
+        let request = self.request(&metadata, messages, path.path())?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("upstream etcd unreachable: {e}")))?;
-        grpc.streaming(Self::request(&metadata, messages), path, RawCodec)
-            .await
+        grpc.streaming(request, path, RawCodec).await
     }
+}
+
+/// Whether the client sent an auth token, as etcd looks for one: `token`, else
+/// `authorization` (etcd 3.4 and 3.5 both read either).
+pub(crate) fn has_token(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata.contains_key("token") || metadata.contains_key("authorization")
+}
+
+/// What a token-less client is told by a server whose upstream connection has an identity.
+pub(crate) const TOKENLESS_REFUSED: &str = "etcdserver: permission denied: this etcd-informer \
+cache server refuses requests without an auth token, because etcd would run them as the \
+server's own client certificate; authenticate as an etcd user (etcdctl --user), or start the \
+server with --trust-clients-as-server if every client that can reach it may act as the server";
+
+/// Whether TLS options carry a client certificate. tonic's `ClientTlsConfig` does not expose
+/// it but prints it; anything but a printed `identity: None` counts as a certificate, so that
+/// a change in that printing refuses more, never less (a unit test pins the printing).
+#[cfg(feature = "tls")]
+pub(crate) fn carries_identity(tls: &etcd_client::TlsOptions) -> bool {
+    !format!("{tls:?}").contains("identity: None")
 }
 
 /// Messages as bytes, neither decoded nor encoded: what a pass-through needs.
@@ -335,5 +404,44 @@ impl PbClusterService for Cluster {
         self.upstream
             .unary(request, "/etcdserverpb.Cluster/MemberPromote")
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_client_certificate_is_seen_in_tls_options() {
+        use etcd_client::{Certificate, Identity, TlsOptions};
+        let ca = TlsOptions::new().ca_certificate(Certificate::from_pem("ca"));
+        assert!(!carries_identity(&ca));
+        assert!(!carries_identity(&TlsOptions::new()));
+        assert!(carries_identity(
+            &ca.identity(Identity::from_pem("cert", "key"))
+        ));
+    }
+
+    #[tokio::test]
+    async fn token_less_requests_are_refused_only_where_the_connection_has_an_identity() {
+        let channel = Channel::from_static("http://127.0.0.1:1").connect_lazy();
+        let refuse = Upstream::new(channel.clone(), Tokenless::Refuse);
+        let forward = Upstream::new(channel, Tokenless::Forward);
+        let none = tonic::metadata::MetadataMap::new();
+        let mut token = tonic::metadata::MetadataMap::new();
+        token.insert("token", "t.1".parse().unwrap());
+        let mut authorization = tonic::metadata::MetadataMap::new();
+        authorization.insert("authorization", "t.1".parse().unwrap());
+        let put = "/etcdserverpb.KV/Put";
+        let refused = refuse.admit(&none, put).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(refused.message().contains("--trust-clients-as-server"));
+        assert!(refuse.admit(&token, put).is_ok());
+        assert!(refuse.admit(&authorization, put).is_ok());
+        assert!(forward.admit(&none, put).is_ok());
+        for path in ANSWERED_TO_ANYONE {
+            assert!(refuse.admit(&none, path).is_ok(), "{path}");
+        }
     }
 }

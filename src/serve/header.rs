@@ -14,6 +14,8 @@ use crate::lock;
 #[derive(Clone, Default)]
 pub(crate) struct Headers {
     seen: Arc<Mutex<PbResponseHeader>>,
+    /// The upstream's etcd version, `major.minor` (`None` until heard).
+    version: Arc<Mutex<Option<(u32, u32)>>>,
 }
 
 impl Headers {
@@ -29,6 +31,13 @@ impl Headers {
         lock(&self.seen).cluster_id != 0
     }
 
+    /// Whether the upstream refuses a watch as etcd 3.5 and later do: every refusal as
+    /// "permission denied", under the watch id asked for (3.4 says why, under id -1). Assumed
+    /// until the upstream's version is known.
+    pub(crate) fn plain_watch_refusals(&self) -> bool {
+        lock(&self.version).is_none_or(|v| v >= (3, 5))
+    }
+
     /// Asks the upstream's status once.
     pub(crate) async fn refresh(&self, client: &Client) -> Result<(), etcd_client::Error> {
         let mut maintenance = client.maintenance_client();
@@ -38,6 +47,10 @@ impl Headers {
             .map_err(|_| {
                 etcd_client::Error::WatchError("no answer to Status within 5 s".into())
             })??;
+        let mut numbers = status.version().split('.').map(|n| n.parse::<u32>().ok());
+        if let (Some(Some(major)), Some(Some(minor))) = (numbers.next(), numbers.next()) {
+            *lock(&self.version) = Some((major, minor));
+        }
         if let Some(h) = status.header() {
             let mut seen = lock(&self.seen);
             if seen.cluster_id != h.cluster_id() || seen.raft_term != h.raft_term() {

@@ -23,7 +23,6 @@ use tonic_prost::prost::Message;
 
 use super::cache::{to_pb, Found, Kv};
 use super::encode::{range_response, RangeCodec};
-use super::forward::Upstream;
 use super::served::Served;
 
 // etcd's RangeRequest enums (rpc.proto).
@@ -139,7 +138,10 @@ pub(crate) async fn range(
             served.metrics.forwarded("Range");
             let answer = served
                 .upstream
-                .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
+                .unary(
+                    Request::from_parts(metadata, Default::default(), r),
+                    "/etcdserverpb.KV/Range",
+                )
                 .await?;
             return Ok(RangeAnswer::Forwarded(answer));
         }
@@ -161,7 +163,10 @@ pub(crate) async fn range(
         served.metrics.forwarded("Range");
         let answer = served
             .upstream
-            .unary(Upstream::request(&metadata, r), "/etcdserverpb.KV/Range")
+            .unary(
+                Request::from_parts(metadata, Default::default(), r),
+                "/etcdserverpb.KV/Range",
+            )
             .await?;
         return Ok(RangeAnswer::Forwarded(answer));
     };

@@ -16,6 +16,18 @@
 //! - **Health**: gRPC's `grpc.health.v1.Health/Check` says SERVING while the server
 //!   [is ready](RunningServer::is_ready), NOT_SERVING otherwise (for Kubernetes' gRPC probes).
 //!
+//! **No client gets more than etcd would give it.** Requests run upstream with the client's
+//! own token, never with the server's credentials. etcd takes a request without a token as
+//! coming from its connection's client certificate, and forwarded requests travel on the
+//! server's connection: so when [`upstream_tls`](CacheServerOptions::upstream_tls) carries a
+//! certificate, token-less requests are refused with PermissionDenied (all but
+//! `Auth.Authenticate` and `Maintenance.Status`, which etcd answers to anyone), unless
+//! [`trust_clients_as_server`](CacheServerOptions::trust_clients_as_server). The server does
+//! not authorize clients by their own certificates: that would take a second copy of etcd's
+//! permission model. etcd's answer on a client's access to a cached range is used for
+//! [`access_ttl`](CacheServerOptions::access_ttl) (5 s) at most: the bound on a revoked
+//! permission.
+//!
 //! ```no_run
 //! use etcd_informer::serve::CacheServer;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,12 +68,12 @@ use tracing::Instrument;
 
 use self::cache::{HistoryBounds, ServedCache};
 use self::forward::{
-    AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Upstream,
+    AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Tokenless, Upstream,
 };
 use self::header::Headers;
 use self::health::Health as HealthService;
 use self::kv::{KvFront, KvService};
-use self::served::{Served, Slice};
+use self::served::{Served, Slice, ACCESS_TTL};
 use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
 use self::watch::WatchService;
@@ -145,6 +157,12 @@ pub struct CacheServerOptions {
     /// 1.5 MiB, plus its gRPC allowance of 512 KiB). A larger one is refused before it is
     /// read whole, as etcd refuses it; raise it with the upstream's own limit.
     pub max_request_bytes: usize,
+    /// How long etcd's answer on whether a client may read a range is used for reads and
+    /// watches from the cache, from when it was asked (default 5 s): a permission revoked in
+    /// etcd keeps working through the server at most this long. Past it the server asks again,
+    /// and refuses with Unavailable while etcd cannot answer, so serializable reads served
+    /// while etcd is down end with it.
+    pub access_ttl: Duration,
     /// How often the upstream's identity (cluster id, member id, raft term) is read again for
     /// the headers (default 5 s).
     pub identity_refresh: Duration,
@@ -155,9 +173,18 @@ pub struct CacheServerOptions {
     pub tls: Option<ServerTls>,
     /// TLS of the channel that forwards requests to the upstream (cargo feature `tls`; e.g.
     /// [`ConnectConfig::tls_options`](crate::ConnectConfig::tls_options)); endpoints without a
-    /// scheme are then `https://`. `None`: plain HTTP/2.
+    /// scheme are then `https://`. `None`: plain HTTP/2. With a client certificate in it,
+    /// requests without an auth token are refused (see
+    /// [`trust_clients_as_server`](Self::trust_clients_as_server)).
     #[cfg(feature = "tls")]
     pub upstream_tls: Option<etcd_client::TlsOptions>,
+    /// Forward requests without an auth token even when the upstream channel carries a client
+    /// certificate (default `false`). etcd authorizes such a request by that certificate's
+    /// common name, so every client that can reach the server then acts as the server's own
+    /// etcd user: set it only for a server that nothing but trusted processes can reach. By
+    /// default they are refused with PermissionDenied, saying why; clients with a token are
+    /// judged by etcd by their token either way.
+    pub trust_clients_as_server: bool,
 }
 
 /// The server's TLS: its certificate and key, and for mutual TLS the CA whose certificates
@@ -181,12 +208,14 @@ impl Default for CacheServerOptions {
             read_timeout: Duration::from_secs(5),
             progress_interval: Duration::from_secs(600),
             max_request_bytes: 2 << 20,
+            access_ttl: ACCESS_TTL,
             identity_refresh: Duration::from_secs(5),
             etcd: EtcdOptions::default().with_raw_prefix(true),
             #[cfg(feature = "tls")]
             tls: None,
             #[cfg(feature = "tls")]
             upstream_tls: None,
+            trust_clients_as_server: false,
         }
     }
 }
@@ -227,6 +256,13 @@ impl CacheServerOptions {
         self
     }
 
+    /// Sets [`access_ttl`](Self::access_ttl).
+    #[must_use]
+    pub fn with_access_ttl(mut self, ttl: Duration) -> Self {
+        self.access_ttl = ttl;
+        self
+    }
+
     /// Sets [`tls`](Self::tls).
     #[cfg(feature = "tls")]
     #[must_use]
@@ -240,6 +276,13 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_upstream_tls(mut self, tls: Option<etcd_client::TlsOptions>) -> Self {
         self.upstream_tls = tls;
+        self
+    }
+
+    /// Sets [`trust_clients_as_server`](Self::trust_clients_as_server).
+    #[must_use]
+    pub fn with_trust_clients_as_server(mut self, trust: bool) -> Self {
+        self.trust_clients_as_server = trust;
         self
     }
 
@@ -383,7 +426,7 @@ impl CacheServer {
             slices.push(slice);
         }
         let headers = Headers::default();
-        let upstream = Upstream::new(channel);
+        let upstream = Upstream::new(channel, tokenless_policy(&options, local_addr));
         let served = Arc::new(Served {
             slices,
             changed,
@@ -392,6 +435,7 @@ impl CacheServer {
             client: self.client.clone(),
             access: Default::default(),
             compaction: Default::default(),
+            access_ttl: options.access_ttl,
             read_timeout: options.read_timeout,
             metrics: ServerMetrics::new(&prefix_text),
         });
@@ -591,6 +635,44 @@ impl Drop for RunningServer {
     }
 }
 
+/// What becomes of token-less requests, and the start-up warnings about who can reach the
+/// server: etcd runs a token-less request as its connection's certificate, and the server's
+/// upstream connection is its own, so with a certificate there they are refused unless the
+/// operator trusts every client as the server.
+fn tokenless_policy(options: &CacheServerOptions, listen: SocketAddr) -> Tokenless {
+    #[cfg(feature = "tls")]
+    let (identity, serves_tls, client_ca) = (
+        options
+            .upstream_tls
+            .as_ref()
+            .is_some_and(forward::carries_identity),
+        options.tls.is_some(),
+        options
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca_pem.is_some()),
+    );
+    #[cfg(not(feature = "tls"))]
+    let (identity, serves_tls, client_ca) = (false, false, false);
+    if !listen.ip().is_loopback() && !serves_tls {
+        tracing::warn!(%listen, "the cache server listens beyond loopback without TLS: clients' tokens and data cross the network in clear");
+    }
+    if identity && !client_ca {
+        tracing::warn!(%listen, "the cache server reaches etcd with a client certificate but asks its own clients for none: anyone who can connect gets as far as etcd lets their token, where etcd would want a certificate first (set a client CA)");
+    }
+    match (identity, options.trust_clients_as_server) {
+        (true, true) => {
+            tracing::warn!(%listen, "trust_clients_as_server: requests without an auth token run as the server's own etcd identity (its client certificate); any client that reaches this server has the server's permissions");
+            Tokenless::Forward
+        }
+        (true, false) => {
+            tracing::info!("requests without an auth token are refused: the upstream connection carries the server's client certificate");
+            Tokenless::Refuse
+        }
+        (false, _) => Tokenless::Forward,
+    }
+}
+
 /// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`); `\0`
 /// (every key) for an empty or all-`\xff` prefix.
 fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
@@ -706,4 +788,68 @@ fn start_slice(
         incomplete,
     };
     Ok((slice, reflector.run()))
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// What `tokenless_policy` decides for `options` listening on `listen`, and what it warns.
+    fn policy(options: &CacheServerOptions, listen: &str) -> (Tokenless, String) {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                crate::lock(&self.0).extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        let listen = listen.parse().expect("address");
+        let decided =
+            tracing::subscriber::with_default(subscriber, || tokenless_policy(options, listen));
+        let printed = String::from_utf8_lossy(&crate::lock(&buffer.0)).into_owned();
+        (decided, printed)
+    }
+
+    #[test]
+    fn a_client_certificate_upstream_refuses_token_less_requests_and_warnings_say_why() {
+        let certificate =
+            etcd_client::TlsOptions::new().identity(etcd_client::Identity::from_pem("cert", "key"));
+        let mutual = ServerTls {
+            cert_pem: b"cert".to_vec(),
+            key_pem: b"key".to_vec(),
+            client_ca_pem: Some(b"ca".to_vec()),
+        };
+        let plain = CacheServerOptions::default();
+        assert_eq!(
+            policy(&plain, "127.0.0.1:1"),
+            (Tokenless::Forward, String::new())
+        );
+        let (decided, warned) = policy(&plain, "0.0.0.0:1");
+        assert_eq!(decided, Tokenless::Forward);
+        assert!(warned.contains("beyond loopback without TLS"), "{warned}");
+        let identity = plain.clone().with_upstream_tls(Some(certificate));
+        let (decided, warned) = policy(&identity, "127.0.0.1:1");
+        assert_eq!(decided, Tokenless::Refuse);
+        assert!(warned.contains("set a client CA"), "{warned}");
+        let secured = identity.clone().with_tls(Some(mutual));
+        assert_eq!(
+            policy(&secured, "10.0.0.1:1"),
+            (Tokenless::Refuse, String::new())
+        );
+        let (decided, warned) = policy(&secured.with_trust_clients_as_server(true), "10.0.0.1:1");
+        assert_eq!(decided, Tokenless::Forward);
+        assert!(warned.contains("the server's permissions"), "{warned}");
+    }
 }

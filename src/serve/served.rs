@@ -10,7 +10,7 @@ use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
 use etcd_client::{Client, GetOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::{Code, Status};
+use tonic::{Code, Request, Status};
 
 use super::cache::ServedCache;
 use super::forward::Upstream;
@@ -83,6 +83,8 @@ pub(crate) struct Served {
     pub(crate) access: Access,
     /// What etcd last said of its compaction (see [`Served::etcd_holds`]).
     pub(crate) compaction: Compaction,
+    /// How long an answer in `access` is used, from when it was asked.
+    pub(crate) access_ttl: Duration,
     pub(crate) read_timeout: Duration,
     pub(crate) metrics: ServerMetrics,
 }
@@ -266,9 +268,10 @@ impl Served {
     }
 
     /// Whether the client with `metadata` may read `[key, end)`: the upstream is asked once per
-    /// token and range (a one-key count, with the client's token) and its answer remembered for
-    /// [`ACCESS_TTL`]. A refusal is the upstream's error; an upstream that cannot be asked
-    /// keeps the last answer, or refuses if there is none.
+    /// credentials and range (a one-key count, with the client's token) and its answer used
+    /// for `access_ttl` from when it was asked, never longer: a permission revoked in etcd
+    /// stops working here within that bound. A refusal is the upstream's error; an upstream
+    /// that cannot be asked gets Unavailable, since an expired answer is no answer.
     pub(crate) async fn may_read(
         &self,
         metadata: &tonic::metadata::MetadataMap,
@@ -283,9 +286,8 @@ impl Served {
             .or_else(|| metadata.get("authorization"))
             .map(|t| t.as_bytes().to_vec());
         let entry = (credentials, key.to_vec(), end.to_vec());
-        let known = lock(&self.access).get(&entry).cloned();
-        if let Some((at, answer)) = &known {
-            if at.elapsed() < ACCESS_TTL {
+        if let Some((asked_at, answer)) = lock(&self.access).get(&entry) {
+            if asked_at.elapsed() < self.access_ttl {
                 return answer.clone();
             }
         }
@@ -297,8 +299,11 @@ impl Served {
             serializable: true,
             ..Default::default()
         };
+        // The bound runs from the question: etcd may have revoked the permission just after
+        // answering.
+        let asked_at = std::time::Instant::now();
         let asked = self.upstream.unary::<_, PbRangeResponse>(
-            Upstream::request(metadata, probe),
+            Request::from_parts(metadata.clone(), Default::default(), probe),
             "/etcdserverpb.KV/Range",
         );
         // A hung upstream must not hang reads the cache can answer.
@@ -309,20 +314,18 @@ impl Served {
             Ok(_) => Ok(()),
             Err(status) if is_refusal(&status) => Err(status),
             Err(status) => {
-                return match known {
-                    Some((_, answer)) => answer,
-                    None => Err(Status::unavailable(format!(
+                tracing::debug!(message = status.message(), "an access check got no answer");
+                return Err(Status::unavailable(format!(
                     "etcd-informer cache server: cannot check the client's access with etcd: {}",
                     status.message()
-                ))),
-                }
+                )));
             }
         };
         let mut access = lock(&self.access);
         if access.len() >= ACCESS_ENTRIES {
             access.clear();
         }
-        access.insert(entry, (std::time::Instant::now(), answer.clone()));
+        access.insert(entry, (asked_at, answer.clone()));
         answer
     }
 }
@@ -333,7 +336,8 @@ pub(crate) const PROOF_GRACE: Duration = Duration::from_millis(50);
 /// A prefix this small is proven unchanged at once: the proof costs etcd little.
 const SMALL_PREFIX: usize = 1000;
 
-/// How long the upstream's answer on a client's access is remembered.
+/// How long the upstream's answer on a client's access is used by default, from when it was
+/// asked: the bound on how long a permission revoked in etcd keeps working through the server.
 pub(crate) const ACCESS_TTL: Duration = Duration::from_secs(5);
 /// How long the upstream is given to answer an access check.
 const ACCESS_PROBE_TIMEOUT: Duration = Duration::from_secs(1);

@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::cache::{in_range, Position, RevisionError};
+use super::forward::TOKENLESS_REFUSED;
 use super::served::Served;
 
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
@@ -38,6 +39,7 @@ const MAX_CONTROL: usize = 1024;
 /// The most revisions one response carries when a watch catches up (etcd's
 /// `watchBatchMaxRevs`); a revision is never split.
 const MAX_REVISIONS_PER_RESPONSE: usize = 1000;
+const WATCH_PATH: &str = "/etcdserverpb.Watch/Watch";
 // etcd's WatchCreateRequest.FilterType.
 const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
@@ -208,24 +210,34 @@ impl Session {
                     self.refuse_create("mvcc: duplicate watch ID provided on the WatchStream");
                     return;
                 }
-                let Some(slice) = self.served.slice_for(&key, &create.range_end) else {
-                    let mut create = create;
-                    create.watch_id = 0;
-                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
-                    return;
+                let slice = self.served.slice_for(&key, &create.range_end);
+                // etcd refuses a watch of a range the client may not read, on the stream; a
+                // forwarded watch is judged by etcd, once this server lets it through.
+                let access = match slice {
+                    Some(_) => {
+                        self.served
+                            .may_read(&self.metadata, &key, &create.range_end)
+                            .await
+                    }
+                    None => self.served.upstream.admit(&self.metadata, WATCH_PATH),
                 };
-                // etcd refuses a watch of a range the client may not read, on the stream.
-                let access = self
-                    .served
-                    .may_read(&self.metadata, &key, &create.range_end)
-                    .await;
                 if let Err(refused) = access {
+                    // etcd's text of the gRPC error, as grpc-go prints it; etcd 3.5 and later
+                    // name no reason but this server's own refusal, which says what to do.
+                    let plain = self.served.headers.plain_watch_refusals();
+                    let (watch_id, refused) = match plain {
+                        true if refused.message() != TOKENLESS_REFUSED => (
+                            create.watch_id,
+                            Status::permission_denied("etcdserver: permission denied"),
+                        ),
+                        true => (create.watch_id, refused),
+                        false => (-1, refused),
+                    };
                     self.control.push_back(PbWatchResponse {
                         header: self.header(self.served.revision()),
-                        watch_id: -1,
+                        watch_id,
                         created: true,
                         canceled: true,
-                        // etcd's text of the gRPC error, as grpc-go prints it.
                         cancel_reason: format!(
                             "rpc error: code = {:?} desc = {}",
                             refused.code(),
@@ -235,6 +247,12 @@ impl Session {
                     });
                     return;
                 }
+                let Some(slice) = slice else {
+                    let mut create = create;
+                    create.watch_id = 0;
+                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
+                    return;
+                };
                 let position = self.served.slices[slice].cache.position();
                 let start = create.start_revision;
                 if start > 0 && start <= position.revision && !self.replayable(slice, start).await {
@@ -505,7 +523,7 @@ impl Session {
                 // The request side stays open as long as the relay runs.
                 let (requests, rx) = mpsc::channel(1);
                 let _ = requests.send(create).await;
-                let path = PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+                let path = PathAndQuery::from_static(WATCH_PATH);
                 let opened = served
                     .upstream
                     .streaming::<_, PbWatchRequest, PbWatchResponse>(

@@ -330,7 +330,12 @@ async fn a_client_reads_only_what_etcd_lets_it() {
             "--consistency",
             "s",
         ],
+        // No token, and a server logged in as root by password: the password is the server's
+        // own, never attached to a client's request, so etcd answers as to any token-less
+        // client, for a cached read, a watch and a write alike.
         vec!["get", "--prefix", "/registry/allowed/"],
+        vec!["watch", "--prefix", "/registry/secret/"],
+        vec!["put", "/registry/secret/b", "pwned"],
         vec![
             "--user=root:rootpw",
             "get",

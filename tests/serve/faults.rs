@@ -161,7 +161,11 @@ async fn reads_and_watches_through_an_upstream_outage() {
     for i in 0..5 {
         put(&client, &format!("{p}k{i}"), "v").await;
     }
-    let options = CacheServerOptions::default().with_read_timeout(Duration::from_secs(2));
+    // Serializable reads outlive etcd only as long as the client's access answer (5 s by
+    // default); a long one keeps this test about the cache, whatever the stop takes.
+    let options = CacheServerOptions::default()
+        .with_read_timeout(Duration::from_secs(2))
+        .with_access_ttl(Duration::from_secs(120));
     let server = start_server_with(&client, etcd.endpoints(), p, options).await;
     let via = connect([server.local_addr().to_string()])
         .await
@@ -248,7 +252,10 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
     let client = etcd.client().await;
     let p = "/registry/hung/";
     put(&client, &format!("{p}k"), "v").await;
-    let options = CacheServerOptions::default().with_read_timeout(Duration::from_secs(2));
+    // As above: the access answer outlives the hang.
+    let options = CacheServerOptions::default()
+        .with_read_timeout(Duration::from_secs(2))
+        .with_access_ttl(Duration::from_secs(120));
     let server = start_server_with(&client, etcd.endpoints(), p, options).await;
     let via = connect([server.local_addr().to_string()])
         .await
