@@ -127,6 +127,10 @@ pub enum ServeError {
     Task(String),
 }
 
+/// The longest `read_timeout` and `progress_interval` taken: longer is "never" in practice, and
+/// a clock plus `Duration::MAX` would overflow.
+const LONGEST_WAIT: Duration = Duration::from_secs(24 * 3600);
+
 /// Options of a [`CacheServer`].
 ///
 /// ```
@@ -148,10 +152,10 @@ pub struct CacheServerOptions {
     /// kept at most (default 64 MiB).
     pub history_bytes: usize,
     /// How long a linearizable Range may wait for the cache to be proven current before it
-    /// fails with `Unavailable` (default 5 s, etcdctl's command timeout).
+    /// fails with `Unavailable` (default 5 s, etcdctl's command timeout; at most a day).
     pub read_timeout: Duration,
     /// How often an idle watch created with `progress_notify` hears of the revision (default
-    /// 10 minutes, etcd's; at least 1 ms).
+    /// 10 minutes, etcd's; at least 1 ms, at most a day).
     pub progress_interval: Duration,
     /// The largest request a client may send (default 2 MiB: etcd's `--max-request-bytes`,
     /// 1.5 MiB, plus its gRPC allowance of 512 KiB). A larger one is refused before it is
@@ -436,7 +440,7 @@ impl CacheServer {
             access: Default::default(),
             compaction: Default::default(),
             access_ttl: options.access_ttl,
-            read_timeout: options.read_timeout,
+            read_timeout: options.read_timeout.min(LONGEST_WAIT),
             metrics: ServerMetrics::new(&prefix_text),
         });
         tasks.push(tokio::spawn(
@@ -482,7 +486,9 @@ impl CacheServer {
                 PbWatchServer::new(WatchService {
                     served: served.clone(),
                     // tokio's interval panics on zero.
-                    progress_interval: options.progress_interval.max(Duration::from_millis(1)),
+                    progress_interval: options
+                        .progress_interval
+                        .clamp(Duration::from_millis(1), LONGEST_WAIT),
                 })
                 .max_decoding_message_size(options.max_request_bytes)
                 .max_encoding_message_size(usize::MAX),

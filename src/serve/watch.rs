@@ -296,6 +296,8 @@ impl Session {
                     self.served.metrics.watches(-1);
                     true
                 } else if let Some(task) = self.forwarded.remove(&id) {
+                    // etcd keeps the id of a watch it cancelled itself (compacted) until the
+                    // client cancels it too, and acknowledges that cancel: so does this.
                     task.abort();
                     true
                 } else {
@@ -532,17 +534,41 @@ impl Session {
                         path,
                     )
                     .await;
+                // An upstream failure cancels this watch alone, as etcd cancels one watch of a
+                // stream: the client's other watches go on.
+                let cancel = |created: bool, status: Status| {
+                    Ok(PbWatchResponse {
+                        header: Some(served.headers.header(served.revision())),
+                        watch_id: id,
+                        created,
+                        canceled: true,
+                        cancel_reason: format!(
+                            "rpc error: code = {:?} desc = {}",
+                            status.code(),
+                            status.message()
+                        ),
+                        ..Default::default()
+                    })
+                };
                 let mut responses = match opened {
                     Ok(responses) => responses.into_inner(),
                     Err(status) => {
-                        let _ = tx.send(Err(status)).await;
+                        let _ = tx.send(cancel(true, status)).await;
                         return;
                     }
                 };
-                while let Some(response) = responses.next().await {
+                let mut created = false;
+                loop {
+                    let Some(response) = responses.next().await else {
+                        // The upstream ended the stream without a word for this watch.
+                        let ended = Status::unavailable("the upstream ended the watch stream");
+                        let _ = tx.send(cancel(!created, ended)).await;
+                        break;
+                    };
                     let end = match response {
                         Ok(mut response) => {
                             response.watch_id = id;
+                            created |= response.created;
                             let canceled = response.canceled;
                             if tx.send(Ok(response)).await.is_err() {
                                 return;
@@ -550,7 +576,7 @@ impl Session {
                             canceled
                         }
                         Err(status) => {
-                            let _ = tx.send(Err(status)).await;
+                            let _ = tx.send(cancel(!created, status)).await;
                             true
                         }
                     };

@@ -1,7 +1,9 @@
 //! Issue 34's items, each judged by etcd: the same client does the same thing against etcd
 //! directly and through the server, and must see the same (item 3: a half-closed stream; item 4:
 //! a catch-up through unmatched revisions; item 10: duplicate watch ids and empty ranges; item 1:
-//! a revision below the history; item 2: a compaction made straight on etcd).
+//! a revision below the history; item 2: a compaction made straight on etcd; item 10 too: a
+//! forwarded watch's id, an upstream failure of one forwarded watch, durations too long for a
+//! clock).
 
 use super::*;
 
@@ -331,4 +333,161 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Item 10: a forwarded watch that etcd cancels (here: from a compacted revision) keeps its id
+/// until the client cancels it, as on etcd (a create under it is a duplicate; the cancel is
+/// acknowledged and frees it); and durations too long for a clock (`Duration::MAX`) do not
+/// panic the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_watch_cancelled_by_etcd_keeps_its_id_until_the_client_cancels_it() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/served/";
+    put(&client, &format!("{p}a"), "1").await;
+    put(&client, "/outside/a", "1").await;
+    let now = put(&client, "/outside/a", "2").await;
+    client
+        .kv_client()
+        .compact(now, None)
+        .await
+        .expect("compact");
+    let options = CacheServerOptions::default()
+        .with_progress_interval(Duration::MAX)
+        .with_read_timeout(Duration::MAX);
+    let server = start_server_with(&client, etcd.endpoints(), p, options).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let mut seen = Vec::new();
+    for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        let from_compacted = || {
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_watch_id(5)
+                    .with_start_revision(1),
+            )
+        };
+        let (mut requests, mut responses) = target
+            .watch_client()
+            .watch("/outside/", from_compacted())
+            .await
+            .expect("watch")
+            .split();
+        let mut answers = Vec::new();
+        // etcd answers a watch from a compacted revision with created, then cancelled.
+        while answers.len() < 2 {
+            let r = tokio::time::timeout(WITHIN, responses.message())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: no answer"))
+                .expect("stream")
+                .expect("a response");
+            answers.push((
+                r.watch_id(),
+                r.created(),
+                r.canceled(),
+                r.compact_revision(),
+            ));
+            if r.created() && r.canceled() {
+                break;
+            }
+        }
+        let again = || Some(WatchOptions::new().with_prefix().with_watch_id(5));
+        requests.watch("/outside/", again()).await.expect("send");
+        answers.push(next_answer(name, &mut responses).await);
+        requests.cancel(5).await.expect("send");
+        answers.push(next_answer(name, &mut responses).await);
+        requests.watch("/outside/", again()).await.expect("send");
+        answers.push(next_answer(name, &mut responses).await);
+        seen.push(answers);
+    }
+    assert_eq!(seen[0], seen[1], "etcd (left) and the cache server (right)");
+    assert_eq!(seen[0][2], (-1, true, true, 0), "{:?}", seen[0]);
+    assert_eq!(seen[0].last(), Some(&(5, true, false, 0)), "{:?}", seen[0]);
+    // A linearizable read and a progress-notified watch with the longest durations.
+    let read = via
+        .kv_client()
+        .get(p, Some(GetOptions::new().with_prefix()))
+        .await;
+    assert_eq!(read.expect("a read").kvs().len(), 1);
+    let (_w, mut progress) = via
+        .watch_client()
+        .watch(
+            p,
+            Some(WatchOptions::new().with_prefix().with_progress_notify()),
+        )
+        .await
+        .expect("watch")
+        .split();
+    let created = progress.message().await.expect("stream").expect("created");
+    assert!(created.created());
+}
+
+/// The next response of a watch stream: (watch id, created, cancelled, compact revision).
+async fn next_answer(
+    name: &str,
+    responses: &mut etcd_client::WatchResponseStream,
+) -> (i64, bool, bool, i64) {
+    let r = tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no answer"))
+        .expect("stream")
+        .expect("a response");
+    (
+        r.watch_id(),
+        r.created(),
+        r.canceled(),
+        r.compact_revision(),
+    )
+}
+
+/// Item 10: the upstream failing under a forwarded watch cancels that watch alone; the
+/// stream's watch served from the cache goes on, and hears of changes once etcd is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_failure_cancels_only_the_forwarded_watch() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/served/";
+    put(&client, &format!("{p}a"), "1").await;
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let (mut requests, mut responses) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix().with_watch_id(1)))
+        .await
+        .expect("watch")
+        .split();
+    assert_eq!(
+        next_answer("cached", &mut responses).await,
+        (1, true, false, 0)
+    );
+    let outside = Some(WatchOptions::new().with_prefix().with_watch_id(2));
+    requests.watch("/outside/", outside).await.expect("send");
+    assert_eq!(
+        next_answer("forwarded", &mut responses).await,
+        (2, true, false, 0)
+    );
+    etcd.stop().await.expect("stop etcd");
+    let (id, _, canceled, _) = next_answer("the forwarded watch's end", &mut responses).await;
+    assert_eq!(
+        (id, canceled),
+        (2, true),
+        "only the forwarded watch is cancelled"
+    );
+    etcd.start_again().await.expect("start etcd again");
+    let client = etcd.client().await;
+    let revision = put(&client, &format!("{p}a"), "2").await;
+    let event = tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .expect("the cached watch hears of the change")
+        .expect("the stream is still up")
+        .expect("a response");
+    assert_eq!(event.watch_id(), 1);
+    assert_eq!(
+        event.events()[0].kv().map(|kv| kv.mod_revision()),
+        Some(revision)
+    );
 }
