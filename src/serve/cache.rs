@@ -217,15 +217,88 @@ impl ServedCache {
         revision: i64,
         proven: i64,
     ) -> Result<(Found, i64), RevisionError> {
-        let state = lock(&self.state);
-        if revision <= 0 {
-            // The current content: never compacted, whatever etcd compacted since.
-            let found = state
+        // The lock is held only to copy pointers (the keys in range, the history groups after
+        // the revision asked): the reflector and every watch session wait on it.
+        let (current, newer, cache_revision) = {
+            let state = lock(&self.state);
+            let at = self.check_revision(&state, revision, proven)?;
+            let current: Found = state
                 .kvs
                 .range::<[u8], _>(bounds(key, end))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            return Ok((found, state.revision));
+            let newer: Vec<Arc<Group>> = match at {
+                Some(at) => {
+                    let start = state.history.partition_point(|g| g.revision <= at);
+                    state.history.range(start..).cloned().collect()
+                }
+                None => Vec::new(),
+            };
+            (current, newer, state.revision)
+        };
+        if newer.is_empty() {
+            return Ok((current, cache_revision));
+        }
+        // Undo the changes after the revision asked, newest first: each key's oldest change
+        // after it holds the key's state at it (`prev`, or absent).
+        let mut then: BTreeMap<Arc<[u8]>, Option<Kv>> = BTreeMap::new();
+        for group in newer.iter().rev() {
+            for event in group.events.iter().rev() {
+                if in_range(&event.key, key, end) {
+                    then.insert(event.key.clone(), event.prev.clone());
+                }
+            }
+        }
+        let mut found = Vec::with_capacity(current.len());
+        let mut undone = then.into_iter().peekable();
+        for (k, v) in current {
+            // Keys absent now that the revision asked held (deleted since).
+            while let Some((u, prev)) = undone.next_if(|(u, _)| *u < k) {
+                if let Some(prev) = prev {
+                    found.push((u, prev));
+                }
+            }
+            match undone.next_if(|(u, _)| *u == k) {
+                Some((k, Some(prev))) => found.push((k, prev)),
+                Some((_, None)) => {}
+                None => found.push((k, v)),
+            }
+        }
+        found.extend(undone.filter_map(|(k, prev)| prev.map(|prev| (k, prev))));
+        Ok((found, cache_revision))
+    }
+
+    /// How many keys `[key, end)` holds at `revision` (see [`range_at`](Self::range_at)), and
+    /// the cache's revision: a count of the current content copies nothing.
+    pub(crate) fn count_at(
+        &self,
+        key: &[u8],
+        end: &[u8],
+        revision: i64,
+        proven: i64,
+    ) -> Result<(i64, i64), RevisionError> {
+        {
+            let state = lock(&self.state);
+            if self.check_revision(&state, revision, proven)?.is_none() {
+                let count = state.kvs.range::<[u8], _>(bounds(key, end)).count();
+                return Ok((count as i64, state.revision));
+            }
+        }
+        let (found, revision) = self.range_at(key, end, revision, proven)?;
+        Ok((found.len() as i64, revision))
+    }
+
+    /// Whether `revision` can be read from the cache: `None` for its current content, the
+    /// revision to undo the history down to otherwise.
+    fn check_revision(
+        &self,
+        state: &State,
+        revision: i64,
+        proven: i64,
+    ) -> Result<Option<i64>, RevisionError> {
+        if revision <= 0 {
+            // The current content: never compacted, whatever etcd compacted since.
+            return Ok(None);
         }
         if revision > state.revision.max(proven) {
             return Err(RevisionError::Future);
@@ -234,29 +307,7 @@ impl ServedCache {
             return Err(RevisionError::Compacted(state.first + 1));
         }
         // Up to `proven` the prefix is what the cache holds now.
-        let at = revision.min(state.revision);
-        let current = state.kvs.range::<[u8], _>(bounds(key, end));
-        if at == state.revision {
-            let found = current.map(|(k, v)| (k.clone(), v.clone())).collect();
-            return Ok((found, state.revision));
-        }
-        let mut found: BTreeMap<Arc<[u8]>, Kv> =
-            current.map(|(k, v)| (k.clone(), v.clone())).collect();
-        for group in state.history.iter().rev() {
-            if group.revision <= at {
-                break;
-            }
-            for event in group.events.iter().rev() {
-                if !in_range(&event.key, key, end) {
-                    continue;
-                }
-                match &event.prev {
-                    Some(prev) => found.insert(event.key.clone(), prev.clone()),
-                    None => found.remove(&event.key),
-                };
-            }
-        }
-        Ok((found.into_iter().collect(), state.revision))
+        Ok((revision < state.revision).then_some(revision))
     }
 
     /// The groups with a revision of `from` or more, at most `max` of them, for a watch in
@@ -564,6 +615,10 @@ mod tests {
         assert_eq!(keys(&then), vec![("/p/a".into(), 4), ("/p/b".into(), 4)]);
         let (first, _) = cache.range_at(b"/p/", b"/p0", 3, 0).unwrap();
         assert_eq!(keys(&first), vec![("/p/a".into(), 2)]);
+        for (revision, count) in [(0, 1), (5, 1), (4, 2), (3, 1)] {
+            let counted = cache.count_at(b"/p/", b"/p0", revision, 0);
+            assert_eq!(counted, Ok((count, 5)), "at {revision}");
+        }
         assert_eq!(
             cache.range_at(b"/p/", b"", 2, 0),
             Err(RevisionError::Compacted(4))

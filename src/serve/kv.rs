@@ -96,6 +96,12 @@ pub(crate) fn answer(r: &PbRangeRequest, found: Vec<(Arc<[u8]>, Kv)>) -> (Found,
     (kvs, more, count)
 }
 
+/// What the cache gave for a Range: the keys, or only their number (`count_only`).
+enum Counted {
+    Found(Found),
+    Count(i64),
+}
+
 /// A Range's answer: etcd's, forwarded, or the cache's.
 pub(crate) enum RangeAnswer {
     Forwarded(Response<PbRangeResponse>),
@@ -153,10 +159,21 @@ pub(crate) async fn range(
     let held = r.revision <= 0 || served.etcd_holds(slice, r.revision).await?;
     let found = held
         .then(|| {
-            slice
-                .cache
-                .range_at(&r.key, &r.range_end, r.revision, proven_at)
-                .ok()
+            if r.count_only {
+                let counted = slice
+                    .cache
+                    .count_at(&r.key, &r.range_end, r.revision, proven_at);
+                counted
+                    .ok()
+                    .map(|(count, revision)| (Counted::Count(count), revision))
+            } else {
+                let found = slice
+                    .cache
+                    .range_at(&r.key, &r.range_end, r.revision, proven_at);
+                found
+                    .ok()
+                    .map(|(found, revision)| (Counted::Found(found), revision))
+            }
         })
         .flatten();
     let Some((found, revision)) = found else {
@@ -170,7 +187,10 @@ pub(crate) async fn range(
             .await?;
         return Ok(RangeAnswer::Forwarded(answer));
     };
-    let (kvs, more, count) = answer(&r, found);
+    let (kvs, more, count) = match found {
+        Counted::Found(found) => answer(&r, found),
+        Counted::Count(count) => (Vec::new(), false, count),
+    };
     served.metrics.ranged();
     Ok(RangeAnswer::Cached {
         header: served.headers.header(revision.max(proven_at)),
