@@ -290,15 +290,20 @@ pub(super) fn temp_path(path: &Path) -> PathBuf {
 
 /// Writes `bytes` to `path` so that a crash at any point leaves either the previous file or
 /// the new one, whole: a temporary file in the same directory, synced, renamed over `path`,
-/// then the directory synced so that the rename itself survives a power loss.
+/// then the directory synced so that the rename itself survives a power loss. The file is
+/// readable and writable by its owner only (0600).
 pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
     let temp = temp_path(path);
     let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp)?;
+        let mut options = OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        // The file holds every value of the prefix: its owner's alone, as etcd's own data.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&temp)?;
+        // `mode` applies only to a file it creates: a temporary file left behind keeps its own.
+        #[cfg(unix)]
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);
@@ -330,6 +335,21 @@ mod tests {
         e.key("ns/a", b"1", [40, 30, 2, 0]);
         e.key("ns/b", b"22", [41, 41, 1, 7]);
         e.finish()
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_file_is_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cache.snapshot");
+        // A temporary file left behind, world-readable: the write does not inherit its mode.
+        std::fs::write(temp_path(&path), b"old").expect("write");
+        std::fs::set_permissions(temp_path(&path), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        write_atomic(&path, &sample()).expect("written");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! them, their revisions and leases, at ONE revision (read under the store's read lock), with
 //! the upstream's cluster id, the prefix, the codec's id, the key count and a checksum. The
 //! file is written to `<path>.tmp`, synced, renamed over `<path>`, and the directory synced:
-//! a crash at any point leaves the previous snapshot or the new one, whole.
+//! a crash at any point leaves the previous snapshot or the new one, whole. It is created
+//! readable by its owner alone (0600): it holds every value of the prefix.
 //!
 //! On start, the informer reads the file and checks it (length, checksum, format version,
 //! codec id, prefix), then asks the source ([`ListerWatcher::can_resume`]): the same cluster,
