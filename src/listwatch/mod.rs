@@ -315,8 +315,9 @@ pub enum Resume {
     /// Same store, the revision is still there, and the source counts as many keys at it as
     /// the cache holds: watch from the revision, no list.
     Ready,
-    /// Same store, but the revision was compacted away: a relist is needed, and the cache's
-    /// objects may stand in for listed keys of the same `mod_revision`.
+    /// The revision was compacted away: nothing can show the changes since, nor count the keys
+    /// at it, so the cache cannot be proven to be this store; a list is needed (the informer
+    /// starts cold).
     Compacted(String),
     /// The cache must not be used: another store, one replaced since (its revision is behind
     /// the cache's, or the key tally differs), or a source that cannot tell. Why.

@@ -18,9 +18,10 @@
 //!
 //! - **resumable**: the snapshot is the first list: handlers get its objects as adds (as
 //!   after a list), the watch opens from its revision + 1, and no list is read;
-//! - **compacted** (same store, revision gone): the snapshot is still loaded as the first
-//!   list, the watch finds the revision compacted, and the relist adopts every key whose
-//!   `mod_revision` is unchanged without decoding it: handlers then hear only what changed;
+//! - **compacted** (its revision gone): etcd can neither count the keys at it nor show the
+//!   changes since, so nothing proves the snapshot is this store: a cold start, and no object
+//!   of the snapshot reaches a handler or a reader (a watch from it could also open at the
+//!   compaction revision itself, where etcd 3.4 before 3.4.36 drops deletes);
 //! - **anything else** (truncated, corrupt, another format, codec, prefix or cluster, a
 //!   replaced store, a tally that differs, a value that no longer decodes): a warning naming
 //!   the reason, and a cold start (a list), as without a snapshot. No file yet is a cold start
@@ -155,17 +156,8 @@ pub enum SnapshotStart {
         /// How many keys it held.
         keys: usize,
     },
-    /// The snapshot was loaded, but etcd had compacted its revision: a relist followed, which
-    /// adopted every key whose `mod_revision` was unchanged without decoding it.
-    WarmCompacted {
-        /// The snapshot's revision.
-        revision: i64,
-        /// How many keys it held.
-        keys: usize,
-        /// What etcd said.
-        reason: String,
-    },
-    /// The snapshot was not used (or there was none): a list, as without snapshots.
+    /// The snapshot was not used (there was none, it was damaged, or etcd could not vouch for
+    /// it: another store, or its revision compacted): a list, as without snapshots.
     Cold {
         /// Why.
         reason: String,
@@ -173,7 +165,7 @@ pub enum SnapshotStart {
 }
 
 impl SnapshotStart {
-    /// Whether the snapshot was loaded (with or without a relist after it).
+    /// Whether the snapshot was loaded.
     pub fn is_warm(&self) -> bool {
         !matches!(self, SnapshotStart::Cold { .. })
     }
@@ -185,14 +177,6 @@ impl fmt::Display for SnapshotStart {
             SnapshotStart::Warm { revision, keys } => write!(
                 f,
                 "warm start from the snapshot at revision {revision} ({keys} keys), no list"
-            ),
-            SnapshotStart::WarmCompacted {
-                revision,
-                keys,
-                reason,
-            } => write!(
-                f,
-                "warm start from the snapshot at revision {revision} ({keys} keys), relisting past a compaction ({reason})"
             ),
             SnapshotStart::Cold { reason } => write!(f, "cold start: {reason}"),
         }

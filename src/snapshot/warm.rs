@@ -105,11 +105,16 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), "snapshot checked");
         let start = match answer {
             Resume::Ready => SnapshotStart::Warm { revision, keys },
-            Resume::Compacted(reason) => SnapshotStart::WarmCompacted {
-                revision,
-                keys,
-                reason,
-            },
+            // etcd cannot show what changed since a compacted revision (nor count its keys):
+            // the snapshot cannot be proven to be this store, and none of it may reach a
+            // handler or a reader. A watch from it could also open at the compaction revision
+            // itself, where etcd 3.4 before 3.4.36 drops deletes.
+            Resume::Compacted(reason) => {
+                return Ok(Decision::Cold(format!(
+                    "snapshot {} at revision {revision}: {reason}; etcd cannot vouch for it, so it is not used",
+                    self.options.path.display()
+                )))
+            }
             Resume::Refused(reason) => {
                 return Ok(Decision::Cold(format!(
                     "snapshot {}: {reason}",
