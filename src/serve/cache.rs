@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use etcd_client::proto::PbKeyValue;
 use tokio::sync::watch;
 
+use super::header::Headers;
+use crate::listwatch::etcd::Identity;
 use crate::listwatch::BoxFuture;
 use crate::queue::{DeltaType, Queue};
 use crate::{lock, Object};
@@ -149,6 +151,9 @@ pub(crate) struct ServedCache {
     position: watch::Sender<Position>,
     /// Also moved on every change of position, when shared with other caches.
     any: Option<Arc<watch::Sender<u64>>>,
+    /// The identity the source records of the store it reads, and the headers that name the
+    /// store the cache holds: taken as the cache takes the content (see [`Headers`]).
+    identity: Option<(Arc<Mutex<Identity>>, Headers)>,
 }
 
 impl ServedCache {
@@ -164,6 +169,27 @@ impl ServedCache {
             state: Mutex::new(State::default()),
             position,
             any: None,
+            identity: None,
+        }
+    }
+
+    /// Names the store the cache holds in `headers`, as `source` records it.
+    pub(crate) fn with_identity(mut self, source: Arc<Mutex<Identity>>, headers: Headers) -> Self {
+        self.identity = Some((source, headers));
+        self
+    }
+
+    /// The cache took the content of another store (`replaced`), or more of the one it holds.
+    /// Under the state lock, before the content is published: no answer names one store with
+    /// the other's keys.
+    fn name_store(&self, replaced: bool) {
+        if let Some((source, headers)) = &self.identity {
+            let identity = *lock(source);
+            if replaced {
+                headers.take(identity);
+            } else {
+                headers.follow(identity);
+            }
         }
     }
 
@@ -500,6 +526,7 @@ impl Queue<Vec<u8>> for ServedCache {
                 state.epoch += 1;
             }
             state.synced = true;
+            self.name_store(true);
             tracing::info!(
                 revision,
                 keys = state.kvs.len(),
@@ -551,6 +578,7 @@ impl Queue<Vec<u8>> for ServedCache {
         if revision > before + 1 {
             state.gaps.push((before, revision));
         }
+        self.name_store(false);
         self.publish(&state);
     }
 
@@ -560,6 +588,7 @@ impl Queue<Vec<u8>> for ServedCache {
         let mut state = lock(&self.state);
         self.apply_pending(&mut state);
         let _ = revision;
+        self.name_store(false);
         self.publish(&state);
     }
 
@@ -568,6 +597,7 @@ impl Queue<Vec<u8>> for ServedCache {
         self.apply_pending(&mut state);
         // A trusted bookmark of the watch, in order behind its events: nothing else changed.
         state.revision = state.revision.max(revision);
+        self.name_store(false);
         self.publish(&state);
     }
 
