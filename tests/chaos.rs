@@ -49,3 +49,34 @@ async fn one_endpoint_survives_every_fault() {
 async fn all_endpoints_survive_every_fault() {
     survives_every_fault(Endpoints::All).await
 }
+
+/// Issue 34 ("Chaos"): an informer whose only endpoint is the cache server, in front of every
+/// member, through one round of every fault (`CHAOS_ROUNDS` sets more). A store replaced
+/// twice for one wipe retires and re-adds every key: the checker refuses the re-add ("not
+/// newer than the last delivered"), and the reflector counts one replacement per wipe.
+#[cfg(feature = "server")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_informer_through_the_cache_server_survives_every_fault() {
+    use etcd_informer::testing::chaos::Fault;
+    let seed = env_or("CHAOS_SEED", || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let rounds = env_or("CHAOS_ROUNDS", || 1usize);
+    eprintln!("chaos through the cache server: seed {seed} (rerun with CHAOS_SEED={seed})");
+    let config = ChaosConfig::new(seed, Endpoints::All).with_through_server(true);
+    let mut chaos = Chaos::start(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut wipes = 0;
+    for fault in fault_schedule(seed, rounds, Endpoints::All) {
+        let report = chaos.round(fault).await.unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{report}");
+        report.check().unwrap_or_else(|e| panic!("{e}"));
+        wipes += u64::from(fault == Fault::WipeCluster);
+        let replaced = chaos.informer().health().reflector.relists.store_replaced;
+        assert!(
+            replaced <= wipes,
+            "seed {seed}, after {fault}: {replaced} store replacements for {wipes} wipes"
+        );
+    }
+}

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use etcd_client::proto::PbKeyValue;
 use tokio::sync::watch;
 
+use super::header::Headers;
+use crate::listwatch::etcd::Identity;
 use crate::listwatch::BoxFuture;
 use crate::queue::{DeltaType, Queue};
 use crate::{lock, Object};
@@ -149,6 +151,9 @@ pub(crate) struct ServedCache {
     position: watch::Sender<Position>,
     /// Also moved on every change of position, when shared with other caches.
     any: Option<Arc<watch::Sender<u64>>>,
+    /// The identity the source records of the store it reads, and the headers that name the
+    /// store the cache holds: taken as the cache takes the content (see [`Headers`]).
+    identity: Option<(Arc<Mutex<Identity>>, Headers)>,
 }
 
 impl ServedCache {
@@ -164,6 +169,27 @@ impl ServedCache {
             state: Mutex::new(State::default()),
             position,
             any: None,
+            identity: None,
+        }
+    }
+
+    /// Names the store the cache holds in `headers`, as `source` records it.
+    pub(crate) fn with_identity(mut self, source: Arc<Mutex<Identity>>, headers: Headers) -> Self {
+        self.identity = Some((source, headers));
+        self
+    }
+
+    /// The cache took the content of another store (`replaced`), or more of the one it holds.
+    /// Under the state lock, before the content is published: no answer names one store with
+    /// the other's keys.
+    fn name_store(&self, replaced: bool) {
+        if let Some((source, headers)) = &self.identity {
+            let identity = *lock(source);
+            if replaced {
+                headers.take(identity);
+            } else {
+                headers.follow(identity);
+            }
         }
     }
 
@@ -479,7 +505,10 @@ impl Queue<Vec<u8>> for ServedCache {
 
     /// The difference between the cache and the list becomes one group at the list's
     /// revision, so open watches stay open; a replaced store (or the first list) starts the
-    /// history over instead.
+    /// history over instead, and so does a list at the cache's own revision that differs from
+    /// it (an event the cache's watch lost, found by the key tally): watches caught up to that
+    /// revision would never take a second group at it, so every watch ends (compacted, as
+    /// after a replaced store) and its client lists the repaired content again.
     fn replace(&self, list: Vec<Kv>, revision: i64, store_replaced: bool) {
         let mut state = lock(&self.state);
         state.pending.clear();
@@ -487,7 +516,22 @@ impl Queue<Vec<u8>> for ServedCache {
             .into_iter()
             .map(|o| (self.absolute(o.key()), o))
             .collect();
-        if store_replaced || !state.synced || revision < state.revision {
+        let repaired_in_place = state.synced
+            && revision == state.revision
+            && (listed.len() != state.kvs.len()
+                || listed
+                    .iter()
+                    .zip(&state.kvs)
+                    .any(|((k, kv), (old_k, old))| {
+                        k != old_k || kv.mod_revision != old.mod_revision
+                    }));
+        if repaired_in_place {
+            tracing::warn!(
+                revision,
+                "the cache differed from etcd at its own revision (an event its watch lost); every watch ends and lists again"
+            );
+        }
+        if store_replaced || !state.synced || revision < state.revision || repaired_in_place {
             let replaced = state.synced;
             state.kvs = listed;
             state.history.clear();
@@ -500,6 +544,7 @@ impl Queue<Vec<u8>> for ServedCache {
                 state.epoch += 1;
             }
             state.synced = true;
+            self.name_store(true);
             tracing::info!(
                 revision,
                 keys = state.kvs.len(),
@@ -551,6 +596,7 @@ impl Queue<Vec<u8>> for ServedCache {
         if revision > before + 1 {
             state.gaps.push((before, revision));
         }
+        self.name_store(false);
         self.publish(&state);
     }
 
@@ -560,6 +606,7 @@ impl Queue<Vec<u8>> for ServedCache {
         let mut state = lock(&self.state);
         self.apply_pending(&mut state);
         let _ = revision;
+        self.name_store(false);
         self.publish(&state);
     }
 
@@ -568,6 +615,7 @@ impl Queue<Vec<u8>> for ServedCache {
         self.apply_pending(&mut state);
         // A trusted bookmark of the watch, in order behind its events: nothing else changed.
         state.revision = state.revision.max(revision);
+        self.name_store(false);
         self.publish(&state);
     }
 
@@ -694,5 +742,42 @@ mod tests {
         cache.replace(vec![], 2, true);
         assert!(cache.groups_from(3, 0, 10).is_err());
         assert_eq!(cache.position().epoch, 1);
+    }
+
+    /// Issue 34 item 8: a relist at the cache's own revision that finds a difference (an event
+    /// the watch lost) reaches the watches caught up to that revision: they end, to list the
+    /// repaired content; one that finds none leaves them open.
+    #[test]
+    fn a_relist_at_the_caches_own_revision_that_differs_ends_the_caught_up_watches() {
+        let cache = ServedCache::new(
+            b"/p/",
+            HistoryBounds {
+                revisions: 100,
+                bytes: 1 << 20,
+            },
+        );
+        cache.replace(
+            vec![obj("a", 2, 2, 1, "a"), obj("b", 3, 3, 1, "b")],
+            3,
+            false,
+        );
+        cache.add_if_newer(DeltaType::Updated, obj("a", 2, 5, 2, "a2"));
+        cache.commit(5);
+        // Nothing differs: watches stay open.
+        cache.replace(
+            vec![obj("a", 2, 5, 2, "a2"), obj("b", 3, 3, 1, "b")],
+            5,
+            false,
+        );
+        assert_eq!(cache.groups_from(6, 0, 10).map(|(g, _)| g.len()), Ok(0));
+        // The delete of "b" at 4 was lost by the watch; the tally relist at 5 finds it.
+        cache.replace(vec![obj("a", 2, 5, 2, "a2")], 5, false);
+        let caught_up = cache.groups_from(6, 0, 10).map(|(g, _)| g.len());
+        assert!(
+            matches!(caught_up, Err(RevisionError::Compacted(_))),
+            "a watch caught up to the relist's revision must learn of the difference: {caught_up:?}"
+        );
+        let (now, rev) = cache.range_at(b"/p/", b"/p0", 0, 0).unwrap();
+        assert_eq!((keys(&now), rev), (vec![("/p/a".into(), 5)], 5));
     }
 }

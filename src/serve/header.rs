@@ -1,19 +1,42 @@
-//! The response header of answers from the cache: the upstream's identity (cluster id, member
-//! id, raft term), so that a client's identity checks see the upstream etcd and notice when it
-//! is replaced, and the cache's revision.
+//! The response header of answers from the cache: the identity (cluster id, raft term) of the
+//! store the cache holds, so that a client's identity checks see the upstream etcd and notice
+//! when it is replaced, the upstream's member id, and the cache's revision.
+//!
+//! The identity is the one the caches' sources recorded when they listed the store they hold,
+//! taken at the moment a cache takes that store's content: an answer never names a wiped
+//! store's successor with the old store's keys, nor the old store with the new keys (a client
+//! would take either for a second replacement). The upstream's status, asked every few seconds,
+//! can only raise the term of the store held (a leader elected since), and only when asked
+//! after the caches took that store.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::proto::PbResponseHeader;
 use etcd_client::Client;
 
+use crate::listwatch::etcd::Identity;
 use crate::lock;
+
+/// What the upstream's Status last said, and when it was asked.
+#[derive(Clone, Copy, Default)]
+struct Status {
+    header: PbResponseHeader,
+    asked: Option<Instant>,
+}
+
+/// The store the caches hold, and when a cache took it.
+#[derive(Clone, Copy)]
+struct Held {
+    identity: Identity,
+    taken: Instant,
+}
 
 /// The upstream's identity as last seen, shared by the services.
 #[derive(Clone, Default)]
 pub(crate) struct Headers {
-    seen: Arc<Mutex<PbResponseHeader>>,
+    seen: Arc<Mutex<Status>>,
+    held: Arc<Mutex<Option<Held>>>,
     /// The upstream's etcd version, `major.minor` (`None` until heard).
     version: Arc<Mutex<Option<(u32, u32)>>>,
 }
@@ -21,14 +44,53 @@ pub(crate) struct Headers {
 impl Headers {
     /// A header naming the upstream, at `revision`.
     pub(crate) fn header(&self, revision: i64) -> PbResponseHeader {
-        let mut header = *lock(&self.seen);
+        let status = *lock(&self.seen);
+        let mut header = status.header;
+        if let Some(held) = *lock(&self.held) {
+            header.cluster_id = held.identity.cluster_id;
+            let same_store = status.asked.is_some_and(|asked| asked > held.taken)
+                && status.header.cluster_id == held.identity.cluster_id;
+            header.raft_term = if same_store {
+                held.identity.raft_term.max(status.header.raft_term)
+            } else {
+                held.identity.raft_term
+            };
+        }
         header.revision = revision;
         header
     }
 
     /// Whether the upstream was heard from.
     pub(crate) fn known(&self) -> bool {
-        lock(&self.seen).cluster_id != 0
+        lock(&self.seen).header.cluster_id != 0
+    }
+
+    /// A cache took the content of the store `identity` names (a first list, or a store
+    /// replaced): answers name it from now on, whatever the one held before.
+    pub(crate) fn take(&self, identity: Identity) {
+        if identity.cluster_id == 0 {
+            return;
+        }
+        *lock(&self.held) = Some(Held {
+            identity,
+            taken: Instant::now(),
+        });
+    }
+
+    /// A cache took more of the store it holds, whose source now records `identity`: its term
+    /// may have risen (a leader elected since), never fallen.
+    pub(crate) fn follow(&self, identity: Identity) {
+        let mut held = lock(&self.held);
+        match held.as_mut() {
+            Some(held) if held.identity.cluster_id == identity.cluster_id => {
+                held.identity.raft_term = held.identity.raft_term.max(identity.raft_term);
+            }
+            Some(_) => {}
+            None => {
+                drop(held);
+                self.take(identity);
+            }
+        }
     }
 
     /// Whether the upstream refuses a watch as etcd 3.5 and later do: every refusal as
@@ -41,6 +103,7 @@ impl Headers {
     /// Asks the upstream's status once.
     pub(crate) async fn refresh(&self, client: &Client) -> Result<(), etcd_client::Error> {
         let mut maintenance = client.maintenance_client();
+        let asked = Instant::now();
         // A hung upstream must not stop the refreshes for good.
         let status = tokio::time::timeout(Duration::from_secs(5), maintenance.status())
             .await
@@ -53,7 +116,7 @@ impl Headers {
         }
         if let Some(h) = status.header() {
             let mut seen = lock(&self.seen);
-            if seen.cluster_id != h.cluster_id() || seen.raft_term != h.raft_term() {
+            if seen.header.cluster_id != h.cluster_id() || seen.header.raft_term != h.raft_term() {
                 tracing::info!(
                     cluster_id = h.cluster_id(),
                     member_id = h.member_id(),
@@ -61,11 +124,14 @@ impl Headers {
                     "upstream identity"
                 );
             }
-            *seen = PbResponseHeader {
-                cluster_id: h.cluster_id(),
-                member_id: h.member_id(),
-                revision: 0,
-                raft_term: h.raft_term(),
+            *seen = Status {
+                header: PbResponseHeader {
+                    cluster_id: h.cluster_id(),
+                    member_id: h.member_id(),
+                    revision: 0,
+                    raft_term: h.raft_term(),
+                },
+                asked: Some(asked),
             };
         }
         Ok(())

@@ -167,8 +167,9 @@ pub struct CacheServerOptions {
     /// and refuses with Unavailable while etcd cannot answer, so serializable reads served
     /// while etcd is down end with it.
     pub access_ttl: Duration,
-    /// How often the upstream's identity (cluster id, member id, raft term) is read again for
-    /// the headers (default 5 s).
+    /// How often the upstream's status (member id, raft term) is read again for the headers
+    /// (default 5 s); the cluster id and a term that went down come only with the content of
+    /// the store they name, from the caches' lists.
     pub identity_refresh: Duration,
     /// The options of the list and watch of the prefix.
     pub etcd: EtcdOptions,
@@ -424,12 +425,13 @@ impl CacheServer {
         let changed = Arc::new(tokio::sync::watch::channel(0u64).0);
         let mut slices = Vec::new();
         let mut tasks = Vec::new();
+        let headers = Headers::default();
         for prefix in &self.prefixes {
-            let (slice, reflector) = start_slice(&self.client, prefix, &options, &changed)?;
+            let (slice, reflector) =
+                start_slice(&self.client, prefix, &options, &changed, &headers)?;
             tasks.push(tokio::spawn(reflector));
             slices.push(slice);
         }
-        let headers = Headers::default();
         let upstream = Upstream::new(channel, tokenless_policy(&options, local_addr));
         let served = Arc::new(Served {
             slices,
@@ -745,6 +747,7 @@ fn start_slice(
     prefix: &[u8],
     options: &CacheServerOptions,
     changed: &Arc<tokio::sync::watch::Sender<u64>>,
+    headers: &Headers,
 ) -> Result<(Slice, impl std::future::Future<Output = ()>), ServeError> {
     let prefix_text = String::from_utf8_lossy(prefix).into_owned();
     // A key the source cannot take (not UTF-8) would be missing from the cache: from the
@@ -778,7 +781,8 @@ fn start_slice(
                 bytes: options.history_bytes,
             },
         )
-        .with_changed(changed.clone()),
+        .with_changed(changed.clone())
+        .with_identity(source.identity_handle(), headers.clone()),
     );
     let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
     let reflector = Reflector::new(

@@ -2,6 +2,9 @@
 //! cache under open watches.
 
 use super::*;
+use std::sync::Arc;
+
+use etcd_informer::ResourceEventHandlerFuncs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_does_not_read_is_cancelled_and_holds_no_one_back() {
@@ -463,4 +466,93 @@ async fn oversized_requests_and_clients_that_never_read_are_bounded() {
     );
     flood.abort();
     server.shutdown().await;
+}
+
+/// etcd's raft term, asked of `client` (etcd directly, or the server: a Range of `prefix`).
+async fn raft_term(client: &Client, prefix: &str) -> u64 {
+    let resp = client
+        .kv_client()
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count");
+    resp.header().expect("header").raft_term()
+}
+
+/// Issue 34 item 5. Through the server, a wiped upstream is one store replacement, as it is
+/// directly against etcd: the cache's answers never name the new store's identity with the
+/// old store's keys, nor the old identity with the new keys. The upstream's raft term is
+/// raised first (restarts), so that the new store's term is below it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_wipe_is_one_store_replacement_through_the_server() {
+    let etcd = private_etcd().await;
+    for _ in 0..2 {
+        etcd.restart().await.expect("restart etcd");
+    }
+    let client = etcd.client().await;
+    let p = "/registry/wiped-once/";
+    for i in 0..10 {
+        put(&client, &format!("{p}old{i}"), "before").await;
+    }
+    let term_before = raft_term(&client, p).await;
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let lw = EtcdListerWatcher::new(via.clone(), p, TextCodec).expect("source");
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    let deleted = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let d = deleted.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new()
+                .on_delete(move |o| d.lock().expect("log").push(o.key().to_owned())),
+        )
+        .expect("handler");
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("sync");
+    converges(&informer, &client, p, WITHIN).await;
+    etcd.wipe().await.expect("wipe etcd");
+    let client = etcd.client().await;
+    let term_after = raft_term(&client, p).await;
+    assert!(
+        term_after < term_before,
+        "the test needs a wipe that lowers the term: {term_before} -> {term_after}"
+    );
+    for i in 0..10 {
+        put(&client, &format!("{p}new{i}"), "new store").await;
+    }
+    converges(&informer, &client, p, Duration::from_secs(60)).await;
+    // Until the server's answers name the new store's term (the identity refresh), then
+    // writes the informer hears after it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while raft_term(&via, p).await != term_after {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never named the new store's term {term_after}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for round in 0..2 {
+        put(&client, &format!("{p}later{round}"), "new store").await;
+        converges(&informer, &client, p, WITHIN).await;
+    }
+    let spurious: Vec<String> = deleted
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|k| !k.starts_with("old"))
+        .cloned()
+        .collect();
+    let replaced = informer.health().reflector.relists.store_replaced;
+    assert!(
+        spurious.is_empty() && replaced == 1,
+        "one store replacement for one wipe, and no delete for a key etcd never deleted: {replaced} replacements, deletes {spurious:?}"
+    );
+    informer.stop();
+    let _ = run.await;
 }

@@ -23,9 +23,9 @@ use crate::lock;
 /// cached until they change or a relist (compaction) happens. The member id is not
 /// compared: it changes whenever another member of the same store answers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Identity {
-    pub(super) cluster_id: u64,
-    pub(super) raft_term: u64,
+pub(crate) struct Identity {
+    pub(crate) cluster_id: u64,
+    pub(crate) raft_term: u64,
 }
 
 /// The number of keys under the prefix at a revision, as the list and the watched events

@@ -22,7 +22,8 @@ use tracing::Instrument;
 
 use self::auth::TokenRenewal;
 use self::decode::{prefix_range_end, Decoder, Undecodable};
-use self::identity::{store_changed, Identity, Tally};
+pub(crate) use self::identity::Identity;
+use self::identity::{store_changed, Tally};
 use self::options::MIN_MESSAGE_BYTES;
 use self::request::{classify, classify_code, member_unreachable, named, read};
 use self::versions::{progress_is_trustworthy, warn_of_known_watch_bugs};
@@ -219,6 +220,13 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             *lock(&self.identity) = seen;
         }
         reason
+    }
+
+    /// The identity of the store this source last listed or watched, as it records it: what a
+    /// cache filled by it holds (the cache server names it in its answers).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn identity_handle(&self) -> Arc<Mutex<Identity>> {
+        self.identity.clone()
     }
 
     /// The first key of the range: the prefix, or `\0` for the whole keyspace (etcd rejects an

@@ -20,6 +20,10 @@
 //! client can repair. The soak met it on 3.5.1: after a kill, the one-endpoint cache held every
 //! key written since at a `mod_revision` one below what the other members answered.
 //!
+//! With the `server` feature, [`ChaosConfig::with_through_server`] puts a
+//! [`CacheServer`](crate::serve::CacheServer) in front of the three members and gives the
+//! informer the server as its only endpoint: the same faults and checks, through the server.
+//!
 //! The target is the informer's member (0) with one endpoint; with all three, mostly the member
 //! serving the informer's watch (the one whose `/metrics` count a watcher), sometimes another
 //! one. Writes always go through members other than the target.
@@ -113,6 +117,11 @@ pub struct ChaosConfig {
     pub etcd: EtcdOptions,
     /// The informer's reflector backoff.
     pub backoff: Backoff,
+    /// The informer's only endpoint is a [`CacheServer`](crate::serve::CacheServer) in front
+    /// of every member (with [`ChaosConfig::etcd`] for its own source); the faults target its
+    /// members as with [`Endpoints::All`], whatever `endpoints` says.
+    #[cfg(feature = "server")]
+    pub through_server: bool,
 }
 
 impl ChaosConfig {
@@ -137,7 +146,19 @@ impl ChaosConfig {
                 Duration::from_secs(120),
                 0.5,
             ),
+            #[cfg(feature = "server")]
+            through_server: false,
         }
+    }
+
+    /// The informer reads through a cache server (see [`ChaosConfig::through_server`]).
+    #[cfg(feature = "server")]
+    pub fn with_through_server(mut self, through_server: bool) -> Self {
+        self.through_server = through_server;
+        if through_server {
+            self.endpoints = Endpoints::All;
+        }
+        self
     }
 }
 
@@ -231,6 +252,9 @@ pub struct Chaos {
     /// during an apply with their revisions off from the cluster's for good (etcd-io/etcd#13766,
     /// fixed in 3.5.3): a kill waits until its member is quiet (see [`Chaos::quiesce`]).
     kill_corrupts: bool,
+    /// The cache server the informer reads through, if it does: held to keep it serving.
+    #[cfg(feature = "server")]
+    _server: Option<crate::serve::RunningServer>,
 }
 
 impl fmt::Debug for Chaos {
@@ -288,6 +312,29 @@ impl Chaos {
             Endpoints::One => vec![cluster.member_endpoint(0)],
             Endpoints::All => cluster.endpoints(),
         };
+        #[cfg(feature = "server")]
+        let (informer_endpoints, server) = if config.through_server {
+            let own = crate::connect(&informer_endpoints)
+                .await
+                .map_err(|e| fail_etcd(format!("the server's client: {e}")))?;
+            let options = crate::serve::CacheServerOptions {
+                etcd: config.etcd.clone(),
+                ..Default::default()
+            };
+            let server =
+                crate::serve::CacheServer::new(own, informer_endpoints, config.prefix.clone())
+                    .with_options(options)
+                    .bind(([127, 0, 0, 1], 0).into())
+                    .await
+                    .map_err(|e| fail_etcd(format!("starting the cache server: {e}")))?;
+            server
+                .ready(config.deadline)
+                .await
+                .map_err(|e| fail_etcd(format!("the cache server did not sync: {e}")))?;
+            (vec![server.local_addr().to_string()], Some(server))
+        } else {
+            (informer_endpoints, None)
+        };
         let informer_client = crate::connect(&informer_endpoints)
             .await
             .map_err(|e| fail_etcd(format!("connecting to {informer_endpoints:?}: {e}")))?;
@@ -336,6 +383,8 @@ impl Chaos {
             round: 0,
             writes: (0, 0),
             kill_corrupts: false,
+            #[cfg(feature = "server")]
+            _server: server,
         };
         if let Ok(status) = chaos.clients[0].status().await {
             chaos.kill_corrupts = kills_corrupt(status.version());
