@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{converges, eventually, Counting};
+use common::{converges, eventually, recorder, Counting, Log};
 use etcd_client::{Client, Permission};
 use etcd_informer::testing::etcd::{EtcdServer, ServerOptions};
 use etcd_informer::{
-    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, SharedIndexInformer,
-    TextCodec,
+    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, Processing,
+    SharedIndexInformer, TextCodec,
 };
 use tokio::net::{TcpListener, TcpStream};
 
@@ -253,6 +253,100 @@ async fn wiped_and_rewritten(trust_progress: Option<bool>) {
         1,
         "{:?}",
         r.informer.health()
+    );
+}
+
+/// Issue 33, finding 1: a store wiped and rewritten past the watched revision, where a key
+/// lands again at the very revision, version and create revision it had, with another value.
+/// Only the key tally shows the store was replaced, and equal `mod_revision`s then do not mean
+/// equal values: the relist must tell handlers of the new value, not only cache it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tally_relist_tells_handlers_of_a_value_rewritten_at_the_same_revision() {
+    for processing in [Processing::Atomic, Processing::DeltaFifo] {
+        tally_relist_announces(processing).await;
+    }
+}
+
+async fn tally_relist_announces(processing: Processing) {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/rewritten/";
+    let mut at = std::collections::BTreeMap::new();
+    for i in 0..10 {
+        let put = direct
+            .kv_client()
+            .put(format!("{prefix}old-{i}"), "old", None)
+            .await
+            .unwrap();
+        at.insert(i, put.header().unwrap().revision());
+    }
+    let link = Cuttable::new(server.endpoint()).await;
+    let client = connect([link.addr.to_string()]).await.unwrap();
+    let lw = EtcdListerWatcher::with_options(client.clone(), prefix, TextCodec, quick()).unwrap();
+    let options = InformerOptions::default()
+        .with_name(prefix.to_owned())
+        .with_processing(processing);
+    let informer = SharedIndexInformer::new(lw, options);
+    let log: Log = Arc::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    eventually("synced", Duration::from_secs(30), || informer.has_synced()).await;
+    let watched = informer.revision();
+
+    link.cut();
+    server.wipe().await.unwrap();
+    let direct = connect([server.endpoint()]).await.unwrap();
+    // old-5 comes back at its old revision (version 1, created there), with another value.
+    let mut revision = 1;
+    while revision + 1 < at[&5] {
+        let put = direct
+            .kv_client()
+            .put("/elsewhere/x", "x", None)
+            .await
+            .unwrap();
+        revision = put.header().unwrap().revision();
+    }
+    let put = direct
+        .kv_client()
+        .put(format!("{prefix}old-5"), "new", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        put.header().unwrap().revision(),
+        at[&5],
+        "old-5 at its old revision"
+    );
+    while revision <= watched + 10 {
+        let put = direct
+            .kv_client()
+            .put("/elsewhere/x", "x", None)
+            .await
+            .unwrap();
+        revision = put.header().unwrap().revision();
+    }
+    link.reopen();
+    converges(&informer, &direct, prefix, Duration::from_secs(15)).await;
+    let heard = || {
+        log.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l == "add old-5=new" || l == "update old-5=old->new")
+    };
+    // The cache already holds the new value: what handlers were told is queued before it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !heard() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        heard(),
+        "{processing:?}: handlers were not told of old-5's new value; told {:?}",
+        log.lock().unwrap()
+    );
+    assert_eq!(
+        informer.health().reflector.relists.store_replaced,
+        1,
+        "{:?}",
+        informer.health()
     );
 }
 
