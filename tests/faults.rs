@@ -350,6 +350,103 @@ async fn tally_relist_announces(processing: Processing) {
     );
 }
 
+/// Issue 33, finding 4: a revision whose only change is a key that is not UTF-8 (the cache
+/// treats it as absent) must still move the cache's revision, so that reading one's own write
+/// does not wait for the next decodable change; and a watch opened again must not count that
+/// key a second time, which the next re-watch took for a replaced store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revision_of_undecodable_keys_alone_moves_the_cache() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/undecodable/";
+    direct
+        .kv_client()
+        .put(format!("{prefix}good"), "1", None)
+        .await
+        .unwrap();
+    let link = Cuttable::new(server.endpoint()).await;
+    let client = connect([link.addr.to_string()]).await.unwrap();
+    let r = start(&client, prefix);
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+
+    let mut bad = prefix.as_bytes().to_vec();
+    bad.extend_from_slice(&[0xff, 0xfe]);
+    let put = direct.kv_client().put(bad, "x", None).await.unwrap();
+    let written = put.header().unwrap().revision();
+    r.informer
+        .wait_for_revision(written, Duration::from_secs(3))
+        .await
+        .expect("the revision of a key that is not UTF-8 is reached");
+
+    // Twice a watch opened again: the first would replay the key if the cache's revision had
+    // not moved past it, the second checks the key tally.
+    for round in 0..2 {
+        eventually("watching", Duration::from_secs(10), || {
+            r.informer.health().reflector.connected
+        })
+        .await;
+        let watches = r.watches.load(Ordering::SeqCst);
+        let failed = || r.informer.health().reflector.last_error.map(|(_, at)| at);
+        let before = failed();
+        link.cut();
+        eventually("the watch failed", Duration::from_secs(10), || {
+            failed() != before
+        })
+        .await;
+        link.reopen();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !(r.watches.load(Ordering::SeqCst) > watches
+            && r.informer.health().reflector.connected)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: not watching again within 15 s: {:?}",
+                r.informer.health()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let put = direct
+            .kv_client()
+            .put(format!("{prefix}good"), round.to_string(), None)
+            .await
+            .unwrap();
+        let written = put.header().unwrap().revision();
+        r.informer
+            .wait_for_revision(written, Duration::from_secs(5))
+            .await
+            .expect("the cache follows");
+    }
+    // The last watch checked the tally when it opened, before it yielded anything: once the
+    // cache is proven fresh again, that check is behind us.
+    let now = std::time::SystemTime::now();
+    eventually("proven fresh again", Duration::from_secs(10), || {
+        r.informer
+            .health()
+            .reflector
+            .proven_fresh_at
+            .is_some_and(|at| at > now)
+    })
+    .await;
+    let cached: Vec<_> = r
+        .informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_owned(), o.value.clone()))
+        .collect();
+    assert_eq!(cached, [("good".to_owned(), "1".to_owned())]);
+    let relists = r.informer.health().reflector.relists;
+    assert_eq!(
+        (relists.store_replaced, r.lists.load(Ordering::SeqCst)),
+        (0, 1),
+        "a watch opened again took the store for a replaced one: {:?}",
+        r.informer.health()
+    );
+}
+
 /// Starts etcd with auth on and `/auth/` readable by user `reader`; returns (server, root
 /// client).
 async fn etcd_with_auth(token_ttl_s: u32) -> (EtcdServer, Client) {

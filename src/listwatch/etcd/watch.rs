@@ -275,8 +275,10 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         // before this response is a repeat (etcd 3.4 repeats responses to slow watchers): it
         // must not reach the reflector nor move the tally again.
         let delivered = self.delivered;
-        let out = {
-            let mut out = Vec::with_capacity(events.len());
+        // The newest revision of this response, whether or not its events became any.
+        let mut read = delivered;
+        let mut out = {
+            let mut out = Vec::with_capacity(events.len() + 1);
             let mut tally = lock(&self.tally);
             for event in events {
                 let Some(kv) = event.kv else { continue };
@@ -284,6 +286,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 if revision <= delivered {
                     continue;
                 }
+                read = read.max(revision);
                 if tally.revision <= revision {
                     tally.revision = revision;
                     match event.r#type {
@@ -340,9 +343,19 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             }
             out
         };
-        if let Some(last) = out.last().and_then(WatchEvent::revision) {
-            self.delivered = self.delivered.max(last);
+        // A revision whose events all were skipped (keys that are not UTF-8, which the cache
+        // treats as absent) changed nothing the cache holds, but it was read: a bookmark
+        // carries it to the cache's revision, so that a wait for it ends, and `delivered`
+        // moves past it, so that neither this stream nor the next watch (opened from the
+        // cache's revision) takes it again and counts its keys twice in the tally.
+        let forwarded = out
+            .last()
+            .and_then(WatchEvent::revision)
+            .unwrap_or(delivered);
+        if read > forwarded {
+            out.push(WatchEvent::Bookmark(read));
         }
+        self.delivered = self.delivered.max(read);
         if !out.is_empty() {
             self.send(out).await?;
         }
