@@ -30,6 +30,7 @@ struct Running {
     informer: SharedIndexInformer<String>,
     lists: Arc<AtomicUsize>,
     watches: Arc<AtomicUsize>,
+    held: Arc<AtomicBool>,
 }
 
 fn start(client: &Client, prefix: &str) -> Running {
@@ -38,11 +39,12 @@ fn start(client: &Client, prefix: &str) -> Running {
 
 fn start_with(client: &Client, prefix: &str, options: EtcdOptions) -> Running {
     let lw = EtcdListerWatcher::with_options(client.clone(), prefix, TextCodec, options).unwrap();
-    let (lists, watches) = (Arc::default(), Arc::default());
+    let (lists, watches, held) = (Arc::default(), Arc::default(), Arc::default());
     let source = Counting {
         inner: lw,
         lists: Arc::clone(&lists),
         watches: Arc::clone(&watches),
+        held: Arc::clone(&held),
     };
     let options = InformerOptions::default().with_name(prefix.to_owned());
     let informer = SharedIndexInformer::new(source, options);
@@ -51,6 +53,7 @@ fn start_with(client: &Client, prefix: &str, options: EtcdOptions) -> Running {
         informer,
         lists,
         watches,
+        held,
     }
 }
 
@@ -445,6 +448,61 @@ async fn a_revision_of_undecodable_keys_alone_moves_the_cache() {
         "a watch opened again took the store for a replaced one: {:?}",
         r.informer.health()
     );
+}
+
+/// Issue 33, finding 3: etcd wiped (or restored) is at a revision below the cache's, and a
+/// proof that "no key under the prefix is newer than the cache's revision" is then trivially
+/// true. A consistent read must not answer with the old store's content: it waits until the
+/// cache is relisted from the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_read_after_a_wipe_never_answers_from_the_old_store() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/restored/";
+    for i in 0..30 {
+        direct
+            .kv_client()
+            .put(format!("{prefix}old-{i}"), "old", None)
+            .await
+            .unwrap();
+    }
+    let r = start(&direct, prefix);
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    let cached = r.informer.revision();
+
+    // The watch cannot open again: the cache stays the old store's while etcd is the new one.
+    r.held.store(true, Ordering::SeqCst);
+    server.wipe().await.unwrap();
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let put = direct
+        .kv_client()
+        .put(format!("{prefix}new"), "new", None)
+        .await
+        .unwrap();
+    let written = put.header().unwrap().revision();
+    assert!(written < cached, "etcd went back: {written} < {cached}");
+    let keys = |lister: &etcd_informer::Lister<String>| {
+        let mut keys: Vec<String> = lister.list().iter().map(|o| o.key().to_owned()).collect();
+        keys.sort();
+        keys
+    };
+    if let Ok(lister) = r.informer.consistent_lister(Duration::from_secs(2)).await {
+        assert_eq!(
+            keys(&lister),
+            ["new"],
+            "a consistent read answered from the old store"
+        );
+    }
+    r.held.store(false, Ordering::SeqCst);
+    let lister = r
+        .informer
+        .consistent_lister(Duration::from_secs(15))
+        .await
+        .expect("a consistent read once the watch can open");
+    assert_eq!(keys(&lister), ["new"]);
 }
 
 /// Starts etcd with auth on and `/auth/` readable by user `reader`; returns (server, root
