@@ -180,7 +180,7 @@ impl Cuttable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
-    wiped_and_rewritten(None).await;
+    wiped_and_rewritten(None, false).await;
 }
 
 /// Correctness review, finding 2: on etcd versions whose progress is trusted (forced here: the
@@ -189,10 +189,18 @@ async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
 /// recognises a store rewritten past the watched revision never runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_wiped_behind_bookmarks_is_recognised_when_progress_is_trusted() {
-    wiped_and_rewritten(Some(true)).await;
+    wiped_and_rewritten(Some(true), false).await;
 }
 
-async fn wiped_and_rewritten(trust_progress: Option<bool>) {
+/// Issue 33, finding 2: as above, but the prefix had one event before the bookmarks. Events
+/// move the tally's revision, bookmarks the watched one: the two must stay together, or after
+/// a single event no re-watch checks the tally again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_wiped_behind_an_event_and_bookmarks_is_recognised_when_progress_is_trusted() {
+    wiped_and_rewritten(Some(true), true).await;
+}
+
+async fn wiped_and_rewritten(trust_progress: Option<bool>, event_first: bool) {
     let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let direct = connect([server.endpoint()]).await.unwrap();
     let prefix = "/wiped/";
@@ -210,6 +218,18 @@ async fn wiped_and_rewritten(trust_progress: Option<bool>) {
         r.informer.has_synced()
     })
     .await;
+    if event_first {
+        let put = direct
+            .kv_client()
+            .put(format!("{prefix}old-30"), "old", None)
+            .await
+            .unwrap();
+        let written = put.header().unwrap().revision();
+        eventually("the event applied", Duration::from_secs(10), || {
+            r.informer.revision() >= written
+        })
+        .await;
+    }
     if trust_progress == Some(true) {
         // etcd moves on elsewhere; the quiet prefix's cache follows by bookmarks.
         let listed = r.informer.revision();

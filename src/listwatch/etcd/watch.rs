@@ -255,10 +255,11 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         if events.is_empty() {
             if !response.created() && self.trust_progress && header_revision > self.after {
                 // Nothing under the prefix changed up to the bookmark: the key tally holds there
-                // too, so the next re-watch still checks it.
+                // too, so the next re-watch (from the bookmark) still checks it. The tally is
+                // at the last revision delivered, which events move and `after` does not.
                 {
                     let mut tally = lock(&self.tally);
-                    if tally.revision == self.after {
+                    if tally.revision == self.delivered {
                         tally.revision = header_revision;
                     }
                 }
