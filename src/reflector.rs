@@ -505,11 +505,16 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     continue;
                 }
             };
-            let replaced = list.revision < highest_seen || reason == ListReason::StoreReplaced;
-            if reason == ListReason::TallyDiffers && !replaced {
+            // A tally that differed cannot tell a store rewritten past the watched revision
+            // from a lost event, and in the first case a key listed at the revision the cache
+            // holds may hold another value: both are handled as a replaced store, so that
+            // handlers hear of every listed key anew.
+            let replaced = list.revision < highest_seen
+                || matches!(reason, ListReason::StoreReplaced | ListReason::TallyDiffers);
+            if reason == ListReason::TallyDiffers {
                 tracing::warn!(
                     list_revision = list.revision,
-                    "the key tally differed; relisted, every value read afresh"
+                    "the key tally differed (a store rewritten, or an event lost); replacing the cache"
                 );
             } else if replaced {
                 tracing::warn!(
@@ -521,10 +526,9 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             {
                 let mut health = self.handle.lock();
                 // A tally that differed is counted with the replaced stores (it usually is
-                // one), but retires only the keys the list lacks: the revisions did not start
-                // over, so a key whose mod_revision is unchanged is not announced again.
+                // one).
                 let counted = match (replaced, reason) {
-                    (true, _) | (_, ListReason::TallyDiffers) => {
+                    (true, _) => {
                         health.relists.store_replaced += 1;
                         RelistReason::StoreReplaced
                     }
@@ -547,9 +551,9 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 };
                 self.relists.relisted(counted);
             }
-            // After a wipe, revisions start over in the new store, so an object listed at the
-            // revision the cache holds may still differ: the queue retires every cached key
-            // (tombstones) and adds the list afresh.
+            // After a wipe, revisions start over in the new store (or, past the watched
+            // revision, repeat), so an object listed at the revision the cache holds may still
+            // differ: the queue retires every cached key (tombstones) and adds the list afresh.
             if paged {
                 self.fifo.finish_replace(list.revision, replaced);
             } else {

@@ -60,6 +60,7 @@ fn start(client: &Client, prefix: &str, etcd: EtcdOptions, backoff: Duration) ->
             inner: lw,
             lists: lists.clone(),
             watches: Arc::default(),
+            held: Arc::default(),
         },
         informer_options(backoff),
     );

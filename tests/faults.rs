@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{converges, eventually, Counting};
+use common::{converges, eventually, recorder, Counting, Log};
 use etcd_client::{Client, Permission};
 use etcd_informer::testing::etcd::{EtcdServer, ServerOptions};
 use etcd_informer::{
-    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, SharedIndexInformer,
-    TextCodec,
+    connect, connect_options, EtcdListerWatcher, EtcdOptions, InformerOptions, Processing,
+    SharedIndexInformer, TextCodec,
 };
 use tokio::net::{TcpListener, TcpStream};
 
@@ -30,6 +30,7 @@ struct Running {
     informer: SharedIndexInformer<String>,
     lists: Arc<AtomicUsize>,
     watches: Arc<AtomicUsize>,
+    held: Arc<AtomicBool>,
 }
 
 fn start(client: &Client, prefix: &str) -> Running {
@@ -38,11 +39,12 @@ fn start(client: &Client, prefix: &str) -> Running {
 
 fn start_with(client: &Client, prefix: &str, options: EtcdOptions) -> Running {
     let lw = EtcdListerWatcher::with_options(client.clone(), prefix, TextCodec, options).unwrap();
-    let (lists, watches) = (Arc::default(), Arc::default());
+    let (lists, watches, held) = (Arc::default(), Arc::default(), Arc::default());
     let source = Counting {
         inner: lw,
         lists: Arc::clone(&lists),
         watches: Arc::clone(&watches),
+        held: Arc::clone(&held),
     };
     let options = InformerOptions::default().with_name(prefix.to_owned());
     let informer = SharedIndexInformer::new(source, options);
@@ -51,6 +53,7 @@ fn start_with(client: &Client, prefix: &str, options: EtcdOptions) -> Running {
         informer,
         lists,
         watches,
+        held,
     }
 }
 
@@ -177,7 +180,7 @@ impl Cuttable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
-    wiped_and_rewritten(None).await;
+    wiped_and_rewritten(None, false).await;
 }
 
 /// Correctness review, finding 2: on etcd versions whose progress is trusted (forced here: the
@@ -186,10 +189,18 @@ async fn store_wiped_and_rewritten_past_the_watched_revision_is_recognised() {
 /// recognises a store rewritten past the watched revision never runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_wiped_behind_bookmarks_is_recognised_when_progress_is_trusted() {
-    wiped_and_rewritten(Some(true)).await;
+    wiped_and_rewritten(Some(true), false).await;
 }
 
-async fn wiped_and_rewritten(trust_progress: Option<bool>) {
+/// Issue 33, finding 2: as above, but the prefix had one event before the bookmarks. Events
+/// move the tally's revision, bookmarks the watched one: the two must stay together, or after
+/// a single event no re-watch checks the tally again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_wiped_behind_an_event_and_bookmarks_is_recognised_when_progress_is_trusted() {
+    wiped_and_rewritten(Some(true), true).await;
+}
+
+async fn wiped_and_rewritten(trust_progress: Option<bool>, event_first: bool) {
     let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let direct = connect([server.endpoint()]).await.unwrap();
     let prefix = "/wiped/";
@@ -207,6 +218,18 @@ async fn wiped_and_rewritten(trust_progress: Option<bool>) {
         r.informer.has_synced()
     })
     .await;
+    if event_first {
+        let put = direct
+            .kv_client()
+            .put(format!("{prefix}old-30"), "old", None)
+            .await
+            .unwrap();
+        let written = put.header().unwrap().revision();
+        eventually("the event applied", Duration::from_secs(10), || {
+            r.informer.revision() >= written
+        })
+        .await;
+    }
     if trust_progress == Some(true) {
         // etcd moves on elsewhere; the quiet prefix's cache follows by bookmarks.
         let listed = r.informer.revision();
@@ -254,6 +277,252 @@ async fn wiped_and_rewritten(trust_progress: Option<bool>) {
         "{:?}",
         r.informer.health()
     );
+}
+
+/// Issue 33, finding 1: a store wiped and rewritten past the watched revision, where a key
+/// lands again at the very revision, version and create revision it had, with another value.
+/// Only the key tally shows the store was replaced, and equal `mod_revision`s then do not mean
+/// equal values: the relist must tell handlers of the new value, not only cache it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tally_relist_tells_handlers_of_a_value_rewritten_at_the_same_revision() {
+    for processing in [Processing::Atomic, Processing::DeltaFifo] {
+        tally_relist_announces(processing).await;
+    }
+}
+
+async fn tally_relist_announces(processing: Processing) {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/rewritten/";
+    let mut at = std::collections::BTreeMap::new();
+    for i in 0..10 {
+        let put = direct
+            .kv_client()
+            .put(format!("{prefix}old-{i}"), "old", None)
+            .await
+            .unwrap();
+        at.insert(i, put.header().unwrap().revision());
+    }
+    let link = Cuttable::new(server.endpoint()).await;
+    let client = connect([link.addr.to_string()]).await.unwrap();
+    let lw = EtcdListerWatcher::with_options(client.clone(), prefix, TextCodec, quick()).unwrap();
+    let options = InformerOptions::default()
+        .with_name(prefix.to_owned())
+        .with_processing(processing);
+    let informer = SharedIndexInformer::new(lw, options);
+    let log: Log = Arc::default();
+    informer.add_event_handler(recorder(&log)).unwrap();
+    tokio::spawn(informer.clone().run());
+    eventually("synced", Duration::from_secs(30), || informer.has_synced()).await;
+    let watched = informer.revision();
+
+    link.cut();
+    server.wipe().await.unwrap();
+    let direct = connect([server.endpoint()]).await.unwrap();
+    // old-5 comes back at its old revision (version 1, created there), with another value.
+    let mut revision = 1;
+    while revision + 1 < at[&5] {
+        let put = direct
+            .kv_client()
+            .put("/elsewhere/x", "x", None)
+            .await
+            .unwrap();
+        revision = put.header().unwrap().revision();
+    }
+    let put = direct
+        .kv_client()
+        .put(format!("{prefix}old-5"), "new", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        put.header().unwrap().revision(),
+        at[&5],
+        "old-5 at its old revision"
+    );
+    while revision <= watched + 10 {
+        let put = direct
+            .kv_client()
+            .put("/elsewhere/x", "x", None)
+            .await
+            .unwrap();
+        revision = put.header().unwrap().revision();
+    }
+    link.reopen();
+    converges(&informer, &direct, prefix, Duration::from_secs(15)).await;
+    let heard = || {
+        log.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l == "add old-5=new" || l == "update old-5=old->new")
+    };
+    // The cache already holds the new value: what handlers were told is queued before it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !heard() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        heard(),
+        "{processing:?}: handlers were not told of old-5's new value; told {:?}",
+        log.lock().unwrap()
+    );
+    assert_eq!(
+        informer.health().reflector.relists.store_replaced,
+        1,
+        "{:?}",
+        informer.health()
+    );
+}
+
+/// Issue 33, finding 4: a revision whose only change is a key that is not UTF-8 (the cache
+/// treats it as absent) must still move the cache's revision, so that reading one's own write
+/// does not wait for the next decodable change; and a watch opened again must not count that
+/// key a second time, which the next re-watch took for a replaced store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revision_of_undecodable_keys_alone_moves_the_cache() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/undecodable/";
+    direct
+        .kv_client()
+        .put(format!("{prefix}good"), "1", None)
+        .await
+        .unwrap();
+    let link = Cuttable::new(server.endpoint()).await;
+    let client = connect([link.addr.to_string()]).await.unwrap();
+    let r = start(&client, prefix);
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+
+    let mut bad = prefix.as_bytes().to_vec();
+    bad.extend_from_slice(&[0xff, 0xfe]);
+    let put = direct.kv_client().put(bad, "x", None).await.unwrap();
+    let written = put.header().unwrap().revision();
+    r.informer
+        .wait_for_revision(written, Duration::from_secs(3))
+        .await
+        .expect("the revision of a key that is not UTF-8 is reached");
+
+    // Twice a watch opened again: the first would replay the key if the cache's revision had
+    // not moved past it, the second checks the key tally.
+    for round in 0..2 {
+        eventually("watching", Duration::from_secs(10), || {
+            r.informer.health().reflector.connected
+        })
+        .await;
+        let watches = r.watches.load(Ordering::SeqCst);
+        let failed = || r.informer.health().reflector.last_error.map(|(_, at)| at);
+        let before = failed();
+        link.cut();
+        eventually("the watch failed", Duration::from_secs(10), || {
+            failed() != before
+        })
+        .await;
+        link.reopen();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !(r.watches.load(Ordering::SeqCst) > watches
+            && r.informer.health().reflector.connected)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: not watching again within 15 s: {:?}",
+                r.informer.health()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let put = direct
+            .kv_client()
+            .put(format!("{prefix}good"), round.to_string(), None)
+            .await
+            .unwrap();
+        let written = put.header().unwrap().revision();
+        r.informer
+            .wait_for_revision(written, Duration::from_secs(5))
+            .await
+            .expect("the cache follows");
+    }
+    // The last watch checked the tally when it opened, before it yielded anything: once the
+    // cache is proven fresh again, that check is behind us.
+    let now = std::time::SystemTime::now();
+    eventually("proven fresh again", Duration::from_secs(10), || {
+        r.informer
+            .health()
+            .reflector
+            .proven_fresh_at
+            .is_some_and(|at| at > now)
+    })
+    .await;
+    let cached: Vec<_> = r
+        .informer
+        .lister()
+        .list()
+        .iter()
+        .map(|o| (o.key().to_owned(), o.value.clone()))
+        .collect();
+    assert_eq!(cached, [("good".to_owned(), "1".to_owned())]);
+    let relists = r.informer.health().reflector.relists;
+    assert_eq!(
+        (relists.store_replaced, r.lists.load(Ordering::SeqCst)),
+        (0, 1),
+        "a watch opened again took the store for a replaced one: {:?}",
+        r.informer.health()
+    );
+}
+
+/// Issue 33, finding 3: etcd wiped (or restored) is at a revision below the cache's, and a
+/// proof that "no key under the prefix is newer than the cache's revision" is then trivially
+/// true. A consistent read must not answer with the old store's content: it waits until the
+/// cache is relisted from the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_read_after_a_wipe_never_answers_from_the_old_store() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let prefix = "/restored/";
+    for i in 0..30 {
+        direct
+            .kv_client()
+            .put(format!("{prefix}old-{i}"), "old", None)
+            .await
+            .unwrap();
+    }
+    let r = start(&direct, prefix);
+    eventually("synced", Duration::from_secs(30), || {
+        r.informer.has_synced()
+    })
+    .await;
+    let cached = r.informer.revision();
+
+    // The watch cannot open again: the cache stays the old store's while etcd is the new one.
+    r.held.store(true, Ordering::SeqCst);
+    server.wipe().await.unwrap();
+    let direct = connect([server.endpoint()]).await.unwrap();
+    let put = direct
+        .kv_client()
+        .put(format!("{prefix}new"), "new", None)
+        .await
+        .unwrap();
+    let written = put.header().unwrap().revision();
+    assert!(written < cached, "etcd went back: {written} < {cached}");
+    let keys = |lister: &etcd_informer::Lister<String>| {
+        let mut keys: Vec<String> = lister.list().iter().map(|o| o.key().to_owned()).collect();
+        keys.sort();
+        keys
+    };
+    if let Ok(lister) = r.informer.consistent_lister(Duration::from_secs(2)).await {
+        assert_eq!(
+            keys(&lister),
+            ["new"],
+            "a consistent read answered from the old store"
+        );
+    }
+    r.held.store(false, Ordering::SeqCst);
+    let lister = r
+        .informer
+        .consistent_lister(Duration::from_secs(15))
+        .await
+        .expect("a consistent read once the watch can open");
+    assert_eq!(keys(&lister), ["new"]);
 }
 
 /// Starts etcd with auth on and `/auth/` readable by user `reader`; returns (server, root

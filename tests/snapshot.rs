@@ -88,6 +88,7 @@ async fn start(
         inner: EtcdListerWatcher::new(client.clone(), prefix, codec).expect("source"),
         lists: lists.clone(),
         watches: Arc::default(),
+        held: Arc::default(),
     };
     let options = InformerOptions::default()
         .with_name(prefix.to_owned())

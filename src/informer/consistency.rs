@@ -79,12 +79,41 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         })
     }
 
+    /// How many times the reflector listed so far (0 before it runs).
+    fn relists(&self) -> u64 {
+        self.shared
+            .revision
+            .get()
+            .map_or(0, |handle| handle.health().relists.total())
+    }
+
+    /// After the source said its store was replaced ([`SourceError::StoreReplaced`]: etcd went
+    /// back in time), waits until the reflector has listed again since `before`: until then
+    /// the cache is the old store's, and nothing can prove it fresh. `Ok(false)` at the
+    /// deadline.
+    async fn relisted_since(&self, before: u64, deadline: Instant) -> bool {
+        while self.relists() <= before || !self.has_synced() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+
     /// Waits until the cache reflects the source at `revision` or later: its
     /// [`proven_revision`](Self::proven_revision) reaches it, or the source shows that nothing
     /// under the prefix changed between the cache's revision and `revision` (one read per
     /// change of the cache, so a quiet prefix on a busy etcd is answered at once, on
     /// every etcd version). Fails after `timeout`, or when the source cannot be read; cancel it
     /// by dropping the future.
+    ///
+    /// A revision at or below the cache's returns at once, without asking etcd (the common case
+    /// of reading one's own write must cost nothing). So after etcd went back in time (wiped,
+    /// restored), a revision of the new store that is below the old store's is taken as
+    /// reached until the reflector has relisted, which it does as soon as its watch opens again
+    /// on the new store; [`consistent_lister`](Self::consistent_lister) asks etcd, and waits
+    /// for that relist.
     ///
     /// Use it with the revision a write returned
     /// ([`TypedClient`](crate::client::TypedClient)) to read your own writes.
@@ -106,10 +135,21 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             let writes = self.revision_len_and_writes().2;
             if asked_at != Some(writes) && self.has_synced() {
                 asked_at = Some(writes);
+                let relists = self.relists();
                 let ask = tokio::time::timeout_at(deadline, self.freshness(Some(revision)));
                 match ask.await {
                     Ok(Ok(fresh)) if fresh.proven => return Ok(()),
                     Ok(Ok(_)) => {}
+                    Ok(Err(ConsistencyError::Source { source, .. }))
+                        if source.is_store_replaced() =>
+                    {
+                        // The cache's revision is the old store's: it says nothing of
+                        // `revision` until the cache is listed from the new one.
+                        if self.relisted_since(relists, deadline).await {
+                            asked_at = None;
+                            continue;
+                        }
+                    }
                     Ok(Err(e)) => return Err(e),
                     Err(_elapsed) => {}
                 }
@@ -143,12 +183,28 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         timeout: Duration,
     ) -> Result<Lister<T>, ConsistencyError> {
         let started = Instant::now();
-        let current = tokio::time::timeout(timeout, self.freshness(None))
-            .await
-            .map_err(|_| ConsistencyError::Source {
-                informer: self.shared.name.clone(),
-                source: SourceError::transient(format!("no answer within {timeout:?}")),
-            })??;
+        let deadline = started + timeout;
+        let current = loop {
+            let relists = self.relists();
+            let asked = tokio::time::timeout_at(deadline, self.freshness(None))
+                .await
+                .map_err(|_| ConsistencyError::Source {
+                    informer: self.shared.name.clone(),
+                    source: SourceError::transient(format!("no answer within {timeout:?}")),
+                })?;
+            match asked {
+                // etcd went back in time: the cache is the old store's until it is listed
+                // again, and its content must not be answered (see `relisted_since`).
+                Err(ConsistencyError::Source { source, informer })
+                    if source.is_store_replaced() =>
+                {
+                    if !self.relisted_since(relists, deadline).await {
+                        return Err(ConsistencyError::Source { informer, source });
+                    }
+                }
+                asked => break asked?,
+            }
+        };
         if !current.proven {
             let left = timeout.saturating_sub(started.elapsed());
             self.wait_for_revision(current.revision, left).await?;

@@ -164,9 +164,10 @@ pub enum Error {
     },
     /// When a watch was opened again, etcd counted another number of keys under the prefix at
     /// the watched revision than the list and the events since did: the store was replaced
-    /// (wiped and written past that revision) or an event was lost on the way. A relist reads
-    /// every value afresh; unlike [`Error::StoreReplaced`], a key whose `mod_revision` did not
-    /// change is not announced to handlers again, since the revisions did not start over.
+    /// (wiped and written past that revision) or an event was lost on the way. Nothing tells
+    /// which, and in a rewritten store a key at the revision the cache holds may hold another
+    /// value, so the reflector relists as for [`Error::StoreReplaced`]: every value read afresh,
+    /// every cached key retired and every listed one announced anew.
     #[error("the key tally differs at revision {revision}: {reason}")]
     TallyDiffers {
         /// The revision that was asked for.

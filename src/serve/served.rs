@@ -183,11 +183,34 @@ impl Served {
         let deadline = Instant::now() + self.read_timeout;
         let unavailable =
             |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
-        let target = tokio::time::timeout_at(deadline, self.current_revision(slice))
-            .await
-            .map_err(|_| unavailable("no answer from etcd for the consistent-read proof".into()))?
-            .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
-        let mut position = slice.cache.subscribe();
+        let (target, mut position) = loop {
+            let mut position = slice.cache.subscribe();
+            let before = *position.borrow_and_update();
+            let target = tokio::time::timeout_at(deadline, self.current_revision(slice))
+                .await
+                .map_err(|_| {
+                    unavailable("no answer from etcd for the consistent-read proof".into())
+                })?
+                .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
+            if before.revision <= target {
+                break (target, position);
+            }
+            // A cache of the same store is never ahead of a linearizable read: etcd went back
+            // in time (wiped, restored), and the cache, still the old store's, proves nothing
+            // until it is listed from the new one (a new epoch).
+            while position.borrow_and_update().epoch == before.epoch {
+                match tokio::time::timeout_at(deadline, position.changed()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(unavailable("the cache stopped".into())),
+                    Err(_) => {
+                        return Err(unavailable(format!(
+                            "etcd is at revision {target}, below the cache's {}: the store was wiped or restored, and the cache is not listed from it yet",
+                            before.revision
+                        )))
+                    }
+                }
+            }
+        };
         let grace = if slice.cache.len() <= SMALL_PREFIX {
             Instant::now()
         } else {

@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -117,11 +117,13 @@ pub async fn converges(
     }
 }
 
-/// A source that counts its lists and watches, to tell a resumed watch from a relist.
+/// A source that counts its lists and watches, to tell a resumed watch from a relist; while
+/// `held` is set, a watch waits before it opens (the cache stays as it is, reads go on).
 pub struct Counting<L> {
     pub inner: L,
     pub lists: Arc<AtomicUsize>,
     pub watches: Arc<AtomicUsize>,
+    pub held: Arc<AtomicBool>,
 }
 
 impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
@@ -134,8 +136,13 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
         self.inner.list_into(sink)
     }
     fn watch(&self, after: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
-        self.watches.fetch_add(1, Ordering::SeqCst);
-        self.inner.watch(after)
+        Box::pin(async move {
+            while self.held.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.watches.fetch_add(1, Ordering::SeqCst);
+            self.inner.watch(after).await
+        })
     }
     fn freshness(
         &self,

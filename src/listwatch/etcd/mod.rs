@@ -367,7 +367,8 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
     /// nothing changed. Both are etcd's own figures, so keys that do not decode need no
     /// bookkeeping, and the proof is about the two revisions it names, whatever the watch has
     /// read meanwhile. Correct on every etcd version (no progress notification needed), through
-    /// the gRPC proxy too. `cached` is not needed.
+    /// the gRPC proxy too. `cached` is not needed. An etcd whose revision is below `since` went
+    /// back in time (wiped or restored): [`Error::StoreReplaced`], never a proof.
     fn freshness(
         &self,
         since: i64,
@@ -404,7 +405,20 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                     )))
                 }
             };
-            let revision = at.unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()));
+            let current = resp.header().map_or(0, |h| h.revision());
+            if current < since {
+                // Revisions of two stores do not compare: "no key newer than the cache's
+                // revision" holds trivially in a store that went back, so no proof stands
+                // until the cache is listed from it.
+                return Err(Error::store_replaced(
+                    since + 1,
+                    format!(
+                        "etcd is at revision {current}, below the cache's revision {since} of {}: the store was wiped or restored",
+                        self.prefix()
+                    ),
+                ));
+            }
+            let revision = at.unwrap_or(current);
             if !resp.kvs().is_empty() || revision <= since || since == 0 {
                 return Ok(Freshness {
                     revision,

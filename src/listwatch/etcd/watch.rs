@@ -255,10 +255,11 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         if events.is_empty() {
             if !response.created() && self.trust_progress && header_revision > self.after {
                 // Nothing under the prefix changed up to the bookmark: the key tally holds there
-                // too, so the next re-watch still checks it.
+                // too, so the next re-watch (from the bookmark) still checks it. The tally is
+                // at the last revision delivered, which events move and `after` does not.
                 {
                     let mut tally = lock(&self.tally);
-                    if tally.revision == self.after {
+                    if tally.revision == self.delivered {
                         tally.revision = header_revision;
                     }
                 }
@@ -275,8 +276,10 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         // before this response is a repeat (etcd 3.4 repeats responses to slow watchers): it
         // must not reach the reflector nor move the tally again.
         let delivered = self.delivered;
-        let out = {
-            let mut out = Vec::with_capacity(events.len());
+        // The newest revision of this response, whether or not its events became any.
+        let mut read = delivered;
+        let mut out = {
+            let mut out = Vec::with_capacity(events.len() + 1);
             let mut tally = lock(&self.tally);
             for event in events {
                 let Some(kv) = event.kv else { continue };
@@ -284,6 +287,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 if revision <= delivered {
                     continue;
                 }
+                read = read.max(revision);
                 if tally.revision <= revision {
                     tally.revision = revision;
                     match event.r#type {
@@ -340,9 +344,19 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             }
             out
         };
-        if let Some(last) = out.last().and_then(WatchEvent::revision) {
-            self.delivered = self.delivered.max(last);
+        // A revision whose events all were skipped (keys that are not UTF-8, which the cache
+        // treats as absent) changed nothing the cache holds, but it was read: a bookmark
+        // carries it to the cache's revision, so that a wait for it ends, and `delivered`
+        // moves past it, so that neither this stream nor the next watch (opened from the
+        // cache's revision) takes it again and counts its keys twice in the tally.
+        let forwarded = out
+            .last()
+            .and_then(WatchEvent::revision)
+            .unwrap_or(delivered);
+        if read > forwarded {
+            out.push(WatchEvent::Bookmark(read));
         }
+        self.delivered = self.delivered.max(read);
         if !out.is_empty() {
             self.send(out).await?;
         }
