@@ -105,6 +105,9 @@ pub(super) struct Audited<T> {
     /// The relist count when this audit last asked for a relist: until it moves, the repair is
     /// under way and another audit would only find the same differences.
     pub(super) asked_at: Mutex<Option<u64>>,
+    /// Held while an audit runs: the periodic one and `audit_now` never run at once (the
+    /// second waits, then audits the cache as it is then).
+    pub(super) running: tokio::sync::Mutex<()>,
 }
 
 impl<T: Send + Sync + 'static> Audited<T> {
@@ -120,6 +123,7 @@ impl<T: Send + Sync + 'static> Audited<T> {
 
     /// Audits the cache once (see the [module docs](self)) and counts it.
     pub(super) async fn once(&self) -> Option<AuditReport> {
+        let _one_at_a_time = self.running.lock().await;
         let (outcome, report) = self.compare().await;
         self.counts.ran(outcome);
         self.metrics.audit(outcome);

@@ -339,6 +339,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             }),
             relist,
             asked_at: Mutex::new(None),
+            running: tokio::sync::Mutex::new(()),
         }
     }
 

@@ -20,43 +20,92 @@ pub(super) struct Decoder<T> {
     pub(super) undecodable: Arc<Undecodable>,
 }
 
-/// The keys under the prefix that are not objects now (the key is not UTF-8, or the value
-/// does not decode), with the `mod_revision` they failed at: the cache lacks them on purpose,
-/// and the audit must not take them for lost events. Bounded by the keys under the prefix.
+/// The keys under the prefix that are not objects (the key is not UTF-8, or the value does
+/// not decode), with the `mod_revision` they failed at: the cache lacks them on purpose, and
+/// the audit must not take them for lost events. A key fixed or deleted since is kept with the
+/// revision it was at and the revision it stopped failing at, until no audit can ask about a
+/// revision where it still failed: an audit reads etcd as of its own revision, and the key may
+/// have been fixed after it. Bounded by the keys under the prefix, and [`MAX_FIXED`].
 #[derive(Default)]
 pub(super) struct Undecodable {
-    keys: Mutex<HashMap<Box<[u8]>, i64>>,
-    /// `keys.len()`, read without the lock on the decode path (almost always 0).
+    keys: Mutex<Keys>,
+    /// How many entries both maps hold, read without the lock on the decode path (almost
+    /// always 0).
     len: AtomicUsize,
 }
+
+#[derive(Default)]
+struct Keys {
+    /// Failing now: the `mod_revision` each failed at.
+    failing: HashMap<Box<[u8]>, i64>,
+    /// Failing no more: the `mod_revision` each failed at, and the revision it was fixed or
+    /// deleted at.
+    fixed: HashMap<Box<[u8]>, (i64, i64)>,
+}
+
+/// The most keys remembered as fixed; past it one is forgotten, at worst costing an audit a
+/// relist it did not need (the DeltaFifo mode, without audits, never prunes them).
+const MAX_FIXED: usize = 4096;
 
 impl Undecodable {
     fn insert(&self, key: &[u8], mod_revision: i64) {
         let mut keys = crate::lock(&self.keys);
-        keys.insert(key.into(), mod_revision);
-        self.len.store(keys.len(), Ordering::Relaxed);
+        keys.fixed.remove(key);
+        keys.failing.insert(key.into(), mod_revision);
+        self.len
+            .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
     }
 
-    /// `key` is an object again, or deleted.
-    pub(super) fn remove(&self, key: &[u8]) {
+    /// `key` is an object again, or deleted, at `revision`.
+    pub(super) fn remove(&self, key: &[u8], revision: i64) {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }
         let mut keys = crate::lock(&self.keys);
-        keys.remove(key);
-        self.len.store(keys.len(), Ordering::Relaxed);
+        if let Some(failed) = keys.failing.remove(key) {
+            if keys.fixed.len() >= MAX_FIXED {
+                if let Some(any) = keys.fixed.keys().next().cloned() {
+                    keys.fixed.remove(&any);
+                }
+            }
+            keys.fixed.insert(key.into(), (failed, revision));
+        }
+        self.len
+            .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
     }
 
     /// Forgets everything: a list reports anew what does not decode.
     pub(super) fn clear(&self) {
-        crate::lock(&self.keys).clear();
+        let mut keys = crate::lock(&self.keys);
+        keys.failing.clear();
+        keys.fixed.clear();
         self.len.store(0, Ordering::Relaxed);
     }
 
-    /// Whether `key` failed to decode at `mod_revision`.
+    /// Forgets the keys fixed at or before `at`: at `at` and later etcd shows them at their
+    /// fixed `mod_revision` (or not at all), never at the one they failed at.
+    pub(super) fn prune(&self, at: i64) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut keys = crate::lock(&self.keys);
+        keys.fixed.retain(|_, (_, fixed_at)| *fixed_at > at);
+        self.len
+            .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
+    }
+
+    /// Whether `key` failed to decode at `mod_revision` (and so is not in the cache at any
+    /// revision where etcd shows it at that `mod_revision`).
     pub(super) fn holds(&self, key: &[u8], mod_revision: i64) -> bool {
-        self.len.load(Ordering::Relaxed) > 0
-            && crate::lock(&self.keys).get(key) == Some(&mod_revision)
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let keys = crate::lock(&self.keys);
+        keys.failing.get(key) == Some(&mod_revision)
+            || keys
+                .fixed
+                .get(key)
+                .is_some_and(|(failed, _)| *failed == mod_revision)
     }
 }
 
@@ -74,7 +123,7 @@ impl<T: 'static> Decoder<T> {
         let key = self.key(&kv.key, kv.mod_revision)?;
         match self.codec.decode(&kv.value) {
             Ok(value) => {
-                self.undecodable.remove(&kv.key);
+                self.undecodable.remove(&kv.key, kv.mod_revision);
                 let mut obj = Object::new(key, kv.mod_revision, value);
                 obj.create_revision = kv.create_revision;
                 obj.version = kv.version;

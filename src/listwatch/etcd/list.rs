@@ -208,6 +208,8 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         mut page: KeyRevisionsSink,
     ) -> Result<()> {
         self.token.renew_if_refused(&self.client).await;
+        // Keys fixed after `at` stay known as failing at their old `mod_revision`.
+        self.undecodable.prune(at);
         let kv = self
             .client
             .kv_client()

@@ -321,7 +321,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                             .and(event.prev_kv)
                             .and_then(|p| self.decoder.object(&p));
                         // After both decodes: the key is gone, whatever they reported.
-                        self.decoder.undecodable.remove(&kv.key);
+                        self.decoder.undecodable.remove(&kv.key, revision);
                         let Some(key) = key else {
                             continue;
                         };
