@@ -68,7 +68,8 @@ use tracing::Instrument;
 
 use self::cache::{HistoryBounds, ServedCache};
 use self::forward::{
-    AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Tokenless, Upstream,
+    AuthService, Cluster, ElectionService, LeaseService, LockService, MaintenanceService,
+    Passthrough, Tokenless, Upstream,
 };
 use self::header::Headers;
 use self::health::Health as HealthService;
@@ -500,7 +501,17 @@ impl CacheServer {
                 upstream.clone(),
                 max_request,
             ))
-            .add_service(Passthrough::<AuthService>::new(upstream, max_request))
+            .add_service(Passthrough::<AuthService>::new(
+                upstream.clone(),
+                max_request,
+            ))
+            // Locks and elections live in etcd's keyspace and lease table: only etcd can
+            // answer them (a lock held through the server must exclude one held on etcd).
+            .add_service(Passthrough::<LockService>::new(
+                upstream.clone(),
+                max_request,
+            ))
+            .add_service(Passthrough::<ElectionService>::new(upstream, max_request))
             .add_service(HealthService {
                 served: served.clone(),
             });
