@@ -719,8 +719,27 @@ fn stats_of(served: &Served) -> ServerStats {
 async fn sample_metrics(served: Arc<Served>, prefix: String) {
     let handles = ServerMetricHandles::new(&prefix);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut refused = vec![false; served.slices.len()];
     loop {
         tick.tick().await;
+        for (slice, was) in served.slices.iter().zip(refused.iter_mut()) {
+            let error = slice.refused();
+            if error.is_some() == *was {
+                continue;
+            }
+            *was = error.is_some();
+            let prefix = String::from_utf8_lossy(&slice.prefix);
+            match error {
+                Some(error) => {
+                    tracing::error!(%prefix, %error, "etcd refuses the cache server's own list and watch (auth turned on? give the server a user, ETCDCTL_USER); every request of the prefix is forwarded and its cached watches ended until a list succeeds")
+                }
+                None => {
+                    tracing::info!(%prefix, "etcd accepts the cache server's list again; serving the prefix from its cache")
+                }
+            }
+            // Watch sessions look again: their watches of the prefix end.
+            served.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
         let stats = stats_of(&served);
         // The stalest of the caches.
         let since_proven_fresh = served
