@@ -1,6 +1,7 @@
 //! Everything the server does not answer itself goes to the upstream etcd: typed calls
 //! ([`Upstream::unary`]) for the KV and Cluster methods, and whole services passed through as
-//! bytes ([`Passthrough`]: Lease, Maintenance, Auth), with the client's credentials.
+//! bytes ([`Passthrough`]: Lease, Maintenance, Auth, Lock, Election), with the client's
+//! credentials.
 //!
 //! etcd takes a request without an auth token as coming from the common name of the
 //! connection's client certificate (with `--client-cert-auth`), and the connection it sees is
@@ -251,6 +252,8 @@ macro_rules! service_name {
 service_name!(LeaseService, "etcdserverpb.Lease");
 service_name!(MaintenanceService, "etcdserverpb.Maintenance");
 service_name!(AuthService, "etcdserverpb.Auth");
+service_name!(LockService, "v3lockpb.Lock");
+service_name!(ElectionService, "v3electionpb.Election");
 
 /// Every method of the service `N` forwarded to the upstream as bytes, streams included
 /// (lease keep-alives, snapshots), with the client's credentials.
@@ -440,6 +443,11 @@ mod tests {
         assert!(refuse.admit(&token, put).is_ok());
         assert!(refuse.admit(&authorization, put).is_ok());
         assert!(forward.admit(&none, put).is_ok());
+        // Locks and elections write keys as the caller: the same rule.
+        assert!(refuse.admit(&none, "/v3lockpb.Lock/Lock").is_err());
+        assert!(refuse
+            .admit(&none, "/v3electionpb.Election/Campaign")
+            .is_err());
         for path in ANSWERED_TO_ANYONE {
             assert!(refuse.admit(&none, path).is_ok(), "{path}");
         }

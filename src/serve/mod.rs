@@ -68,7 +68,8 @@ use tracing::Instrument;
 
 use self::cache::{HistoryBounds, ServedCache};
 use self::forward::{
-    AuthService, Cluster, LeaseService, MaintenanceService, Passthrough, Tokenless, Upstream,
+    AuthService, Cluster, ElectionService, LeaseService, LockService, MaintenanceService,
+    Passthrough, Tokenless, Upstream,
 };
 use self::header::Headers;
 use self::health::Health as HealthService;
@@ -508,7 +509,17 @@ impl CacheServer {
                 upstream.clone(),
                 max_request,
             ))
-            .add_service(Passthrough::<AuthService>::new(upstream, max_request))
+            .add_service(Passthrough::<AuthService>::new(
+                upstream.clone(),
+                max_request,
+            ))
+            // Locks and elections live in etcd's keyspace and lease table: only etcd can
+            // answer them (a lock held through the server must exclude one held on etcd).
+            .add_service(Passthrough::<LockService>::new(
+                upstream.clone(),
+                max_request,
+            ))
+            .add_service(Passthrough::<ElectionService>::new(upstream, max_request))
             .add_service(HealthService {
                 served: served.clone(),
             });
@@ -716,8 +727,27 @@ fn stats_of(served: &Served) -> ServerStats {
 async fn sample_metrics(served: Arc<Served>, prefix: String) {
     let handles = ServerMetricHandles::new(&prefix);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut refused = vec![false; served.slices.len()];
     loop {
         tick.tick().await;
+        for (slice, was) in served.slices.iter().zip(refused.iter_mut()) {
+            let error = slice.refused();
+            if error.is_some() == *was {
+                continue;
+            }
+            *was = error.is_some();
+            let prefix = String::from_utf8_lossy(&slice.prefix);
+            match error {
+                Some(error) => {
+                    tracing::error!(%prefix, %error, "etcd refuses the cache server's own list and watch (auth turned on? give the server a user, ETCDCTL_USER); every request of the prefix is forwarded and its cached watches ended until a list succeeds")
+                }
+                None => {
+                    tracing::info!(%prefix, "etcd accepts the cache server's list again; serving the prefix from its cache")
+                }
+            }
+            // Watch sessions look again: their watches of the prefix end.
+            served.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
         let stats = stats_of(&served);
         // The stalest of the caches.
         let since_proven_fresh = served

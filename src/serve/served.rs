@@ -32,11 +32,25 @@ pub(crate) struct Slice {
     pub(crate) incomplete: Arc<AtomicBool>,
 }
 
+/// etcd's answers that refuse a request for who made it (rpctypes' auth errors), as the
+/// reflector records them: the server's own credentials are not enough (auth turned on while
+/// it runs without a user, or its user's permissions revoked).
+const REFUSALS: [&str; 5] = [
+    "etcdserver: user name is empty",
+    "etcdserver: permission denied",
+    "etcdserver: invalid auth token",
+    "etcdserver: user name not found",
+    "etcdserver: authentication failed",
+];
+
 impl Slice {
     /// Whether etcd's range `[key, end)` lies within the prefix, and the cache has listed and
-    /// holds every key of it.
+    /// holds every key of it, and still follows etcd (not [refused](Self::refused)).
     pub(crate) fn covers(&self, key: &[u8], end: &[u8]) -> bool {
-        if self.incomplete.load(Ordering::Relaxed) || !self.cache.position().synced {
+        if self.incomplete.load(Ordering::Relaxed)
+            || !self.cache.position().synced
+            || self.refused().is_some()
+        {
             return false;
         }
         if self.prefix.is_empty() {
@@ -52,6 +66,23 @@ impl Slice {
             return true;
         }
         end != [0] && end <= self.prefix_end.as_slice()
+    }
+
+    /// etcd's refusal of the cache's own list or watch, while it stands: the cache has stopped
+    /// following etcd, so nothing is answered from it until a list succeeds again (etcd's
+    /// answer to a forwarded request is then the one a client gets). A failure of another
+    /// kind (etcd unreachable, a watch broken) is retried with the cache still served, as a
+    /// member cut off from its cluster still answers serializable reads.
+    pub(crate) fn refused(&self) -> Option<String> {
+        let health = self.reflected.health();
+        if health.connected {
+            return None;
+        }
+        let (error, _) = health.last_error?;
+        REFUSALS
+            .iter()
+            .any(|refusal| error.contains(refusal))
+            .then_some(error)
     }
 
     /// Listed, and its watch connected and proven fresh within the source's liveness bound.

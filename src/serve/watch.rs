@@ -412,19 +412,27 @@ impl Session {
             let behind = watch.next <= position.revision || watch.epoch != position.epoch;
             let from = watch.next;
             self.turn = id.saturating_add(1);
-            if self.served.slices[watch.slice]
-                .incomplete
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
-                // The cache lacks a key of this prefix from now on: the client watches again,
-                // and that watch is forwarded to etcd.
+            let slice = &self.served.slices[watch.slice];
+            let stopped = if slice.incomplete.load(std::sync::atomic::Ordering::Relaxed) {
+                // The cache lacks a key of this prefix from now on.
+                Some("a key under the prefix is not UTF-8 and cannot be cached".to_owned())
+            } else {
+                // The cache has stopped following etcd.
+                slice.refused().map(|error| {
+                    format!("etcd refuses the server's own watch of the prefix ({error})")
+                })
+            };
+            if let Some(why) = stopped {
+                // The client watches again, and that watch is forwarded to etcd.
                 self.watches.remove(&id);
                 self.served.metrics.watches(-1);
                 let cancel = PbWatchResponse {
                     header: self.header(position.revision),
                     watch_id: id,
                     canceled: true,
-                    cancel_reason: "etcd-informer cache server: a key under the prefix is not UTF-8 and cannot be cached; watch again (forwarded to etcd)".into(),
+                    cancel_reason: format!(
+                        "etcd-informer cache server: {why}; watch again (forwarded to etcd)"
+                    ),
                     ..Default::default()
                 };
                 return Some((cancel, None));

@@ -427,3 +427,156 @@ async fn a_thousand_connections_each_watching_and_reading() {
     })
     .await;
 }
+
+/// What a client sees of one lock and one election on `name`, with the parts that differ from
+/// run to run (lease ids, revisions) left out.
+async fn lock_and_election(client: &Client, name: &str) -> Vec<String> {
+    use etcd_client::{LockOptions, ProclaimOptions, ResignOptions};
+    let mut seen = Vec::new();
+    let lease = client
+        .lease_client()
+        .grant(60, None)
+        .await
+        .expect("lease grant")
+        .id();
+    let mut locks = client.lock_client();
+    let lock = format!("{name}/lock");
+    let held = locks
+        .lock(lock.as_str(), Some(LockOptions::new().with_lease(lease)))
+        .await
+        .expect("lock");
+    let key = String::from_utf8_lossy(held.key()).to_string();
+    seen.push(format!(
+        "lock key under the name: {}",
+        key.starts_with(&lock)
+    ));
+    let value = client
+        .kv_client()
+        .get(key.as_str(), None)
+        .await
+        .expect("get the lock's key")
+        .kvs()
+        .first()
+        .map(|kv| kv.lease() == lease);
+    seen.push(format!("lock key on the lease: {value:?}"));
+    locks.unlock(key.as_str()).await.expect("unlock");
+    let gone = client
+        .kv_client()
+        .get(key.as_str(), GetOptions::new().with_count_only().into())
+        .await
+        .expect("get the lock's key")
+        .count();
+    seen.push(format!("lock key after unlock: {gone}"));
+
+    let mut elections = client.election_client();
+    let election = format!("{name}/election");
+    let campaign = elections
+        .campaign(election.as_str(), "first", lease)
+        .await
+        .expect("campaign");
+    let leader = campaign.leader().expect("a leader key").clone();
+    seen.push(format!(
+        "leader named after the election: {}",
+        leader.name() == election.as_bytes()
+    ));
+    let mut observe = elections.observe(election.as_str()).await.expect("observe");
+    let first = observe
+        .message()
+        .await
+        .expect("observed")
+        .expect("a leader");
+    seen.push(format!(
+        "observed: {}",
+        String::from_utf8_lossy(first.kv().expect("kv").value())
+    ));
+    elections
+        .proclaim(
+            "second",
+            Some(ProclaimOptions::new().with_leader(leader.clone())),
+        )
+        .await
+        .expect("proclaim");
+    let next = tokio::time::timeout(WITHIN, observe.message())
+        .await
+        .expect("the proclamation is observed in time")
+        .expect("observed")
+        .expect("a leader");
+    seen.push(format!(
+        "observed: {}",
+        String::from_utf8_lossy(next.kv().expect("kv").value())
+    ));
+    let now = elections.leader(election.as_str()).await.expect("leader");
+    seen.push(format!(
+        "leader: {}",
+        String::from_utf8_lossy(now.kv().expect("kv").value())
+    ));
+    elections
+        .resign(Some(ResignOptions::new().with_leader(leader)))
+        .await
+        .expect("resign");
+    let after = elections.leader(election.as_str()).await;
+    seen.push(format!(
+        "leader after resigning: {:?}",
+        after.map(|r| r.kv().is_some()).map_err(|e| match e {
+            etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
+            other => panic!("{other:?}"),
+        })
+    ));
+    client.lease_client().revoke(lease).await.expect("revoke");
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_election_are_etcds() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_lock");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let direct = lock_and_election(&client, &format!("{p}direct")).await;
+    let served = lock_and_election(&via, &format!("{p}served")).await;
+    assert_eq!(served, direct);
+
+    // A lock held through the server excludes one asked of etcd directly.
+    let lease = via
+        .lease_client()
+        .grant(60, None)
+        .await
+        .expect("grant")
+        .id();
+    let name = format!("{p}shared");
+    let held = via
+        .lock_client()
+        .lock(
+            name.as_str(),
+            Some(etcd_client::LockOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("lock through the server");
+    let mut direct_locks = client.lock_client();
+    let mut waiting = tokio::spawn({
+        let name = name.clone();
+        async move { direct_locks.lock(name.as_str(), None).await }
+    });
+    // Nothing to wait on for a lock that is rightly not granted: a while without it is all
+    // the evidence there is.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiting).await;
+    assert!(
+        early.is_err(),
+        "etcd granted a lock held through the server"
+    );
+    via.lock_client().unlock(held.key()).await.expect("unlock");
+    let granted = tokio::time::timeout(WITHIN, waiting)
+        .await
+        .expect("the lock is granted after the unlock")
+        .expect("task")
+        .expect("lock on etcd");
+    client
+        .lock_client()
+        .unlock(granted.key())
+        .await
+        .expect("unlock");
+    via.lease_client().revoke(lease).await.expect("revoke");
+}

@@ -556,3 +556,162 @@ async fn an_upstream_wipe_is_one_store_replacement_through_the_server() {
     informer.stop();
     let _ = run.await;
 }
+
+/// How a client's watch of `key` ends or starts: its error's code, or whether etcd created and
+/// cancelled it and why.
+async fn watch_outcome(client: &Client, key: &str) -> String {
+    let watched = client.watch_client().watch(key, None).await;
+    let mut stream = match watched {
+        Err(etcd_client::Error::GRpcStatus(s)) => return format!("error {:?}", s.code()),
+        Err(other) => panic!("{other:?}"),
+        Ok(watch) => watch.split().1,
+    };
+    match tokio::time::timeout(WITHIN, stream.message()).await {
+        Err(_) => "no answer".into(),
+        Ok(Err(etcd_client::Error::GRpcStatus(s))) => format!("error {:?}", s.code()),
+        Ok(Err(other)) => panic!("{other:?}"),
+        Ok(Ok(None)) => "ended".into(),
+        Ok(Ok(Some(r))) => format!(
+            "created {} cancelled {} ({})",
+            r.created(),
+            r.canceled(),
+            r.cancel_reason()
+        ),
+    }
+}
+
+/// etcd's auth turned on while a server without credentials of its own runs (issue 34, item
+/// 13): etcd cancels the server's own watch and refuses its lists. The server then says so in
+/// its health check, ends the watches it served from the cache (their clients watch again,
+/// through etcd), and forwards every read, so that root's reads see root's writes; token-less
+/// clients get etcd's answers. Once auth is off again it serves from its cache again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_turned_on_while_serving() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/auth/";
+    put(&client, &format!("{p}a"), "1").await;
+    let mut auth = client.auth_client();
+    auth.user_add("root", "rootpwd", None)
+        .await
+        .expect("user add");
+    auth.user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let via_addr = server.local_addr().to_string();
+    let via = connect([via_addr.clone()]).await.expect("connect");
+    let (_keep, mut served_watch) = watch_prefix(&via, p).await;
+    assert_eq!(grpc_health(&server).await, 1);
+
+    auth.auth_enable().await.expect("auth enable");
+    let root = etcd_client::ConnectOptions::new().with_user("root", "rootpwd");
+    let root_direct = Client::connect(etcd.endpoints(), Some(root.clone()))
+        .await
+        .expect("root on etcd");
+    let root_via = Client::connect([via_addr.clone()], Some(root))
+        .await
+        .expect("root through the server");
+
+    // The watch the server served from its cache ends, with the reason.
+    let ended = tokio::time::timeout(WITHIN, async {
+        loop {
+            match served_watch.message().await {
+                Ok(Some(r)) if r.canceled() => return format!("cancelled: {}", r.cancel_reason()),
+                Ok(Some(_)) => continue,
+                other => return format!("{other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the served watch ends once etcd refuses the server's own watch");
+    assert!(ended.contains("refuses"), "{ended}");
+    let mut health = 0;
+    for _ in 0..200 {
+        health = grpc_health(&server).await;
+        if health == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(health, 2, "NOT_SERVING while etcd refuses the server");
+
+    // root writes and reads through the server as on etcd.
+    root_via
+        .kv_client()
+        .put(format!("{p}a"), "2", None)
+        .await
+        .expect("root's put through the server");
+    for serializable in [false, true] {
+        let options = serializable.then(|| GetOptions::new().with_serializable());
+        let read = |c: &Client| {
+            let (c, key, options) = (c.clone(), format!("{p}a"), options.clone());
+            async move {
+                let r = c.kv_client().get(key, options).await.expect("root's get");
+                r.kvs().first().map(|kv| kv.value().to_vec())
+            }
+        };
+        assert_eq!(read(&root_via).await, Some(b"2".to_vec()), "{serializable}");
+        assert_eq!(read(&root_via).await, read(&root_direct).await);
+    }
+    // Token-less clients get etcd's own answers.
+    let tokenless_get = |c: &Client| {
+        let c = c.clone();
+        let key = format!("{p}a");
+        async move {
+            match c.kv_client().get(key, None).await {
+                Err(etcd_client::Error::GRpcStatus(s)) => format!("{:?} {}", s.code(), s.message()),
+                other => format!("{other:?}"),
+            }
+        }
+    };
+    assert_eq!(tokenless_get(&via).await, tokenless_get(&client).await);
+    assert_eq!(
+        watch_outcome(&via, &format!("{p}a")).await,
+        watch_outcome(&client, &format!("{p}a")).await
+    );
+
+    // A server whose own client is root keeps following etcd: it serves from its cache, and
+    // token-less clients still get etcd's refusals (item 13: a watch's code too).
+    let with_user = start_server(&root_direct, etcd.endpoints(), p).await;
+    let via_root_server = connect([with_user.local_addr().to_string()])
+        .await
+        .expect("connect");
+    assert_eq!(grpc_health(&with_user).await, 1);
+    assert_eq!(
+        tokenless_get(&via_root_server).await,
+        tokenless_get(&client).await
+    );
+    let direct_watch = watch_outcome(&client, &format!("{p}a")).await;
+    assert_eq!(
+        watch_outcome(&via_root_server, &format!("{p}a")).await,
+        direct_watch
+    );
+    with_user.shutdown().await;
+
+    // Auth off again: the server follows etcd again and serves from its cache.
+    root_direct
+        .auth_client()
+        .auth_disable()
+        .await
+        .expect("auth disable");
+    let mut health = 0;
+    for _ in 0..400 {
+        health = grpc_health(&server).await;
+        if health == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(health, 1, "SERVING once etcd accepts the server again");
+    let rev = put(&client, &format!("{p}a"), "3").await;
+    caught_up(&server, rev).await;
+    let before = server.stats().ranges_from_cache;
+    let got = via
+        .kv_client()
+        .get(format!("{p}a"), Some(GetOptions::new().with_serializable()))
+        .await
+        .expect("get");
+    assert_eq!(got.kvs()[0].value(), b"3");
+    assert!(server.stats().ranges_from_cache > before);
+}
