@@ -114,6 +114,16 @@ pub(crate) enum RangeAnswer {
     },
 }
 
+/// Sends a Range to the upstream, with the client's credentials.
+async fn forward(served: &Served, request: Request<PbRangeRequest>) -> Result<RangeAnswer, Status> {
+    served.metrics.forwarded("Range");
+    let answer = served
+        .upstream
+        .unary(request, "/etcdserverpb.KV/Range")
+        .await?;
+    Ok(RangeAnswer::Forwarded(answer))
+}
+
 /// Answers a Range: from the cache when it can (see [`from_cache`]), after the access check
 /// and, for a linearizable read, the freshness proof; else forwarded.
 pub(crate) async fn range(
@@ -121,12 +131,7 @@ pub(crate) async fn range(
     request: Request<PbRangeRequest>,
 ) -> Result<RangeAnswer, Status> {
     let Some(slice) = from_cache(served, request.get_ref()) else {
-        served.metrics.forwarded("Range");
-        let answer = served
-            .upstream
-            .unary(request, "/etcdserverpb.KV/Range")
-            .await?;
-        return Ok(RangeAnswer::Forwarded(answer));
+        return forward(served, request).await;
     };
     let slice = &served.slices[slice];
     // Never a byte to a client the upstream would refuse.
@@ -141,15 +146,7 @@ pub(crate) async fn range(
         let proven = served.linearize(slice).await;
         if !slice.covers(&r.key, &r.range_end) {
             // The cache gave up on the prefix meanwhile (a key it cannot hold).
-            served.metrics.forwarded("Range");
-            let answer = served
-                .upstream
-                .unary(
-                    Request::from_parts(metadata, Default::default(), r),
-                    "/etcdserverpb.KV/Range",
-                )
-                .await?;
-            return Ok(RangeAnswer::Forwarded(answer));
+            return forward(served, Request::from_parts(metadata, Default::default(), r)).await;
         }
         proven_at = proven?;
     }
@@ -157,35 +154,16 @@ pub(crate) async fn range(
     // history, or past the cache's revision, etcd answers: it is the judge of what a
     // revision holds, compacted or future.
     let held = r.revision <= 0 || served.etcd_holds(slice, r.revision).await?;
-    let found = held
-        .then(|| {
-            if r.count_only {
-                let counted = slice
-                    .cache
-                    .count_at(&r.key, &r.range_end, r.revision, proven_at);
-                counted
-                    .ok()
-                    .map(|(count, revision)| (Counted::Count(count), revision))
-            } else {
-                let found = slice
-                    .cache
-                    .range_at(&r.key, &r.range_end, r.revision, proven_at);
-                found
-                    .ok()
-                    .map(|(found, revision)| (Counted::Found(found), revision))
-            }
-        })
-        .flatten();
+    let (key, end, at) = (&r.key, &r.range_end, r.revision);
+    let found = match (held, r.count_only) {
+        (false, _) => None,
+        (true, true) => (slice.cache.count_at(key, end, at, proven_at).ok())
+            .map(|(count, revision)| (Counted::Count(count), revision)),
+        (true, false) => (slice.cache.range_at(key, end, at, proven_at).ok())
+            .map(|(found, revision)| (Counted::Found(found), revision)),
+    };
     let Some((found, revision)) = found else {
-        served.metrics.forwarded("Range");
-        let answer = served
-            .upstream
-            .unary(
-                Request::from_parts(metadata, Default::default(), r),
-                "/etcdserverpb.KV/Range",
-            )
-            .await?;
-        return Ok(RangeAnswer::Forwarded(answer));
+        return forward(served, Request::from_parts(metadata, Default::default(), r)).await;
     };
     let (kvs, more, count) = match found {
         Counted::Found(found) => answer(&r, found),

@@ -26,11 +26,8 @@ async fn a_half_closed_watch_stream_keeps_streaming() {
         drop(requests);
         let revision = put(&client, &format!("{p}a"), name).await;
         last = revision;
-        let got = tokio::time::timeout(WITHIN, responses.message())
-            .await
-            .unwrap_or_else(|_| panic!("{name}: no event after the request side closed"))
-            .unwrap_or_else(|e| panic!("{name}: the stream failed: {e}"))
-            .unwrap_or_else(|| panic!("{name}: the stream ended when the request side closed"));
+        // The stream must not end when the request side closes.
+        let got = next_response(name, &mut responses).await;
         let kv = got.events()[0].kv().expect("a put");
         assert_eq!((kv.value(), kv.mod_revision()), (name.as_bytes(), revision));
     }
@@ -79,11 +76,7 @@ async fn a_catch_up_through_many_unmatched_revisions_does_not_stall() {
             .expect("watch")
             .split();
         let event = loop {
-            let response = tokio::time::timeout(WITHIN, responses.message())
-                .await
-                .unwrap_or_else(|_| panic!("{name}: no event within {WITHIN:?}"))
-                .expect("stream")
-                .expect("a response");
+            let response = next_response(name, &mut responses).await;
             if let Some(event) = response.events().first() {
                 break event.clone();
             }
@@ -99,23 +92,26 @@ async fn a_catch_up_through_many_unmatched_revisions_does_not_stall() {
     }
 }
 
-/// The first response of `stream` that is not about a watch the test created before: the
-/// fields a client reads of a refused create.
+/// The next response of a watch stream.
+async fn next_response(
+    name: &str,
+    responses: &mut etcd_client::WatchResponseStream,
+) -> etcd_client::WatchResponse {
+    tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no answer"))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .unwrap_or_else(|| panic!("{name}: the stream ended"))
+}
+
+/// The fields a client reads of a refused create: (watch id, created, cancelled, reason).
 async fn refusal(
     name: &str,
     responses: &mut etcd_client::WatchResponseStream,
 ) -> (i64, bool, bool, String) {
-    let r = tokio::time::timeout(WITHIN, responses.message())
-        .await
-        .unwrap_or_else(|_| panic!("{name}: no answer"))
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .unwrap_or_else(|| panic!("{name}: the stream ended"));
-    (
-        r.watch_id(),
-        r.created(),
-        r.canceled(),
-        r.cancel_reason().to_owned(),
-    )
+    let r = next_response(name, responses).await;
+    let reason = r.cancel_reason().to_owned();
+    (r.watch_id(), r.created(), r.canceled(), reason)
 }
 
 /// Item 10: a duplicate watch id, and an empty or inverted range, get etcd's own answers
@@ -225,11 +221,7 @@ async fn watch_from(
         .expect("watch")
         .split();
     loop {
-        let r = tokio::time::timeout(WITHIN, responses.message())
-            .await
-            .expect("a watch response in time")
-            .expect("stream")
-            .expect("a response");
+        let r = next_response("a watch from a past revision", &mut responses).await;
         if r.created() && r.events().is_empty() && !r.canceled() {
             continue;
         }
@@ -378,18 +370,9 @@ async fn a_forwarded_watch_cancelled_by_etcd_keeps_its_id_until_the_client_cance
         let mut answers = Vec::new();
         // etcd answers a watch from a compacted revision with created, then cancelled.
         while answers.len() < 2 {
-            let r = tokio::time::timeout(WITHIN, responses.message())
-                .await
-                .unwrap_or_else(|_| panic!("{name}: no answer"))
-                .expect("stream")
-                .expect("a response");
-            answers.push((
-                r.watch_id(),
-                r.created(),
-                r.canceled(),
-                r.compact_revision(),
-            ));
-            if r.created() && r.canceled() {
+            let answer = next_answer(name, &mut responses).await;
+            answers.push(answer);
+            if answer.1 && answer.2 {
                 break;
             }
         }
@@ -429,11 +412,7 @@ async fn next_answer(
     name: &str,
     responses: &mut etcd_client::WatchResponseStream,
 ) -> (i64, bool, bool, i64) {
-    let r = tokio::time::timeout(WITHIN, responses.message())
-        .await
-        .unwrap_or_else(|_| panic!("{name}: no answer"))
-        .expect("stream")
-        .expect("a response");
+    let r = next_response(name, responses).await;
     (
         r.watch_id(),
         r.created(),
