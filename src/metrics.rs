@@ -278,6 +278,45 @@ pub(crate) enum EventKind {
     Deleted,
 }
 
+/// The audits of one cache (an informer's, or a cache server prefix's: `informer` is the
+/// reflector's name).
+#[derive(Clone)]
+pub(crate) struct AuditMetrics {
+    clean: Counter,
+    repaired: Counter,
+    skipped: Counter,
+    failed: Counter,
+    repairs: Counter,
+}
+
+impl AuditMetrics {
+    pub(crate) fn new(informer: &str) -> Self {
+        let _ = informer;
+        AuditMetrics {
+            clean: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "clean"),
+            repaired: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "repaired"),
+            skipped: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "skipped"),
+            failed: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "failed"),
+            repairs: handle!(counter, "etcd_informer_audit_repairs_total", "informer" => informer.to_owned()),
+        }
+    }
+
+    /// An audit ended so.
+    pub(crate) fn audit(&self, result: AuditResult) {
+        match result {
+            AuditResult::Clean => self.clean.increment(1),
+            AuditResult::Repaired => self.repaired.increment(1),
+            AuditResult::Skipped => self.skipped.increment(1),
+            AuditResult::Failed => self.failed.increment(1),
+        }
+    }
+
+    /// An audit found `keys` keys differing from etcd.
+    pub(crate) fn audit_repairs(&self, keys: u64) {
+        self.repairs.increment(keys);
+    }
+}
+
 /// One informer's metrics.
 #[derive(Clone)]
 pub(crate) struct InformerMetrics {
@@ -290,11 +329,6 @@ pub(crate) struct InformerMetrics {
     queue_depth: Gauge,
     since_proven_fresh: Gauge,
     watch_to_cache: Histogram,
-    audits_clean: Counter,
-    audits_repaired: Counter,
-    audits_skipped: Counter,
-    audits_failed: Counter,
-    audit_repairs: Counter,
 }
 
 impl InformerMetrics {
@@ -310,27 +344,7 @@ impl InformerMetrics {
             queue_depth: handle!(gauge, "etcd_informer_queue_depth", "informer" => informer.to_owned()),
             since_proven_fresh: handle!(gauge, "etcd_informer_seconds_since_proven_fresh", "informer" => informer.to_owned()),
             watch_to_cache: handle!(histogram, "etcd_informer_stage_seconds", "informer" => informer.to_owned(), "stage" => "watch_to_cache"),
-            audits_clean: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "clean"),
-            audits_repaired: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "repaired"),
-            audits_skipped: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "skipped"),
-            audits_failed: handle!(counter, "etcd_informer_audits_total", "informer" => informer.to_owned(), "result" => "failed"),
-            audit_repairs: handle!(counter, "etcd_informer_audit_repairs_total", "informer" => informer.to_owned()),
         }
-    }
-
-    /// An audit ended so.
-    pub(crate) fn audit(&self, result: AuditResult) {
-        match result {
-            AuditResult::Clean => self.audits_clean.increment(1),
-            AuditResult::Repaired => self.audits_repaired.increment(1),
-            AuditResult::Skipped => self.audits_skipped.increment(1),
-            AuditResult::Failed => self.audits_failed.increment(1),
-        }
-    }
-
-    /// An audit found `keys` keys differing from etcd.
-    pub(crate) fn audit_repairs(&self, keys: u64) {
-        self.audit_repairs.increment(keys);
     }
 
     /// A revision the watch task received at `received` is applied to the cache now.

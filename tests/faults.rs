@@ -519,11 +519,15 @@ async fn a_consistent_read_after_a_wipe_never_answers_from_the_old_store() {
     r.held.store(false, Ordering::SeqCst);
     // The reflector retries the held watch with its protective backoff (up to 30 s): the read
     // waits for the relist after its next attempt.
-    let lister = r
-        .informer
-        .consistent_lister(Duration::from_secs(45))
-        .await
-        .expect("a consistent read once the watch can open");
+    let lister = match r.informer.consistent_lister(Duration::from_secs(45)).await {
+        Ok(lister) => lister,
+        Err(e) => panic!(
+            "a consistent read once the watch can open: {e}; watches opened {}, lists {}, {:?}",
+            r.watches.load(Ordering::SeqCst),
+            r.lists.load(Ordering::SeqCst),
+            r.informer.health()
+        ),
+    };
     assert_eq!(keys(&lister), ["new"]);
 }
 

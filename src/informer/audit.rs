@@ -13,8 +13,7 @@ use tokio::sync::Notify;
 
 use crate::listwatch::ListerWatcher;
 use crate::lock;
-use crate::metrics::{AuditResult as Outcome, InformerMetrics};
-use crate::store::Indexer;
+use crate::metrics::{AuditMetrics, AuditResult as Outcome};
 
 /// A key on which the cache and etcd disagree at the audited revision.
 #[derive(Debug)]
@@ -89,30 +88,34 @@ impl Compare {
     }
 }
 
-/// What the audit needs of its informer (handed over by the informer's `run`, so that this
-/// file stays below the informer's).
-pub(super) struct Audited<T> {
-    pub(super) name: String,
-    pub(super) indexer: Indexer<T>,
-    pub(super) source: Arc<dyn ListerWatcher<T>>,
-    pub(super) metrics: InformerMetrics,
-    pub(super) counts: Arc<AuditCounts>,
+/// The cache's keys (relative to the prefix, in key order) and their `mod_revision`s, and the
+/// revision it holds them at.
+pub(crate) type CachedKeys = Box<dyn Fn() -> (i64, Vec<(Box<str>, i64)>) + Send + Sync>;
+
+/// What the audit needs of its cache: an informer's (handed over by the informer's `run`, so
+/// that this file stays below the informer's) or a cache server prefix's.
+pub(crate) struct Audited<T> {
+    pub(crate) name: String,
+    pub(crate) cached: CachedKeys,
+    pub(crate) source: Arc<dyn ListerWatcher<T>>,
+    pub(crate) metrics: AuditMetrics,
+    pub(crate) counts: Arc<AuditCounts>,
     /// The reflector's relist count while the cache may be audited (synced, the watch open,
     /// nothing queued); `None` otherwise.
-    pub(super) ready: Box<dyn Fn() -> Option<u64> + Send + Sync>,
+    pub(crate) ready: Box<dyn Fn() -> Option<u64> + Send + Sync>,
     /// Asks the reflector to relist.
-    pub(super) relist: Arc<Notify>,
+    pub(crate) relist: Arc<Notify>,
     /// The relist count when this audit last asked for a relist: until it moves, the repair is
     /// under way and another audit would only find the same differences.
-    pub(super) asked_at: Mutex<Option<u64>>,
+    pub(crate) asked_at: Mutex<Option<u64>>,
     /// Held while an audit runs: the periodic one and `audit_now` never run at once (the
     /// second waits, then audits the cache as it is then).
-    pub(super) running: tokio::sync::Mutex<()>,
+    pub(crate) running: tokio::sync::Mutex<()>,
 }
 
 impl<T: Send + Sync + 'static> Audited<T> {
-    /// Audits every `period`; runs until dropped (the informer's `run` aborts it).
-    pub(super) async fn every(self: Arc<Self>, period: Duration) {
+    /// Audits every `period`; runs until dropped (its owner aborts it).
+    pub(crate) async fn every(self: Arc<Self>, period: Duration) {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -122,7 +125,7 @@ impl<T: Send + Sync + 'static> Audited<T> {
     }
 
     /// Audits the cache once (see the [module docs](self)) and counts it.
-    pub(super) async fn once(&self) -> Option<AuditReport> {
+    pub(crate) async fn once(&self) -> Option<AuditReport> {
         let _one_at_a_time = self.running.lock().await;
         let (outcome, report) = self.compare().await;
         self.counts.ran(outcome);
@@ -142,7 +145,7 @@ impl<T: Send + Sync + 'static> Audited<T> {
             *asked_at = None;
         }
         let started = Instant::now();
-        let (at, cached) = self.indexer.key_revisions();
+        let (at, cached) = (self.cached)();
         let keys = cached.len();
         let compare = Arc::new(Mutex::new(Compare::new(cached)));
         let sink = compare.clone();
@@ -238,10 +241,10 @@ pub struct AuditHealth {
 
 /// [`AuditHealth`], updated by the audit task.
 #[derive(Default)]
-pub(super) struct AuditCounts(Mutex<AuditHealth>);
+pub(crate) struct AuditCounts(Mutex<AuditHealth>);
 
 impl AuditCounts {
-    pub(super) fn ran(&self, outcome: Outcome) {
+    pub(crate) fn ran(&self, outcome: Outcome) {
         let mut h = lock(&self.0);
         match outcome {
             Outcome::Clean | Outcome::Repaired => h.completed += 1,
@@ -254,7 +257,7 @@ impl AuditCounts {
         lock(&self.0).repairs += keys;
     }
 
-    pub(super) fn get(&self) -> AuditHealth {
+    pub(crate) fn get(&self) -> AuditHealth {
         *lock(&self.0)
     }
 }

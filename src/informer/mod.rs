@@ -1,7 +1,7 @@
 //! Informers: the controller loop, the single-handler `Informer` and the `SharedIndexInformer`.
 
 mod apply;
-mod audit;
+pub(crate) mod audit;
 mod backlog;
 mod consistency;
 mod controller;

@@ -17,7 +17,7 @@ use super::options::{InformerOptions, Processing, RelistUnchanged};
 use super::processor::{merge_due, Processor};
 use crate::delta_fifo::DeltaFifo;
 use crate::listwatch::ListerWatcher;
-use crate::metrics::InformerMetrics;
+use crate::metrics::{AuditMetrics, InformerMetrics};
 use crate::queue::clamp_resync;
 use crate::queue::ReceivedAt;
 use crate::real_fifo::RealFifo;
@@ -323,9 +323,12 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let weak = Arc::downgrade(&self.shared);
         Audited {
             name: self.shared.name.clone(),
-            indexer: self.shared.indexer.clone(),
+            cached: {
+                let indexer = self.shared.indexer.clone();
+                Box::new(move || indexer.key_revisions())
+            },
             source: self.shared.source.clone(),
-            metrics: self.shared.metrics.clone(),
+            metrics: AuditMetrics::new(&self.shared.name),
             counts: self.shared.audit.clone(),
             ready: Box::new(move || {
                 let health = SharedIndexInformer {

@@ -294,6 +294,30 @@ impl ServedCache {
         Ok((found, cache_revision))
     }
 
+    /// Every key (relative to the prefix, in key order) with its `mod_revision`, and the
+    /// cache's revision: what the audit compares with etcd. The lock is held only to copy
+    /// pointers; keys that are not UTF-8 are left out (the prefix is forwarded from the first
+    /// one on, see `Slice::incomplete`).
+    pub(crate) fn key_revisions(&self) -> (i64, Vec<(Box<str>, i64)>) {
+        let (revision, kvs) = {
+            let state = lock(&self.state);
+            let kvs: Vec<(Arc<[u8]>, i64)> = state
+                .kvs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.mod_revision))
+                .collect();
+            (state.revision, kvs)
+        };
+        let keys = kvs
+            .into_iter()
+            .filter_map(|(k, r)| {
+                let relative = k.get(self.prefix.len()..)?;
+                Some((std::str::from_utf8(relative).ok()?.into(), r))
+            })
+            .collect();
+        (revision, keys)
+    }
+
     /// How many keys `[key, end)` holds at `revision` (see [`range_at`](Self::range_at)), and
     /// the cache's revision: a count of the current content copies nothing.
     pub(crate) fn count_at(

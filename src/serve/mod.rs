@@ -55,7 +55,7 @@ mod watch;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::proto::{PbClusterServer, PbKvServer, PbWatchServer};
@@ -79,10 +79,14 @@ use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
 use self::watch::WatchService;
 use crate::codec::RawCodec;
+use crate::informer::audit::{AuditCounts, Audited};
+use crate::informer::AbortOnDrop;
+use crate::informer::DEFAULT_AUDIT_PERIOD;
 use crate::listwatch::etcd::DecodeErrorHandler;
-use crate::metrics::ServerMetricHandles;
+use crate::listwatch::ListerWatcher;
+use crate::metrics::{AuditMetrics, ServerMetricHandles};
 use crate::queue::Queue;
-use crate::reflector::{Health, Reflector, ReflectorOptions};
+use crate::reflector::{Health, Reflector, ReflectorOptions, RevisionHandle};
 use crate::{EtcdListerWatcher, EtcdOptions};
 
 /// What can go wrong starting a [`CacheServer`].
@@ -172,6 +176,13 @@ pub struct CacheServerOptions {
     /// (default 5 s); the cluster id and a term that went down come only with the content of
     /// the store they name, from the caches' lists.
     pub identity_refresh: Duration,
+    /// How often each prefix's cache is audited against etcd (default
+    /// [`DEFAULT_AUDIT_PERIOD`](crate::informer::DEFAULT_AUDIT_PERIOD), 5 minutes; `None`: never), as an informer's is
+    /// ([`InformerOptions::audit_period`](crate::InformerOptions::audit_period)): etcd's keys
+    /// and `mod_revision`s at the cache's revision compared key by key, a difference (an event
+    /// etcd's watch lost) repaired by a relist. Counted in [`ServerStats::audits`] and
+    /// `etcd_informer_audits_total{informer="cache-server <prefix>"}`.
+    pub audit_period: Option<Duration>,
     /// The options of the list and watch of the prefix.
     pub etcd: EtcdOptions,
     /// TLS on the listening side (cargo feature `tls`): `None` serves plain HTTP/2.
@@ -216,6 +227,7 @@ impl Default for CacheServerOptions {
             max_request_bytes: 2 << 20,
             access_ttl: ACCESS_TTL,
             identity_refresh: Duration::from_secs(5),
+            audit_period: Some(DEFAULT_AUDIT_PERIOD),
             etcd: EtcdOptions::default().with_raw_prefix(true),
             #[cfg(feature = "tls")]
             tls: None,
@@ -238,6 +250,13 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_history_bytes(mut self, bytes: usize) -> Self {
         self.history_bytes = bytes;
+        self
+    }
+
+    /// Sets [`audit_period`](Self::audit_period).
+    #[must_use]
+    pub fn with_audit_period(mut self, period: Option<Duration>) -> Self {
+        self.audit_period = period;
         self
     }
 
@@ -718,9 +737,17 @@ fn stats_of(served: &Served) -> ServerStats {
         .slices
         .iter()
         .any(|s| s.incomplete.load(Ordering::Relaxed));
-    served
+    let mut stats = served
         .metrics
-        .stats(served.revision(), keys, (revisions, bytes), incomplete)
+        .stats(served.revision(), keys, (revisions, bytes), incomplete);
+    for slice in &served.slices {
+        let audits = slice.audits.get();
+        stats.audits.completed += audits.completed;
+        stats.audits.skipped += audits.skipped;
+        stats.audits.failed += audits.failed;
+        stats.audits.repairs += audits.repairs;
+    }
+    stats
 }
 
 /// Samples the server's counters into the crate's metrics every second.
@@ -814,20 +841,76 @@ fn start_slice(
         .with_changed(changed.clone())
         .with_identity(source.identity_handle(), headers.clone()),
     );
-    let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
-    let reflector = Reflector::new(
-        source,
-        queue,
-        ReflectorOptions::default().with_name(format!("cache-server {prefix_text}")),
+    let (reflected, audits, run) = reflect(
+        Arc::new(source),
+        cache.clone(),
+        format!("cache-server {prefix_text}"),
+        options.audit_period,
     );
     let slice = Slice {
         prefix: prefix.to_vec(),
         prefix_end: prefix_range_end(prefix),
         cache,
-        reflected: reflector.revision(),
+        reflected,
         incomplete,
+        audits,
     };
-    Ok((slice, reflector.run()))
+    Ok((slice, run))
+}
+
+/// The reflector that fills `cache` from `source`, and the audit beside it (every
+/// `audit_period`, as an informer's: an event etcd's watch lost is found and repaired by a
+/// relist): the task to spawn, the reflector's handle and the audit's counts. `name` labels
+/// the logs and metrics of both.
+fn reflect(
+    source: Arc<dyn ListerWatcher<Vec<u8>>>,
+    cache: Arc<ServedCache>,
+    name: String,
+    audit_period: Option<Duration>,
+) -> (
+    RevisionHandle,
+    Arc<AuditCounts>,
+    impl std::future::Future<Output = ()>,
+) {
+    let relist = Arc::new(tokio::sync::Notify::new());
+    let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
+    let reflector = Reflector::new(
+        source.clone(),
+        queue,
+        ReflectorOptions::default().with_name(name.clone()),
+    )
+    .with_relist_trigger(relist.clone());
+    let handle = reflector.revision();
+    let counts = Arc::new(AuditCounts::default());
+    let ready = {
+        let (handle, cache) = (handle.clone(), cache.clone());
+        // Listed, the watch open, and every revision read applied.
+        Box::new(move || {
+            let health = handle.health();
+            let position = cache.position();
+            let quiet = position.synced && health.connected && position.revision == handle.get();
+            quiet.then_some(health.relists.total())
+        })
+    };
+    let auditor = Arc::new(Audited {
+        metrics: AuditMetrics::new(&name),
+        name,
+        cached: Box::new(move || cache.key_revisions()),
+        source,
+        counts: counts.clone(),
+        ready,
+        relist,
+        asked_at: Mutex::new(None),
+        running: tokio::sync::Mutex::new(()),
+    });
+    let run = async move {
+        let _audits = audit_period.map(|period| {
+            let span = tracing::info_span!("audit", informer = %auditor.name);
+            AbortOnDrop(tokio::spawn(auditor.every(period).instrument(span)))
+        });
+        reflector.run().await
+    };
+    (handle, counts, run)
 }
 
 #[cfg(all(test, feature = "tls"))]
@@ -891,5 +974,64 @@ mod tests {
         let (decided, warned) = policy(&secured.with_trust_clients_as_server(true), "10.0.0.1:1");
         assert_eq!(decided, Tokenless::Forward);
         assert!(warned.contains("the server's permissions"), "{warned}");
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod audit_tests {
+    use super::*;
+    use crate::testing::FakeSource;
+
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Issue 34, item 8: a served prefix is audited as an informer is. An event the watch lost
+    /// (etcd 3.4.23 loses a delete a compaction lands on) is found by the next audit and
+    /// repaired by a relist; audits of a cache that agrees with etcd repair nothing.
+    #[tokio::test]
+    async fn the_audit_repairs_an_event_the_served_cache_lost() {
+        let source = FakeSource::<Vec<u8>>::new();
+        source.put("a", b"1".to_vec());
+        source.put("b", b"1".to_vec());
+        let cache = Arc::new(ServedCache::new(
+            b"/p/",
+            HistoryBounds {
+                revisions: 100,
+                bytes: 1 << 20,
+            },
+        ));
+        let (handle, audits, run) = reflect(
+            Arc::new(source.clone()),
+            cache.clone(),
+            "cache-server /p/".into(),
+            Some(Duration::from_millis(50)),
+        );
+        let task = AbortOnDrop(tokio::spawn(run));
+        let keys = || {
+            let (_, keys) = cache.key_revisions();
+            keys.into_iter()
+                .map(|(k, _)| k.to_string())
+                .collect::<Vec<_>>()
+        };
+        until("two clean audits", || audits.get().completed >= 2).await;
+        assert_eq!(audits.get().repairs, 0);
+        assert_eq!(keys(), ["a", "b"]);
+
+        source.lose_next_event();
+        source.delete("a");
+        let after = source.put("c", b"1".to_vec());
+        until("the put after the lost delete", || {
+            cache.position().revision >= after
+        })
+        .await;
+        until("the audit repaired the cache", || keys() == ["b", "c"]).await;
+        assert_eq!(audits.get().repairs, 1, "{:?}", audits.get());
+        assert_eq!(handle.health().relists.audit, 1);
+        drop(task);
     }
 }

@@ -16,6 +16,7 @@ use super::cache::ServedCache;
 use super::forward::Upstream;
 use super::header::Headers;
 use super::stats::ServerMetrics;
+use crate::informer::audit::AuditCounts;
 use crate::lock;
 use crate::reflector::RevisionHandle;
 #[cfg(doc)]
@@ -30,6 +31,8 @@ pub(crate) struct Slice {
     /// A key under the prefix could not be cached (not UTF-8): nothing of this prefix is
     /// answered from the cache any more.
     pub(crate) incomplete: Arc<AtomicBool>,
+    /// What the prefix's audits found.
+    pub(crate) audits: Arc<AuditCounts>,
 }
 
 /// etcd's answers that refuse a request for who made it (rpctypes' auth errors), as the

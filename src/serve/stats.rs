@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::informer::AuditHealth;
 use crate::metrics::ServerStage;
 
 /// Counts of what a [`RunningServer`](super::RunningServer) did; see
@@ -35,6 +36,9 @@ pub struct ServerStats {
     /// A key under the prefix could not be cached (it is not UTF-8): the server forwards every
     /// request instead of answering from an incomplete cache.
     pub forwarding_all: bool,
+    /// What the audits of the prefixes' caches against etcd found, summed over the prefixes
+    /// ([`CacheServerOptions::audit_period`](super::CacheServerOptions::audit_period)).
+    pub audits: AuditHealth,
 }
 
 #[derive(Default)]
@@ -106,6 +110,7 @@ impl ServerMetrics {
             ranges_from_cache: m.ranges.load(Ordering::Relaxed),
             forwarded: m.forwarded.load(Ordering::Relaxed),
             forwarding_all,
+            audits: AuditHealth::default(),
         }
     }
 }

@@ -470,3 +470,41 @@ async fn an_upstream_failure_cancels_only_the_forwarded_watch() {
         Some(revision)
     );
 }
+
+/// Issue 34, item 8: each served prefix is audited against etcd as an informer's cache is.
+/// Against real etcd, through puts, overwrites and deletes, the audits complete and find
+/// nothing to repair (the lost event they repair is made by a fake source in the unit test
+/// `serve::audit_tests`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_served_prefix_is_audited_against_etcd() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_audit");
+    for k in ["a", "b", "c"] {
+        put(&client, &format!("{p}{k}"), "0").await;
+    }
+    let options = CacheServerOptions::default().with_audit_period(Some(Duration::from_millis(100)));
+    let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
+    put(&client, &format!("{p}a"), "1").await;
+    client
+        .kv_client()
+        .delete(format!("{p}b"), None)
+        .await
+        .expect("delete");
+    let last = put(&client, &format!("{p}d"), "0").await;
+    caught_up(&server, last).await;
+    let audited = server.stats().audits.completed;
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while server.stats().audits.completed < audited + 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two audits after the last write within {WITHIN:?}: {:?}",
+            server.stats().audits
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let audits = server.stats().audits;
+    assert_eq!((audits.repairs, audits.failed), (0, 0), "{audits:?}");
+    assert_eq!(server.health()[0].1.relists.audit, 0);
+    server.shutdown().await;
+}
