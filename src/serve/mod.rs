@@ -48,6 +48,7 @@ mod encode;
 mod forward;
 mod header;
 mod health;
+mod http;
 mod kv;
 mod served;
 mod stats;
@@ -400,12 +401,14 @@ impl CacheServer {
         #[cfg(not(feature = "tls"))]
         let default_scheme = "http";
         let mut endpoints = Vec::new();
+        let mut urls = Vec::new();
         for endpoint in &self.endpoints {
             let url = if endpoint.contains("://") {
                 endpoint.clone()
             } else {
                 format!("{default_scheme}://{endpoint}")
             };
+            urls.push(url.clone());
             let bad = |e: tonic::transport::Error| ServeError::Endpoint {
                 endpoint: endpoint.clone(),
                 why: e.to_string(),
@@ -494,54 +497,61 @@ impl CacheServer {
         let client_url = format!("{scheme}://{local_addr}");
         let (stop, stopped) = oneshot::channel::<()>();
         let max_request = options.max_request_bytes;
-        let router = builder
-            .add_service(KvFront {
+        let grpc = tonic::service::Routes::new(KvFront {
+            served: served.clone(),
+            inner: PbKvServer::new(KvService {
                 served: served.clone(),
-                inner: PbKvServer::new(KvService {
-                    served: served.clone(),
-                })
-                .max_decoding_message_size(options.max_request_bytes)
-                .max_encoding_message_size(usize::MAX),
-                max_request: options.max_request_bytes,
             })
-            .add_service(
-                PbWatchServer::new(WatchService {
-                    served: served.clone(),
-                    // tokio's interval panics on zero.
-                    progress_interval: options
-                        .progress_interval
-                        .clamp(Duration::from_millis(1), LONGEST_WAIT),
-                })
-                .max_decoding_message_size(options.max_request_bytes)
-                .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(PbClusterServer::new(Cluster {
-                upstream: upstream.clone(),
-                headers,
-                client_url,
-            }))
-            .add_service(Passthrough::<LeaseService>::new(
-                upstream.clone(),
-                max_request,
-            ))
-            .add_service(Passthrough::<MaintenanceService>::new(
-                upstream.clone(),
-                max_request,
-            ))
-            .add_service(Passthrough::<AuthService>::new(
-                upstream.clone(),
-                max_request,
-            ))
-            // Locks and elections live in etcd's keyspace and lease table: only etcd can
-            // answer them (a lock held through the server must exclude one held on etcd).
-            .add_service(Passthrough::<LockService>::new(
-                upstream.clone(),
-                max_request,
-            ))
-            .add_service(Passthrough::<ElectionService>::new(upstream, max_request))
-            .add_service(HealthService {
+            .max_decoding_message_size(options.max_request_bytes)
+            .max_encoding_message_size(usize::MAX),
+            max_request: options.max_request_bytes,
+        })
+        .add_service(
+            PbWatchServer::new(WatchService {
                 served: served.clone(),
-            });
+                // tokio's interval panics on zero.
+                progress_interval: options
+                    .progress_interval
+                    .clamp(Duration::from_millis(1), LONGEST_WAIT),
+            })
+            .max_decoding_message_size(options.max_request_bytes)
+            .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(PbClusterServer::new(Cluster {
+            upstream: upstream.clone(),
+            headers,
+            client_url,
+        }))
+        .add_service(Passthrough::<LeaseService>::new(
+            upstream.clone(),
+            max_request,
+        ))
+        .add_service(Passthrough::<MaintenanceService>::new(
+            upstream.clone(),
+            max_request,
+        ))
+        .add_service(Passthrough::<AuthService>::new(
+            upstream.clone(),
+            max_request,
+        ))
+        // Locks and elections live in etcd's keyspace and lease table: only etcd can
+        // answer them (a lock held through the server must exclude one held on etcd).
+        .add_service(Passthrough::<LockService>::new(
+            upstream.clone(),
+            max_request,
+        ))
+        .add_service(Passthrough::<ElectionService>::new(upstream, max_request))
+        .add_service(HealthService {
+            served: served.clone(),
+        });
+        // etcd's HTTP endpoints on the same port (HTTP/1), answered by the upstream.
+        let urls: Arc<[String]> = urls.into();
+        let routes = grpc
+            .into_axum_router()
+            .fallback(move |request| http::answer(urls.clone(), request));
+        let router = builder
+            .accept_http1(true)
+            .add_routes(tonic::service::Routes::from(routes));
         let span = tracing::info_span!("cache_server", prefix = %prefix_text, addr = %local_addr);
         let serving = tokio::spawn(
             async move {

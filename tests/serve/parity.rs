@@ -508,3 +508,59 @@ async fn each_served_prefix_is_audited_against_etcd() {
     assert_eq!(server.health()[0].1.relists.audit, 0);
     server.shutdown().await;
 }
+
+/// `GET path` over HTTP/1.0 at `address` (as etcd-client's own tests read `/metrics`): the
+/// status line and the body.
+async fn http_get(address: &str, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = address.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = String::new();
+    tokio::time::timeout(WITHIN, stream.read_to_string(&mut answer))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.lines().next().unwrap_or_default();
+    // "HTTP/1.0 200 OK": the version spoken may differ, the status may not.
+    (
+        status.split_once(' ').map_or("", |(_, s)| s).to_owned(),
+        body.to_owned(),
+    )
+}
+
+/// Item 10 (etcd-client's suite): etcd's HTTP endpoints on the client port answer through the
+/// server as on etcd: `/metrics` is etcd's own (it counts the `Authenticate` calls the server
+/// forwarded); `/health`, `/version` and an unknown path get etcd's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcds_http_endpoints_answer_through_the_server() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_http");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = server.local_addr().to_string();
+    let direct = etcd.endpoints[0].clone();
+    for path in ["/version", "/health"] {
+        assert_eq!(
+            http_get(&via, path).await,
+            http_get(&direct, path).await,
+            "{path}"
+        );
+    }
+    let (status, metrics) = http_get(&via, "/metrics").await;
+    assert_eq!(status, "200 OK");
+    assert!(
+        metrics.contains("etcd_server_has_leader") && metrics.contains("grpc_server_handled_total"),
+        "etcd's metrics through the server: {}",
+        &metrics[..metrics.len().min(300)]
+    );
+    assert_eq!(
+        http_get(&via, "/no-such-path").await,
+        http_get(&direct, "/no-such-path").await
+    );
+    server.shutdown().await;
+}
