@@ -178,7 +178,7 @@ pub struct CacheServerOptions {
     /// the store they name, from the caches' lists.
     pub identity_refresh: Duration,
     /// How often each prefix's cache is audited against etcd (default
-    /// [`DEFAULT_AUDIT_PERIOD`](crate::informer::DEFAULT_AUDIT_PERIOD), 5 minutes; `None`: never), as an informer's is
+    /// [`DEFAULT_AUDIT_PERIOD`], 5 minutes; `None`: never), as an informer's is
     /// ([`InformerOptions::audit_period`](crate::InformerOptions::audit_period)): etcd's keys
     /// and `mod_revision`s at the cache's revision compared key by key, a difference (an event
     /// etcd's watch lost) repaired by a relist. Counted in [`ServerStats::audits`] and
