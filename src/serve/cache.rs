@@ -137,10 +137,28 @@ struct State {
     synced: bool,
     /// Changes taken from the reflector and not yet committed: a revision is applied whole.
     pending: Vec<Event>,
-    /// Revisions a relist skipped, `(before, listed]`: its difference went to the watches as
-    /// one revision at `listed`, which a watch that was at `before` may take, but one starting
-    /// inside cannot (it would get changes from before its start). Dropped with the history.
-    gaps: Vec<(i64, i64)>,
+    /// Revisions relists skipped. Dropped with the history.
+    gaps: Vec<Gap>,
+}
+
+/// Revisions a relist skipped, `(before, listed]`: its difference is one revision at `listed`.
+/// A watch starting inside cannot take it (it would get changes from before its start); one
+/// that was at `before` may, if the difference reads as etcd's events would (`whole`).
+#[derive(Debug, Clone, Copy)]
+struct Gap {
+    before: i64,
+    listed: i64,
+    /// No key was created inside the gap and then changed, or deleted and created again: a
+    /// client counting keys by version (the informer's key tally) counts the difference
+    /// right. Otherwise a watch that reaches the gap is cancelled, as below a compaction.
+    whole: bool,
+}
+
+impl Gap {
+    /// Whether a watch from `from` cannot take the difference.
+    fn refuses(&self, from: i64) -> bool {
+        from > self.before + 1 && from <= self.listed || from == self.before + 1 && !self.whole
+    }
 }
 
 /// The cache a [`CacheServer`](super::CacheServer) answers from; see the module's invariants.
@@ -361,8 +379,17 @@ impl ServedCache {
     }
 
     /// The groups with a revision of `from` or more, at most `max` of them, for a watch in
-    /// `epoch`, and the cache's revision; `Compacted` when the history no longer reaches back to `from` or the store was
-    /// replaced since.
+    /// `epoch`, and the revision through which they are all a watch gets (the cache's, or the
+    /// last before a relist's gap); `Compacted` when the history no longer reaches back to
+    /// `from`, the store was replaced since, or `from` is in a gap.
+    ///
+    /// A relist's difference goes to a watch only when it reads as etcd's events would: a key
+    /// created and changed within the gap would come as a put with a version above 1, one
+    /// deleted and created again as a create of a key the client holds, and a client counting
+    /// keys by version (the informer's key tally) would count wrong. A watch that reaches
+    /// such a gap is cancelled with `compact_revision` (the revision after the list), as etcd
+    /// cancels a watch below its compaction, the usual cause of the relist; its client lists
+    /// again.
     pub(crate) fn groups_from(
         &self,
         from: i64,
@@ -373,16 +400,26 @@ impl ServedCache {
         if epoch != state.epoch || from <= state.first {
             return Err(RevisionError::Compacted(state.first + 1));
         }
-        if let Some(&(_, listed)) = state
+        if let Some(gap) = state.gaps.iter().find(|gap| gap.refuses(from)) {
+            return Err(RevisionError::Compacted(gap.listed + 1));
+        }
+        // The next gap it cannot take, if any: a watch reads up to it, then is cancelled.
+        let upto = state
             .gaps
             .iter()
-            .find(|&&(before, listed)| from > before + 1 && from <= listed)
-        {
-            return Err(RevisionError::Compacted(listed + 1));
-        }
+            .filter(|gap| !gap.whole && gap.before >= from)
+            .map(|gap| gap.before)
+            .min()
+            .unwrap_or(state.revision);
         let start = state.history.partition_point(|g| g.revision < from);
-        let groups = state.history.range(start..).take(max).cloned().collect();
-        Ok((groups, state.revision))
+        let groups = state
+            .history
+            .range(start..)
+            .take_while(|g| g.revision <= upto)
+            .take(max)
+            .cloned()
+            .collect();
+        Ok((groups, upto))
     }
 
     /// etcd compacted at `revision` (a Compact through the server): Ranges below it are
@@ -466,7 +503,7 @@ fn push_group(state: &mut State, mut group: Group, bounds: HistoryBounds) {
         state.first = old.revision;
     }
     let first = state.first;
-    state.gaps.retain(|&(_, listed)| listed > first);
+    state.gaps.retain(|gap| gap.listed > first);
 }
 
 /// etcd's range `[key, end)` as map bounds.
@@ -528,7 +565,8 @@ impl Queue<Vec<u8>> for ServedCache {
     }
 
     /// The difference between the cache and the list becomes one group at the list's
-    /// revision, so open watches stay open; a replaced store (or the first list) starts the
+    /// revision, which open watches take when it is whole (see
+    /// [`groups_from`](Self::groups_from)); Ranges before it are etcd's to answer. A replaced store (or the first list) starts the
     /// history over instead, and so does a list at the cache's own revision that differs from
     /// it (an event the cache's watch lost, found by the key tally): watches caught up to that
     /// revision would never take a second group at it, so every watch ends (compacted, as
@@ -606,19 +644,29 @@ impl Queue<Vec<u8>> for ServedCache {
         // In the order etcd made them, as far as the list tells: puts by their revision, then
         // the deletes (at the list's revision).
         changes.sort_by_key(|e| e.kv.as_ref().map_or(revision, |kv| kv.mod_revision));
+        let before = state.revision;
+        let whole = !changes.iter().any(|e| {
+            e.kv.as_ref().is_some_and(|kv| {
+                kv.create_revision > before && (kv.version > 1 || state.kvs.contains_key(&e.key))
+            })
+        });
         tracing::info!(
             revision,
             changes = changes.len(),
-            "served cache relisted; the difference goes to the watches"
+            whole,
+            "served cache relisted; the difference goes to the watches if whole, else they end as below a compaction"
         );
-        let before = state.revision;
         state.pending = changes;
         self.apply_pending(&mut state);
         // Revisions between the old one and the list's are gaps: no Range can be answered there.
         state.revision = state.revision.max(revision);
         state.range_floor = state.revision;
         if revision > before + 1 {
-            state.gaps.push((before, revision));
+            state.gaps.push(Gap {
+                before,
+                listed: revision,
+                whole,
+            });
         }
         self.name_store(false);
         self.publish(&state);
@@ -738,12 +786,14 @@ mod tests {
             9,
             false,
         );
+        // The difference is one group at 9, which a watch that was at 3 takes (a changed,
+        // b deleted, c created: it reads as etcd's events would).
         let (groups, _) = cache.groups_from(4, 0, 10).unwrap();
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].revision, 9);
         assert_eq!(groups[0].events.len(), 3);
         // The gap between 3 and 9 answers no Range, and no watch that starts inside it: it
-        // would get changes from before its start (a watch that was at 3 may take them).
+        // would get changes from before its start.
         assert!(cache.range_at(b"/p/", b"/p0", 5, 0).is_err());
         for inside in [5, 9] {
             assert_eq!(
@@ -766,6 +816,45 @@ mod tests {
         cache.replace(vec![], 2, true);
         assert!(cache.groups_from(3, 0, 10).is_err());
         assert_eq!(cache.position().epoch, 1);
+    }
+
+    /// Issue 34 item 5: a relist's difference in which a key was created and changed inside
+    /// the gap (it would come as a put of version 2, which a client counting keys by version
+    /// counts wrong) is no watch's: a watch behind it reads the history up to the gap and is
+    /// then cancelled at the revision after the list.
+    #[test]
+    fn a_watch_reads_up_to_a_relists_gap_and_is_cancelled_at_it() {
+        let cache = ServedCache::new(
+            b"/p/",
+            HistoryBounds {
+                revisions: 100,
+                bytes: 1 << 20,
+            },
+        );
+        cache.replace(vec![obj("a", 2, 2, 1, "a")], 3, false);
+        cache.add_if_newer(DeltaType::Added, obj("b", 4, 4, 1, "b"));
+        cache.commit(4);
+        // "c" created at 6 and changed at 7, both inside the gap: listed at version 2.
+        cache.replace(
+            vec![
+                obj("a", 2, 2, 1, "a"),
+                obj("b", 4, 4, 1, "b"),
+                obj("c", 6, 7, 2, "c2"),
+            ],
+            9,
+            false,
+        );
+        let (groups, upto) = cache.groups_from(4, 0, 10).unwrap();
+        let revisions: Vec<i64> = groups.iter().map(|g| g.revision).collect();
+        assert_eq!((revisions, upto), (vec![4], 4));
+        assert_eq!(
+            cache.groups_from(5, 0, 10).err(),
+            Some(RevisionError::Compacted(10))
+        );
+        let (groups, upto) = cache.groups_from(10, 0, 10).unwrap();
+        assert_eq!((groups.len(), upto), (0, 9));
+        // A Range before the list is etcd's to answer (forwarded), in the gap or not.
+        assert!(cache.range_at(b"/p/", b"/p0", 4, 0).is_err());
     }
 
     /// Issue 34 item 8: a relist at the cache's own revision that finds a difference (an event

@@ -26,7 +26,8 @@ pub struct ServerStats {
     /// Events sent to watches.
     pub events_sent: u64,
     /// Watches cancelled with `compact_revision` because the history no longer reached back to
-    /// their position (slow readers, or starts older than the history).
+    /// their position (slow readers, or starts older than the history), or they reached a
+    /// relist's difference that cannot be told as etcd's events.
     pub slow_watches_cancelled: u64,
     /// Ranges answered from the cache.
     pub ranges_from_cache: u64,

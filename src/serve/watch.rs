@@ -459,7 +459,7 @@ impl Session {
         let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
         let cache = &served.slices[watch.slice].cache;
-        let (groups, revision) =
+        let (groups, upto) =
             match cache.groups_from(watch.next, watch.epoch, MAX_REVISIONS_PER_RESPONSE) {
                 Ok(found) => found,
                 Err(RevisionError::Future) => return None,
@@ -499,16 +499,12 @@ impl Session {
                 }
             }
         }
-        watch.next = if full {
-            last + 1
-        } else {
-            revision.max(last) + 1
-        };
+        watch.next = if full { last + 1 } else { upto.max(last) + 1 };
         if events.is_empty() {
             return None;
         }
         self.served.metrics.sent(events.len());
-        let header_revision = if full { last } else { revision.max(last) };
+        let header_revision = if full { last } else { upto.max(last) };
         let response = PbWatchResponse {
             header: self.header(header_revision),
             watch_id: id,

@@ -320,8 +320,22 @@ async fn a_hung_upstream_fails_linearizable_reads_in_time_and_nothing_else() {
     assert_eq!(grpc_health(&server).await, 1, "SERVING again");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn open_watches_stay_open_through_a_relist_of_the_cache() {
+/// A 3-member cluster, a server that sees it through member 0 alone, and a watch of `p`
+/// through the server; then, while member 0 is down, the prefix changes (`k1` changed, `k2`
+/// deleted, `k4` created, and `more`) and etcd compacts past the changes: the server's watch
+/// cannot resume, so its cache relists once member 0 is back.
+async fn relisted_while_watched(
+    p: &str,
+    more: &[(&str, &str)],
+) -> (
+    etcd_informer::testing::etcd::EtcdCluster,
+    Client,
+    RunningServer,
+    (
+        etcd_client::WatchRequestSender,
+        etcd_client::WatchResponseStream,
+    ),
+) {
     use etcd_informer::testing::etcd::EtcdCluster;
     let cluster = EtcdCluster::start(3)
         .await
@@ -331,16 +345,14 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
     let one = connect([member.clone()])
         .await
         .expect("connect to member 0");
-    let p = "/registry/relisted/";
     for k in ["k1", "k2", "k3"] {
         put(&all, &format!("{p}{k}"), "v1").await;
     }
-    // The server sees etcd through member 0 alone.
     let server = start_server(&one, vec![member], p).await;
     let via = connect([server.local_addr().to_string()])
         .await
         .expect("connect");
-    let (_w, mut watch) = via
+    let (requests, mut watch) = via
         .watch_client()
         .watch(p, Some(WatchOptions::new().with_prefix().with_prev_key()))
         .await
@@ -352,8 +364,6 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
         .expect("stream")
         .expect("created")
         .created());
-    // While member 0 is down, the prefix changes and etcd compacts past the changes: the
-    // server's watch cannot resume, so its cache relists.
     cluster.stop_member(0).await.expect("stop member 0");
     let others = connect([cluster.member_endpoint(1), cluster.member_endpoint(2)])
         .await
@@ -361,6 +371,9 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
     common::put_accepted(&others, &format!("{p}k1"), "v2", WITHIN).await;
     delete(&others, &format!("{p}k2")).await;
     put(&others, &format!("{p}k4"), "v1").await;
+    for (k, v) in more {
+        put(&others, &format!("{p}{k}"), v).await;
+    }
     let now = put(&others, "/registry/elsewhere", "x").await;
     others
         .kv_client()
@@ -371,6 +384,13 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
         .await
         .expect("compact");
     cluster.restart_member(0).await.expect("restart member 0");
+    (cluster, all, server, (requests, watch))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_watches_stay_open_through_a_relist_of_the_cache() {
+    let p = "/registry/relisted/";
+    let (_cluster, _all, server, (_requests, mut watch)) = relisted_while_watched(p, &[]).await;
     // The open watch stays open and receives the difference.
     let mut seen = std::collections::BTreeMap::new();
     while seen.len() < 3 {
@@ -399,6 +419,76 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
     assert_eq!(seen, want);
     let relists = &server.health()[0].1.relists;
     assert!(relists.compacted >= 1, "the cache relisted: {relists:?}");
+}
+
+/// Issue 34, item 5: when a key was created and then changed while the server's watch was
+/// down, the relist's difference would bring it as a put of version 2, and a client counting
+/// keys by version (the informer's key tally) would count wrong: the open watch is cancelled
+/// with `compact_revision` instead, as etcd cancels a watch below its compaction, with no
+/// event of the difference; a list and a watch from its revision then follow etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_that_cannot_be_told_as_events_ends_open_watches_as_a_compaction_does() {
+    let p = "/registry/relisted-twice/";
+    let (_cluster, all, server, (_requests, mut watch)) =
+        relisted_while_watched(p, &[("k5", "v1"), ("k5", "v2")]).await;
+    let cancelled = loop {
+        let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the relist reaches the watch")
+            .expect("stream")
+            .expect("open");
+        assert!(r.events().is_empty(), "no difference as events: {r:?}");
+        if r.canceled() {
+            break r;
+        }
+    };
+    assert!(cancelled.compact_revision() > 0, "{cancelled:?}");
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let listed = via
+        .kv_client()
+        .get(p, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("list");
+    let content: Vec<(String, String)> = listed
+        .kvs()
+        .iter()
+        .map(|kv| {
+            let key = kv
+                .key_str()
+                .unwrap_or("?")
+                .trim_start_matches(p)
+                .to_string();
+            (key, kv.value_str().unwrap_or("").to_string())
+        })
+        .collect();
+    let want = [("k1", "v2"), ("k3", "v1"), ("k4", "v1"), ("k5", "v2")]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    assert_eq!(content, want);
+    let from = listed.header().expect("header").revision() + 1;
+    let (_requests, mut resumed) = via
+        .watch_client()
+        .watch(
+            p,
+            Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        )
+        .await
+        .expect("watch from the list")
+        .split();
+    let rev = put(&all, &format!("{p}k6"), "v1").await;
+    let heard = loop {
+        let r = tokio::time::timeout(WITHIN, resumed.message())
+            .await
+            .expect("the new watch hears")
+            .expect("stream")
+            .expect("open");
+        assert!(!r.canceled(), "{r:?}");
+        if let Some(e) = r.events().first() {
+            break e.kv().map(|kv| kv.mod_revision());
+        }
+    };
+    assert_eq!(heard, Some(rev));
 }
 
 /// One client cannot make the server buffer without bound: a request above
