@@ -7,7 +7,9 @@
 //! clients or the cache. A watch whose position falls out
 //! of the history is cancelled with `compact_revision`, as etcd cancels a watcher it cannot
 //! catch up. Watches of ranges outside the prefix are forwarded to the upstream, each on its
-//! own upstream stream.
+//! own upstream stream. A stream's requests are handled in order; a create that waits for
+//! etcd (the client's access, a start etcd may have compacted) holds back the requests after
+//! it, not the stream's other watches.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
@@ -73,6 +75,8 @@ impl PbWatchService for WatchService {
             next_id: 0,
             turn: 0,
             maybe_behind: false,
+            backlog: VecDeque::new(),
+            checking: None,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -120,6 +124,28 @@ struct Session {
     /// Whether a watch may be behind the cache (set when the cache moves or a watch is
     /// created, cleared by a round that finds nothing to send).
     maybe_behind: bool,
+    /// Requests read and not yet handled: they wait behind `checking`, in order, as etcd
+    /// handles a stream's requests one after another.
+    backlog: VecDeque<PbWatchRequest>,
+    /// A create whose checks with etcd are under way (may the client read the range, does
+    /// etcd still hold its start): the stream's other watches go on meanwhile.
+    checking: Option<Checking>,
+}
+
+/// A create request waiting for etcd's answers before it is answered.
+struct Checking {
+    id: i64,
+    key: Vec<u8>,
+    request: PbWatchRequest,
+    slice: Option<usize>,
+    checked: Pin<Box<dyn std::future::Future<Output = Checked> + Send>>,
+}
+
+/// etcd's answers for a create: the client's access, and whether its start revision can be
+/// replayed from the history.
+struct Checked {
+    access: Result<(), Status>,
+    replayable: bool,
 }
 
 impl Drop for Session {
@@ -141,11 +167,28 @@ impl Session {
         // with the sender dropped, grpcurl): etcd keeps streaming to it, and so does this.
         let mut reading = true;
         loop {
+            // Requests in order, until one waits for etcd.
+            while self.checking.is_none() {
+                let Some(request) = self.backlog.pop_front() else {
+                    break;
+                };
+                self.handle(request);
+            }
             let work = self.has_work();
-            let room = self.control.len() < MAX_CONTROL;
+            let room = self.control.len() + self.backlog.len() < MAX_CONTROL;
             tokio::select! {
+                checked = async {
+                    match self.checking.as_mut() {
+                        Some(checking) => checking.checked.as_mut().await,
+                        None => std::future::pending().await,
+                    }
+                }, if self.checking.is_some() => {
+                    if let Some(checking) = self.checking.take() {
+                        self.created(checking, checked);
+                    }
+                }
                 request = requests.next(), if room && reading => match request {
-                    Some(Ok(request)) => self.handle(request).await,
+                    Some(Ok(request)) => self.backlog.push_back(request),
                     Some(Err(status)) => {
                         tracing::debug!(%status, "watch stream ended by the client");
                         return;
@@ -180,8 +223,8 @@ impl Session {
         Some(self.served.headers.header(revision))
     }
 
-    async fn handle(&mut self, request: PbWatchRequest) {
-        match request.request_union {
+    fn handle(&mut self, request: PbWatchRequest) {
+        match &request.request_union {
             Some(PbWatchRequestUnion::CreateRequest(create)) => {
                 let mut key = create.key.clone();
                 if key.is_empty() {
@@ -211,83 +254,33 @@ impl Session {
                     return;
                 }
                 let slice = self.served.slice_for(&key, &create.range_end);
-                // etcd refuses a watch of a range the client may not read, on the stream; a
-                // forwarded watch is judged by etcd, once this server lets it through.
-                let access = match slice {
-                    Some(_) => {
-                        self.served
-                            .may_read(&self.metadata, &key, &create.range_end)
-                            .await
-                    }
-                    None => self.served.upstream.admit(&self.metadata, WATCH_PATH),
-                };
-                if let Err(refused) = access {
-                    // etcd's text of the gRPC error, as grpc-go prints it; etcd 3.5 and later
-                    // name no reason but this server's own refusal, which says what to do.
-                    let plain = self.served.headers.plain_watch_refusals();
-                    let (watch_id, refused) = match plain {
-                        true if refused.message() != TOKENLESS_REFUSED => (
-                            create.watch_id,
-                            Status::permission_denied("etcdserver: permission denied"),
-                        ),
-                        true => (create.watch_id, refused),
-                        false => (-1, refused),
+                let (served, metadata) = (self.served.clone(), self.metadata.clone());
+                let (range_key, range_end, start) =
+                    (key.clone(), create.range_end.clone(), create.start_revision);
+                let checked = async move {
+                    // etcd refuses a watch of a range the client may not read, on the stream;
+                    // a forwarded watch is judged by etcd, once this server lets it through.
+                    let Some(slice) = slice else {
+                        let access = served.upstream.admit(&metadata, WATCH_PATH);
+                        return Checked {
+                            access,
+                            replayable: false,
+                        };
                     };
-                    self.control.push_back(PbWatchResponse {
-                        header: self.header(self.served.revision()),
-                        watch_id,
-                        created: true,
-                        canceled: true,
-                        cancel_reason: format!(
-                            "rpc error: code = {:?} desc = {}",
-                            refused.code(),
-                            refused.message()
-                        ),
-                        ..Default::default()
-                    });
-                    return;
-                }
-                let Some(slice) = slice else {
-                    let mut create = create;
-                    create.watch_id = 0;
-                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
-                    return;
+                    let access = served.may_read(&metadata, &range_key, &range_end).await;
+                    let position = served.slices[slice].cache.position();
+                    let replayable = access.is_err()
+                        || start <= 0
+                        || start > position.revision
+                        || replayable(&served, slice, start).await;
+                    Checked { access, replayable }
                 };
-                let position = self.served.slices[slice].cache.position();
-                let start = create.start_revision;
-                if start > 0 && start <= position.revision && !self.replayable(slice, start).await {
-                    // Below the history, or compacted on etcd meanwhile: etcd replays it or
-                    // cancels it as compacted, as a client of etcd would see.
-                    tracing::debug!(id, start, "watch from before the history; forwarded");
-                    let mut create = create;
-                    create.watch_id = 0;
-                    self.forward(id, PbWatchRequestUnion::CreateRequest(create));
-                    return;
-                }
-                let watch = Watch {
-                    slice,
-                    end: create.range_end.clone(),
+                self.checking = Some(Checking {
+                    id,
                     key,
-                    next: if create.start_revision > 0 {
-                        create.start_revision
-                    } else {
-                        position.revision + 1
-                    },
-                    epoch: position.epoch,
-                    prev_kv: create.prev_kv,
-                    no_put: create.filters.contains(&FILTER_NOPUT),
-                    no_delete: create.filters.contains(&FILTER_NODELETE),
-                    progress_notify: create.progress_notify,
-                };
-                tracing::debug!(id, from = watch.next, "watch created");
-                self.watches.insert(id, watch);
-                self.maybe_behind = true;
-                self.served.metrics.watches(1);
-                self.control.push_back(PbWatchResponse {
-                    header: self.header(position.revision),
-                    watch_id: id,
-                    created: true,
-                    ..Default::default()
+                    request,
+                    slice,
+                    checked: Box::pin(checked),
                 });
             }
             Some(PbWatchRequestUnion::CancelRequest(cancel)) => {
@@ -332,22 +325,79 @@ impl Session {
         }
     }
 
-    /// Whether a watch from `start` can be replayed from the history of `slice`: it reaches
-    /// back that far, and etcd has not compacted `start` either (a compaction made straight
-    /// on etcd). When etcd cannot be asked, the history's own answer stands.
-    async fn replayable(&self, slice: usize, start: i64) -> bool {
-        let cached = &self.served.slices[slice];
-        let position = cached.cache.position();
-        if cached.cache.groups_from(start, position.epoch, 0).is_err() {
-            return false;
+    /// Answers a create once etcd's answers are in (see [`Checking`]): refused, forwarded, or
+    /// served from the cache.
+    fn created(&mut self, checking: Checking, checked: Checked) {
+        let Checking {
+            id,
+            key,
+            request,
+            slice,
+            ..
+        } = checking;
+        let Some(PbWatchRequestUnion::CreateRequest(mut create)) = request.request_union else {
+            return;
+        };
+        if let Err(refused) = checked.access {
+            // etcd's text of the gRPC error, as grpc-go prints it; etcd 3.5 and later name no
+            // reason but this server's own refusal, which says what to do.
+            let plain = self.served.headers.plain_watch_refusals();
+            let (watch_id, refused) = match plain {
+                true if refused.message() != TOKENLESS_REFUSED => (
+                    create.watch_id,
+                    Status::permission_denied("etcdserver: permission denied"),
+                ),
+                true => (create.watch_id, refused),
+                false => (-1, refused),
+            };
+            self.control.push_back(PbWatchResponse {
+                header: self.header(self.served.revision()),
+                watch_id,
+                created: true,
+                canceled: true,
+                cancel_reason: format!(
+                    "rpc error: code = {:?} desc = {}",
+                    refused.code(),
+                    refused.message()
+                ),
+                ..Default::default()
+            });
+            return;
         }
-        match self.served.etcd_holds(cached, start).await {
-            Ok(held) => held,
-            Err(status) => {
-                tracing::debug!(%status, start, "replaying from the history unasked");
-                true
-            }
-        }
+        let Some(slice) = slice.filter(|_| checked.replayable) else {
+            // Outside the prefixes; or below the history, or compacted on etcd meanwhile:
+            // etcd replays it or cancels it as compacted, as a client of etcd would see.
+            tracing::debug!(id, start = create.start_revision, "watch forwarded");
+            create.watch_id = 0;
+            self.forward(id, PbWatchRequestUnion::CreateRequest(create));
+            return;
+        };
+        let position = self.served.slices[slice].cache.position();
+        let watch = Watch {
+            slice,
+            end: create.range_end.clone(),
+            key,
+            next: if create.start_revision > 0 {
+                create.start_revision
+            } else {
+                position.revision + 1
+            },
+            epoch: position.epoch,
+            prev_kv: create.prev_kv,
+            no_put: create.filters.contains(&FILTER_NOPUT),
+            no_delete: create.filters.contains(&FILTER_NODELETE),
+            progress_notify: create.progress_notify,
+        };
+        tracing::debug!(id, from = watch.next, "watch created");
+        self.watches.insert(id, watch);
+        self.maybe_behind = true;
+        self.served.metrics.watches(1);
+        self.control.push_back(PbWatchResponse {
+            header: self.header(position.revision),
+            watch_id: id,
+            created: true,
+            ..Default::default()
+        });
     }
 
     /// Answers a create request as etcd answers one it refuses: created and cancelled at
@@ -593,5 +643,23 @@ impl Session {
             .instrument(tracing::debug_span!("forwarded_watch", id)),
         );
         self.forwarded.insert(id, task);
+    }
+}
+
+/// Whether a watch from `start` can be replayed from the history of `slice`: it reaches back
+/// that far, and etcd has not compacted `start` either (a compaction made straight on etcd).
+/// When etcd cannot be asked, the history's own answer stands.
+async fn replayable(served: &Served, slice: usize, start: i64) -> bool {
+    let cached = &served.slices[slice];
+    let position = cached.cache.position();
+    if cached.cache.groups_from(start, position.epoch, 0).is_err() {
+        return false;
+    }
+    match served.etcd_holds(cached, start).await {
+        Ok(held) => held,
+        Err(status) => {
+            tracing::debug!(%status, start, "replaying from the history unasked");
+            true
+        }
     }
 }

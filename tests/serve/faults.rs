@@ -805,3 +805,62 @@ async fn auth_turned_on_while_serving() {
     assert_eq!(got.kvs()[0].value(), b"3");
     assert!(server.stats().ranges_from_cache > before);
 }
+
+/// Issue 34, item 10: a watch's creation waits for etcd's answer on the client's access
+/// without holding back the stream's other watches. With etcd unreachable for the server's
+/// checks (a partition in front of its upstream channel, its cache still following etcd),
+/// watch A hears its next event at once, while B, created before that event on the same
+/// stream, is answered only when its check gives up (1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_waiting_for_etcd_holds_back_no_other_watch_of_its_stream() {
+    use etcd_informer::testing::etcd::TcpProxy;
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_creation");
+    let proxy = TcpProxy::start(&etcd.endpoints[0]).await.expect("proxy");
+    // The cache follows etcd on `client`; access checks and forwards go through the proxy.
+    let server = start_server(&client, vec![proxy.endpoint()], &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let (mut requests, mut responses) = via
+        .watch_client()
+        .watch(format!("{p}a/"), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch A")
+        .split();
+    let created = responses.message().await.expect("stream").expect("open");
+    assert!(created.created());
+    let a = created.watch_id();
+    proxy.cut();
+    requests
+        .watch(format!("{p}b/"), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("create B");
+    let rev = put(&client, &format!("{p}a/1"), "v").await;
+    let first = tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .expect("an answer")
+        .expect("stream")
+        .expect("open");
+    assert_eq!(
+        (first.watch_id(), first.events().len(), first.created()),
+        (a, 1, false),
+        "A's event comes before B's answer: {first:?}"
+    );
+    assert_eq!(
+        first.events()[0].kv().map(|kv| kv.mod_revision()),
+        Some(rev)
+    );
+    let second = tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .expect("B's answer")
+        .expect("stream")
+        .expect("open");
+    assert!(
+        second.created() && second.canceled(),
+        "B is refused while its access cannot be checked: {second:?}"
+    );
+    proxy.heal();
+    server.shutdown().await;
+}
