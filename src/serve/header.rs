@@ -39,6 +39,9 @@ pub(crate) struct Headers {
     held: Arc<Mutex<Option<Held>>>,
     /// The upstream's etcd version, `major.minor` (`None` until heard).
     version: Arc<Mutex<Option<(u32, u32)>>>,
+    /// The upstream's last Status named no leader, or could not be read: the server is then
+    /// as a member cut off from its cluster, and refuses what asks for a leader.
+    no_leader: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Headers {
@@ -100,6 +103,24 @@ impl Headers {
         lock(&self.version).is_none_or(|v| v >= (3, 5))
     }
 
+    /// Whether the upstream has no leader, as its last Status said (or could not say).
+    pub(crate) fn no_leader(&self) -> bool {
+        *self.no_leader.borrow()
+    }
+
+    /// Follows [`no_leader`](Self::no_leader).
+    pub(crate) fn watch_leader(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.no_leader.subscribe()
+    }
+
+    fn leader_known(&self, has_leader: bool) {
+        self.no_leader.send_if_modified(|no_leader| {
+            let changed = *no_leader == has_leader;
+            *no_leader = !has_leader;
+            changed
+        });
+    }
+
     /// Asks the upstream's status once.
     pub(crate) async fn refresh(&self, client: &Client) -> Result<(), etcd_client::Error> {
         let mut maintenance = client.maintenance_client();
@@ -110,6 +131,7 @@ impl Headers {
             .map_err(|_| {
                 etcd_client::Error::WatchError("no answer to Status within 5 s".into())
             })??;
+        self.leader_known(status.leader() != 0);
         let mut numbers = status.version().split('.').map(|n| n.parse::<u32>().ok());
         if let (Some(Some(major)), Some(Some(minor))) = (numbers.next(), numbers.next()) {
             *lock(&self.version) = Some((major, minor));
@@ -142,6 +164,7 @@ impl Headers {
         loop {
             if let Err(e) = self.refresh(&client).await {
                 tracing::warn!(error = %e, "cannot read the upstream's status");
+                self.leader_known(false);
             }
             tokio::time::sleep(period).await;
         }

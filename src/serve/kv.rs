@@ -24,6 +24,7 @@ use tonic_prost::prost::Message;
 use super::cache::{to_pb, Found, Kv};
 use super::encode::{range_response, RangeCodec};
 use super::served::Served;
+use super::watch::{no_leader, requires_leader};
 
 // etcd's RangeRequest enums (rpc.proto).
 const SORT_NONE: i32 = 0;
@@ -133,6 +134,9 @@ pub(crate) async fn range(
     let Some(slice) = from_cache(served, request.get_ref()) else {
         return forward(served, request).await;
     };
+    if requires_leader(request.metadata()) && served.headers.no_leader() {
+        return Err(no_leader());
+    }
     let slice = &served.slices[slice];
     // Never a byte to a client the upstream would refuse.
     let r = request.get_ref();

@@ -64,6 +64,10 @@ impl PbWatchService for WatchService {
         request: Request<Streaming<PbWatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
         let (metadata, _, requests) = request.into_parts();
+        let require_leader = requires_leader(&metadata);
+        if require_leader && self.served.headers.no_leader() {
+            return Err(no_leader());
+        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let session = Session {
             served: self.served.clone(),
@@ -77,6 +81,7 @@ impl PbWatchService for WatchService {
             maybe_behind: false,
             backlog: VecDeque::new(),
             checking: None,
+            require_leader,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -130,6 +135,9 @@ struct Session {
     /// A create whose checks with etcd are under way (may the client read the range, does
     /// etcd still hold its start): the stream's other watches go on meanwhile.
     checking: Option<Checking>,
+    /// The client asked for a leader (`hasleader` metadata): the stream ends when the
+    /// upstream has none, as etcd ends it when its member loses the leader.
+    require_leader: bool,
 }
 
 /// A create request waiting for etcd's answers before it is answered.
@@ -160,6 +168,7 @@ impl Drop for Session {
 impl Session {
     async fn run(mut self, mut requests: Streaming<PbWatchRequest>, interval: Duration) {
         let mut position = self.served.changed.subscribe();
+        let mut leader = self.served.headers.watch_leader();
         let mut progress = tokio::time::interval(interval);
         progress.reset();
         let tx = self.tx.clone();
@@ -215,6 +224,12 @@ impl Session {
                     Err(_) => return,
                 },
                 _ = progress.tick() => self.notify_progress(),
+                _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
+                    if self.require_leader =>
+                {
+                    let _ = self.tx.send(Err(no_leader())).await;
+                    return;
+                }
             }
         }
     }
@@ -662,4 +677,15 @@ async fn replayable(served: &Served, slice: usize, start: i64) -> bool {
             true
         }
     }
+}
+
+/// Whether a request asks for a leader (etcd's `hasleader` metadata, clientv3's
+/// `WithRequireLeader`).
+pub(crate) fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata.get("hasleader").is_some_and(|v| v == "true")
+}
+
+/// etcd's answer to a request that asks for a leader when its member has none.
+pub(crate) fn no_leader() -> Status {
+    Status::unavailable("etcdserver: no leader")
 }

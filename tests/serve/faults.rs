@@ -864,3 +864,85 @@ async fn a_creation_waiting_for_etcd_holds_back_no_other_watch_of_its_stream() {
     proxy.heal();
     server.shutdown().await;
 }
+
+/// Issue 34, item 10: a client that asks for a leader (`hasleader` metadata, etcd-client's
+/// `with_require_leader`) is refused as etcd refuses it once its member has lost the leader:
+/// its open watch stream ends, and a read fails, with `etcdserver: no leader`; through the
+/// server the "member" is its upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_requires_a_leader_hears_when_there_is_none_as_from_etcd() {
+    use etcd_informer::testing::etcd::EtcdCluster;
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let member = cluster.member_endpoint(0);
+    let one = connect([member.clone()])
+        .await
+        .expect("connect to member 0");
+    let p = "/registry/leader/";
+    put(&one, &format!("{p}a"), "1").await;
+    let mut options = CacheServerOptions::default();
+    options.identity_refresh = Duration::from_millis(100);
+    let server = start_server_with(&one, vec![member.clone()], p, options).await;
+    let require_leader = || etcd_client::ConnectOptions::new().with_require_leader(true);
+    let direct = Client::connect([member], Some(require_leader()))
+        .await
+        .expect("connect to member 0");
+    let via = Client::connect([server.local_addr().to_string()], Some(require_leader()))
+        .await
+        .expect("connect to the server");
+    let mut streams = Vec::new();
+    for client in [&direct, &via] {
+        let (requests, mut responses) = client
+            .watch_client()
+            .watch(p, Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch")
+            .split();
+        let created = responses.message().await.expect("stream").expect("open");
+        assert!(created.created());
+        streams.push((requests, responses));
+    }
+    cluster.stop_member(1).await.expect("stop member 1");
+    cluster.stop_member(2).await.expect("stop member 2");
+    let mut ended = Vec::new();
+    for (_, responses) in &mut streams {
+        let end = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                match responses.message().await {
+                    Ok(Some(_)) => continue,
+                    Err(etcd_client::Error::GRpcStatus(s)) => {
+                        return format!("{:?} {}", s.code(), s.message())
+                    }
+                    other => return format!("{other:?}"),
+                }
+            }
+        })
+        .await
+        .expect("the stream ends once the member has no leader");
+        ended.push(end);
+    }
+    assert_eq!(ended[0], "Unavailable etcdserver: no leader", "etcd");
+    assert_eq!(ended[1], ended[0], "through the server");
+    let read = |c: &Client| {
+        let c = c.clone();
+        async move {
+            match c.kv_client().get(format!("{p}a"), None).await {
+                Err(etcd_client::Error::GRpcStatus(s)) => format!("{:?} {}", s.code(), s.message()),
+                other => format!("{other:?}"),
+            }
+        }
+    };
+    assert_eq!(read(&direct).await, "Unavailable etcdserver: no leader");
+    let serializable = via
+        .kv_client()
+        .get(format!("{p}a"), Some(GetOptions::new().with_serializable()))
+        .await;
+    match serializable {
+        Err(etcd_client::Error::GRpcStatus(s)) => {
+            assert_eq!(s.message(), "etcdserver: no leader", "{s:?}")
+        }
+        other => panic!("a read that requires a leader through the server: {other:?}"),
+    }
+    server.shutdown().await;
+}
