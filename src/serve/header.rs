@@ -80,6 +80,19 @@ impl Headers {
         });
     }
 
+    /// A linearizable read asked of the upstream at `asked` (a consistent-read proof) was
+    /// answered by `cluster_id` at `raft_term`: the cluster's term now. Answers of the store
+    /// held carry at least it from now on, so that a client moving between servers in front of
+    /// one store never sees its term go back (which a client takes for a restored store), even
+    /// before this server's next Status.
+    pub(crate) fn proven(&self, cluster_id: u64, raft_term: u64, asked: Instant) {
+        let mut seen = lock(&self.seen);
+        if seen.header.cluster_id == cluster_id && raft_term > seen.header.raft_term {
+            seen.header.raft_term = raft_term;
+            seen.asked = seen.asked.max(Some(asked));
+        }
+    }
+
     /// A cache took more of the store it holds, whose source now records `identity`: its term
     /// may have risen (a leader elected since), never fallen.
     pub(crate) fn follow(&self, identity: Identity) {

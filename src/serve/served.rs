@@ -289,12 +289,18 @@ impl Served {
         let options = GetOptions::new()
             .with_range(slice.prefix_end.clone())
             .with_count_only();
+        let asked = std::time::Instant::now();
         let resp = self
             .client
             .kv_client()
             .get(slice.first_key(), Some(options))
             .await?;
-        Ok(resp.header().map_or(0, |h| h.revision()))
+        let Some(header) = resp.header() else {
+            return Ok(0);
+        };
+        self.headers
+            .proven(header.cluster_id(), header.raft_term(), asked);
+        Ok(header.revision())
     }
 
     /// Whether the prefix at etcd's revision `at` is the cache's content at `since`, which held

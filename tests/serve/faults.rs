@@ -946,3 +946,58 @@ async fn a_client_that_requires_a_leader_hears_when_there_is_none_as_from_etcd()
     }
     server.shutdown().await;
 }
+
+/// Issue 37 (via issue 34): servers in front of one store must never show a client its raft
+/// term going back, which a client takes for a restored store (the informer relists and
+/// retires every key). A server's Status is read every few seconds, so after an election a
+/// server could name the old term while another already names the new one: a linearizable
+/// read through it now names the term its consistent-read proof saw, as etcd's would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linearizable_read_names_the_clusters_term_now() {
+    use etcd_informer::testing::etcd::EtcdCluster;
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let leader = cluster.leader_index().await.expect("a leader");
+    let m = (leader + 1) % 3;
+    let member = cluster.member_endpoint(m);
+    let client = connect([member.clone()]).await.expect("connect");
+    let p = "/registry/term/";
+    put(&client, &format!("{p}a"), "1").await;
+    // A Status read once an hour, and no probe of the server's own watch meanwhile: only the
+    // proof can tell the server of the new term.
+    let mut options = CacheServerOptions::default();
+    options.identity_refresh = Duration::from_secs(3600);
+    options.etcd = options
+        .etcd
+        .clone()
+        .with_progress_interval(Duration::from_secs(600))
+        .with_idle_timeout(Duration::from_secs(1200));
+    let server = start_server_with(&client, vec![member], p, options).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let term = |c: &Client| {
+        let c = c.clone();
+        async move {
+            let r = c.kv_client().get(format!("{p}a"), None).await;
+            r.ok().and_then(|r| r.header().map(|h| h.raft_term()))
+        }
+    };
+    let before = term(&client).await.expect("etcd's term");
+    assert_eq!(term(&via).await, Some(before));
+    cluster.stop_member(leader).await.expect("stop the leader");
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let after = loop {
+        if let Some(t) = term(&client).await.filter(|&t| t > before) {
+            break t;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a new leader in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(term(&via).await, Some(after), "etcd is at term {after}");
+    server.shutdown().await;
+}
