@@ -3,9 +3,11 @@
 //! they reach etcd (etcd-client's own tests count `Authenticate` calls in `/metrics`), and the
 //! requests that change what they report (writes, leases, authentication) are etcd's own.
 //!
-//! Every request that is not gRPC is one of them: a `GET` is asked of the upstream over plain
-//! HTTP/1.0, one connection per request, its answer read whole up to [`MAX_ANSWER`] (these
-//! endpoints are scraped, not streamed); over TLS to the upstream it answers 502, saying so.
+//! A `GET` of one of them ([`FORWARDED`]) is asked of the upstream over plain HTTP/1.0, one
+//! connection per request, its answer read whole up to [`MAX_ANSWER`] (these endpoints are
+//! scraped, not streamed); over TLS to the upstream it answers 502, saying so. Nothing else
+//! is forwarded (a v2 key read or a profile of an etcd that enables them would give a client
+//! that reaches only the server what only etcd's own network should reach): not found.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,9 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// etcd's read-only HTTP endpoints: metrics, health and readiness, version.
+const FORWARDED: [&str; 5] = ["/metrics", "/health", "/readyz", "/livez", "/version"];
+
 /// The largest answer read from the upstream: etcd's `/metrics` is some hundreds of KiB.
 const MAX_ANSWER: u64 = 16 << 20;
 
@@ -22,7 +27,8 @@ const MAX_ANSWER: u64 = 16 << 20;
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Answers a request no gRPC service took: a gRPC call is Unimplemented (as etcd answers an
-/// unknown method), a `GET` is etcd's answer; anything else is not found.
+/// unknown method), a `GET` of one of etcd's read-only endpoints is etcd's answer; anything
+/// else is not found.
 pub(crate) async fn answer(endpoints: Arc<[String]>, request: Request) -> Response {
     let grpc = request
         .headers()
@@ -31,7 +37,8 @@ pub(crate) async fn answer(endpoints: Arc<[String]>, request: Request) -> Respon
     if grpc {
         return tonic::Status::unimplemented("").into_http();
     }
-    if request.method() != Method::GET {
+    if request.method() != Method::GET || !FORWARDED.contains(&request.uri().path()) {
+        // Go's answer for a path nothing serves, as etcd gives it.
         return (StatusCode::NOT_FOUND, "404 page not found\n").into_response();
     }
     let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
