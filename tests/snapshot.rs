@@ -649,3 +649,45 @@ async fn a_value_that_no_longer_decodes_starts_cold() {
     informer.stop();
     run.await.unwrap();
 }
+
+/// Issue 35, "A race": a snapshot records the store its content was listed from, not the one
+/// the source names now. Here the source already names another store (as when it has just
+/// found the store replaced, before the relist replaces the cache): the snapshot written then
+/// still names the store of its content, so a restart in front of that store starts warm from
+/// it (it started cold before: the snapshot named the other store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_names_the_store_its_content_was_listed_from() {
+    use etcd_informer::testing::FakeSource;
+    let path = snapshot_path("origin");
+    let store = || {
+        let source = FakeSource::<String>::new();
+        source.set_cluster_id(1);
+        source.put("a", "old".into());
+        source
+    };
+    let source = store();
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default().with_snapshot_options(options(&path)),
+    );
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    source.set_cluster_id(2);
+    let written = informer.write_snapshot().await.expect("write");
+    assert!(written.is_some(), "a snapshot was written");
+    let again = SharedIndexInformer::new(
+        store(),
+        InformerOptions::default().with_snapshot_options(options(&path)),
+    );
+    tokio::spawn(again.clone().run());
+    tokio::time::timeout(WITHIN, again.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    assert!(
+        matches!(again.snapshot_start(), Some(SnapshotStart::Warm { .. })),
+        "{:?}",
+        again.snapshot_start()
+    );
+}

@@ -105,6 +105,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                     RelistUnchanged::Everyone => true,
                 };
                 let metrics = &self.shared.metrics;
+                // The store the list was read from: the source recorded it as it listed (a
+                // store it finds replaced later is recorded then, before this content goes).
+                let origin = self.shared.source.identity().cluster_id.unwrap_or(0);
                 indexer.transaction(|txn| {
                     let mut events = Vec::new();
                     let out = if listening {
@@ -124,6 +127,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                         revision.max(txn.revision())
                     };
                     txn.set_revision(revision);
+                    txn.set_origin(origin);
                     events
                 })
             }

@@ -46,16 +46,18 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             // The file holds that revision already: a quiet prefix is not written again.
             *written = *revision;
         }
-        let identity = self.shared.source.identity();
-        let Some(cluster_id) = identity.cluster_id else {
-            tracing::debug!(informer = %self.shared.name, "no snapshot written: the source does not know its cluster id yet");
+        // Under the store's read lock: the content, its revision and the store it was listed
+        // from agree. The source's identity now could name a store it has just found, whose
+        // content the cache does not hold yet.
+        let (revision, cluster_id, objects) = self.shared.indexer.list_at_revision();
+        if cluster_id == 0 {
+            tracing::debug!(informer = %self.shared.name, "no snapshot written: the cluster id of the listed store is not known");
             return Ok(None);
-        };
-        // Under the store's read lock: the content and its revision agree.
-        let (revision, objects) = self.shared.indexer.list_at_revision();
+        }
         if revision == 0 || revision == *written {
             return Ok(None);
         }
+        let identity = self.shared.source.identity();
         let options = snapshots.options.clone();
         let path = options.path.clone();
         let started = std::time::Instant::now();

@@ -54,6 +54,9 @@ struct Inner<T> {
     /// A later revision at which etcd's content was proven to be this content, or 0; reset by
     /// every write (see [`Indexer::proven_revision`]).
     proven: i64,
+    /// The cluster id of the store the content was listed from (0: unknown), set with the
+    /// content it names: what a snapshot of the content records.
+    origin: u64,
 }
 
 /// A store's next content, keys and indexes, built away from the store (page by page while a
@@ -84,6 +87,7 @@ impl<T> Clone for StoreContent<T> {
                 revision: self.inner.revision,
                 writes: 0,
                 proven: 0,
+                origin: 0,
             },
             indexed: self.indexed,
         }
@@ -181,6 +185,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             revision: 0,
             writes: 0,
             proven: 0,
+            origin: 0,
         }
     }
 }
@@ -198,6 +203,7 @@ impl<T> Inner<T> {
             revision: 0,
             writes: 0,
             proven: 0,
+            origin: 0,
         }
     }
 
@@ -286,6 +292,7 @@ impl<T: Send + Sync + 'static> Indexer<T> {
             revision: 0,
             writes: 0,
             proven: 0,
+            origin: 0,
         });
         let _ = indexer.add_indexers(indexers);
         indexer
@@ -455,13 +462,14 @@ impl<T> Indexer<T> {
         out
     }
 
-    /// Every object and the revision they are the source's content at, read under one lock
-    /// so that the two agree (what a snapshot of the cache records).
-    pub(crate) fn list_at_revision(&self) -> (i64, Vec<Arc<Object<T>>>) {
+    /// Every object, the revision they are the source's content at, and the cluster id of the
+    /// store they were listed from, read under one lock so that the three agree (what a
+    /// snapshot of the cache records).
+    pub(crate) fn list_at_revision(&self) -> (i64, u64, Vec<Arc<Object<T>>>) {
         let inner = self.read();
         let mut out = Vec::with_capacity(inner.table.len());
         inner.table.for_each(&mut |o| out.push(o));
-        (inner.revision, out)
+        (inner.revision, inner.origin, out)
     }
 
     /// Every key, in no particular order.
@@ -598,6 +606,11 @@ impl<T> Txn<'_, T> {
     /// Sets the revision the content now holds.
     pub(crate) fn set_revision(&mut self, revision: i64) {
         self.0.revision = revision;
+    }
+
+    /// The content is now a list of the store with this cluster id (0: unknown).
+    pub(crate) fn set_origin(&mut self, cluster_id: u64) {
+        self.0.origin = cluster_id;
     }
 
     pub(crate) fn revision(&self) -> i64 {
