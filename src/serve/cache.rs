@@ -707,6 +707,17 @@ mod tests {
         Arc::new(o)
     }
 
+    /// A cache of `/p/` keeping `revisions` revisions of history (1 MiB at most).
+    fn cache(revisions: usize) -> ServedCache {
+        ServedCache::new(
+            b"/p/",
+            HistoryBounds {
+                revisions,
+                bytes: 1 << 20,
+            },
+        )
+    }
+
     fn keys(found: &[(Arc<[u8]>, Kv)]) -> Vec<(String, i64)> {
         found
             .iter()
@@ -716,13 +727,7 @@ mod tests {
 
     #[test]
     fn ranges_roll_back_through_history() {
-        let cache = ServedCache::new(
-            b"/p/",
-            HistoryBounds {
-                revisions: 100,
-                bytes: 1 << 20,
-            },
-        );
+        let cache = cache(100);
         cache.replace(vec![obj("a", 2, 2, 1, "a1")], 3, false);
         cache.add_if_newer(DeltaType::Updated, obj("a", 2, 4, 2, "a2"));
         cache.add_if_newer(DeltaType::Added, obj("b", 4, 4, 1, "b1"));
@@ -769,13 +774,7 @@ mod tests {
 
     #[test]
     fn relist_appends_the_difference_and_history_is_bounded() {
-        let cache = ServedCache::new(
-            b"/p/",
-            HistoryBounds {
-                revisions: 2,
-                bytes: 1 << 20,
-            },
-        );
+        let cache = cache(2);
         cache.replace(
             vec![obj("a", 2, 2, 1, "a"), obj("b", 3, 3, 1, "b")],
             3,
@@ -824,13 +823,7 @@ mod tests {
     /// then cancelled at the revision after the list.
     #[test]
     fn a_watch_reads_up_to_a_relists_gap_and_is_cancelled_at_it() {
-        let cache = ServedCache::new(
-            b"/p/",
-            HistoryBounds {
-                revisions: 100,
-                bytes: 1 << 20,
-            },
-        );
+        let cache = cache(100);
         cache.replace(vec![obj("a", 2, 2, 1, "a")], 3, false);
         cache.add_if_newer(DeltaType::Added, obj("b", 4, 4, 1, "b"));
         cache.commit(4);
@@ -862,13 +855,7 @@ mod tests {
     /// repaired content; one that finds none leaves them open.
     #[test]
     fn a_relist_at_the_caches_own_revision_that_differs_ends_the_caught_up_watches() {
-        let cache = ServedCache::new(
-            b"/p/",
-            HistoryBounds {
-                revisions: 100,
-                bytes: 1 << 20,
-            },
-        );
+        let cache = cache(100);
         cache.replace(
             vec![obj("a", 2, 2, 1, "a"), obj("b", 3, 3, 1, "b")],
             3,

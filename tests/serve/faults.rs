@@ -748,12 +748,7 @@ async fn auth_turned_on_while_serving() {
     let tokenless_get = |c: &Client| {
         let c = c.clone();
         let key = format!("{p}a");
-        async move {
-            match c.kv_client().get(key, None).await {
-                Err(etcd_client::Error::GRpcStatus(s)) => format!("{:?} {}", s.code(), s.message()),
-                other => format!("{other:?}"),
-            }
-        }
+        async move { outcome(c.kv_client().get(key, None).await) }
     };
     assert_eq!(tokenless_get(&via).await, tokenless_get(&client).await);
     assert_eq!(
@@ -911,10 +906,7 @@ async fn a_client_that_requires_a_leader_hears_when_there_is_none_as_from_etcd()
             loop {
                 match responses.message().await {
                     Ok(Some(_)) => continue,
-                    Err(etcd_client::Error::GRpcStatus(s)) => {
-                        return format!("{:?} {}", s.code(), s.message())
-                    }
-                    other => return format!("{other:?}"),
+                    other => return outcome(other),
                 }
             }
         })
@@ -926,12 +918,7 @@ async fn a_client_that_requires_a_leader_hears_when_there_is_none_as_from_etcd()
     assert_eq!(ended[1], ended[0], "through the server");
     let read = |c: &Client| {
         let c = c.clone();
-        async move {
-            match c.kv_client().get(format!("{p}a"), None).await {
-                Err(etcd_client::Error::GRpcStatus(s)) => format!("{:?} {}", s.code(), s.message()),
-                other => format!("{other:?}"),
-            }
-        }
+        async move { outcome(c.kv_client().get(format!("{p}a"), None).await) }
     };
     assert_eq!(read(&direct).await, "Unavailable etcdserver: no leader");
     let serializable = via

@@ -230,6 +230,15 @@ async fn delete(client: &Client, key: &str) -> i64 {
     resp.header().expect("header").revision()
 }
 
+/// An answer as a comparison sees it: a gRPC error as its code and message (etcd's text), any
+/// other outcome as its debug form.
+fn outcome<T: std::fmt::Debug>(result: Result<T, etcd_client::Error>) -> String {
+    match result {
+        Err(etcd_client::Error::GRpcStatus(s)) => format!("{:?} {}", s.code(), s.message()),
+        other => format!("{other:?}"),
+    }
+}
+
 /// Waits until the server's cache reaches `revision`.
 async fn caught_up(server: &RunningServer, revision: i64) {
     eventually(
