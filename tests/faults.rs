@@ -474,8 +474,20 @@ async fn a_revision_of_undecodable_keys_alone_moves_the_cache() {
 /// proof that "no key under the prefix is newer than the cache's revision" is then trivially
 /// true. A consistent read must not answer with the old store's content: it waits until the
 /// cache is relisted from the new one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// It failed now and then in full CI runs (the reflector had not relisted 45 s after the watch
+/// could open) and never alone: its own runtime on one thread logs every task of it, and a
+/// failure prints the reflector's story.
+#[tokio::test(flavor = "current_thread")]
 async fn a_consistent_read_after_a_wipe_never_answers_from_the_old_store() {
+    let logs = common::Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("etcd_informer=debug")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
     let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let direct = connect([server.endpoint()]).await.unwrap();
     let prefix = "/restored/";
@@ -517,15 +529,16 @@ async fn a_consistent_read_after_a_wipe_never_answers_from_the_old_store() {
         );
     }
     r.held.store(false, Ordering::SeqCst);
-    // The reflector retries the held watch with its protective backoff (up to 30 s): the read
-    // waits for the relist after its next attempt.
-    let lister = match r.informer.consistent_lister(Duration::from_secs(45)).await {
+    // The reflector retries the held watch with its protective backoff (up to 30 s, with as
+    // much jitter again): the read waits for the relist after its next attempts.
+    let lister = match r.informer.consistent_lister(Duration::from_secs(90)).await {
         Ok(lister) => lister,
         Err(e) => panic!(
-            "a consistent read once the watch can open: {e}; watches opened {}, lists {}, {:?}",
+            "a consistent read once the watch can open: {e}; watches opened {}, lists {}, {:?}; the informer's logs:\n{}",
             r.watches.load(Ordering::SeqCst),
             r.lists.load(Ordering::SeqCst),
-            r.informer.health()
+            r.informer.health(),
+            logs.lines(&[]).join("\n")
         ),
     };
     assert_eq!(keys(&lister), ["new"]);

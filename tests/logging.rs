@@ -9,37 +9,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{converges, eventually};
+use common::{converges, eventually, Captured};
 use etcd_informer::testing::etcd::{test_etcd, unique_prefix, TcpProxy};
 use etcd_informer::{
     connect, EtcdListerWatcher, EtcdOptions, InformerOptions, ResourceEventHandlerFuncs,
     SharedIndexInformer, TextCodec,
 };
-
-/// Everything logged in this process, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// The lines that contain every one of `parts`.
-    fn lines(&self, parts: &[&str]) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|l| parts.iter().all(|p| l.contains(p)))
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 fn capture() -> Captured {
     let captured = Captured::default();

@@ -201,3 +201,28 @@ pub fn recorder(log: &Log) -> ResourceEventHandlerFuncs<String> {
                 .push(format!("{kind} {}={}", o.key(), o.object().value))
         })
 }
+
+/// Logs written as text (a `tracing_subscriber` writer), to read back in a test.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// The lines that contain every one of `parts`.
+    pub fn lines(&self, parts: &[&str]) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| parts.iter().all(|p| l.contains(p)))
+            .map(str::to_owned)
+            .collect()
+    }
+}
