@@ -39,7 +39,7 @@
 //! | `etcd_informer_server_watch_streams` | gauge | `prefix` | a cache server's open watch streams (sampled every second) |
 //! | `etcd_informer_server_watches` | gauge | `prefix` | watches a cache server serves from its cache (sampled every second) |
 //! | `etcd_informer_server_events_sent_total` | counter | `prefix` | events a cache server sent to its watches (sampled every second) |
-//! | `etcd_informer_server_slow_watch_cancellations_total` | counter | `prefix` | watches cancelled with `compact_revision` because the history no longer reached back to them (sampled every second) |
+//! | `etcd_informer_server_slow_watch_forwards_total` | counter | `prefix` | watches forwarded to etcd because the history no longer reached back to them (sampled every second) |
 //! | `etcd_informer_server_ranges_total` | counter | `prefix` | Ranges a cache server answered from its cache (sampled every second) |
 //! | `etcd_informer_server_forwarded_total` | counter | `prefix` | requests a cache server forwarded to etcd, passed-through Lease, Maintenance and Auth calls not counted (sampled every second) |
 //! | `etcd_informer_server_history_revisions` | gauge | `prefix` | revisions of history a cache server keeps (sampled every second) |
@@ -191,8 +191,8 @@ pub fn describe() {
             "Events a cache server sent to its watches."
         );
         describe_counter!(
-            "etcd_informer_server_slow_watch_cancellations_total",
-            "Watches a cache server cancelled because its history no longer reached back to them."
+            "etcd_informer_server_slow_watch_forwards_total",
+            "Watches a cache server forwarded to etcd because its history no longer reached back to them."
         );
         describe_counter!(
             "etcd_informer_server_ranges_total",
@@ -668,7 +668,7 @@ impl ServerMetricHandles {
             streams: handle!(gauge, "etcd_informer_server_watch_streams", "prefix" => prefix.to_owned()),
             watches: handle!(gauge, "etcd_informer_server_watches", "prefix" => prefix.to_owned()),
             events: handle!(counter, "etcd_informer_server_events_sent_total", "prefix" => prefix.to_owned()),
-            slow: handle!(counter, "etcd_informer_server_slow_watch_cancellations_total", "prefix" => prefix.to_owned()),
+            slow: handle!(counter, "etcd_informer_server_slow_watch_forwards_total", "prefix" => prefix.to_owned()),
             ranges: handle!(counter, "etcd_informer_server_ranges_total", "prefix" => prefix.to_owned()),
             forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => prefix.to_owned()),
             history_revisions: handle!(gauge, "etcd_informer_server_history_revisions", "prefix" => prefix.to_owned()),

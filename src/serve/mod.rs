@@ -9,8 +9,9 @@
 //!   within the history. Linearizable reads (etcdctl's default) wait for the consistent-read
 //!   proof. Other ranges are forwarded.
 //! - **Watch** within a served prefix is served from its history: many watches per stream,
-//!   `start_revision`, `prev_kv`, filters, progress, cancel; a watch behind the history is
-//!   cancelled with `compact_revision`. Other watches are forwarded.
+//!   `start_revision`, `prev_kv`, filters, progress, cancel. A watch that starts below the
+//!   history, or falls out of it (a slow reader), is forwarded to etcd from its position, as
+//!   are watches of other ranges.
 //! - **Writes** (Put, DeleteRange, Txn, Compact), Lease, Maintenance and Auth are forwarded
 //!   with the client's token; `Cluster.MemberList` names this server (as etcd's gRPC proxy does).
 //! - **Health**: gRPC's `grpc.health.v1.Health/Check` says SERVING while the server
@@ -796,7 +797,7 @@ async fn sample_metrics(served: Arc<Served>, prefix: String) {
                 stats.watch_streams,
                 stats.watches,
                 stats.events_sent,
-                stats.slow_watches_cancelled,
+                stats.slow_watches_forwarded,
                 stats.ranges_from_cache,
                 stats.forwarded,
             ],

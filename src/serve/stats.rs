@@ -25,10 +25,10 @@ pub struct ServerStats {
     pub watches: u64,
     /// Events sent to watches.
     pub events_sent: u64,
-    /// Watches cancelled with `compact_revision` because the history no longer reached back to
-    /// their position (slow readers, or starts older than the history), or they reached a
-    /// relist's difference that cannot be told as etcd's events.
-    pub slow_watches_cancelled: u64,
+    /// Watches forwarded to etcd because the history no longer reached back to their
+    /// position (slow readers), or they reached a relist's difference that cannot be told as
+    /// etcd's events.
+    pub slow_watches_forwarded: u64,
     /// Ranges answered from the cache.
     pub ranges_from_cache: u64,
     /// Requests forwarded to the upstream (passed-through Lease, Maintenance and Auth calls
@@ -47,7 +47,7 @@ struct Counters {
     streams: AtomicI64,
     watches: AtomicI64,
     events_sent: AtomicU64,
-    slow_cancelled: AtomicU64,
+    slow_forwarded: AtomicU64,
     ranges: AtomicU64,
     forwarded: AtomicU64,
 }
@@ -85,8 +85,8 @@ impl ServerMetrics {
             .events_sent
             .fetch_add(events as u64, Ordering::Relaxed);
     }
-    pub(crate) fn slow_cancelled(&self) {
-        self.0.slow_cancelled.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn slow_forwarded(&self) {
+        self.0.slow_forwarded.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -107,7 +107,7 @@ impl ServerMetrics {
             watch_streams: m.streams.load(Ordering::Relaxed).max(0) as u64,
             watches: m.watches.load(Ordering::Relaxed).max(0) as u64,
             events_sent: m.events_sent.load(Ordering::Relaxed),
-            slow_watches_cancelled: m.slow_cancelled.load(Ordering::Relaxed),
+            slow_watches_forwarded: m.slow_forwarded.load(Ordering::Relaxed),
             ranges_from_cache: m.ranges.load(Ordering::Relaxed),
             forwarded: m.forwarded.load(Ordering::Relaxed),
             forwarding_all,

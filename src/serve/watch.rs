@@ -4,10 +4,10 @@
 //! pulls the history's groups from there whenever the client's stream has room: nothing is
 //! copied per watcher ahead of time, so a client that does not read holds no memory but its
 //! position and its stream's buffer (`STREAM_BUFFER` responses), and never holds back other
-//! clients or the cache. A watch whose position falls out
-//! of the history is cancelled with `compact_revision`, as etcd cancels a watcher it cannot
-//! catch up. Watches of ranges outside the prefix are forwarded to the upstream, each on its
-//! own upstream stream. A stream's requests are handled in order; a create that waits for
+//! clients or the cache. A watch whose position falls out of the history is forwarded to the
+//! upstream from that position, as etcd would catch it up from its own store (or cancel it,
+//! if etcd compacted it too). Watches of ranges outside the prefix, or from below the
+//! history, are forwarded too, each on its own upstream stream. A stream's requests are handled in order; a create that waits for
 //! etcd (the client's access, a start etcd may have compacted) holds back the requests after
 //! it, not the stream's other watches.
 
@@ -111,6 +111,7 @@ struct Watch {
     no_put: bool,
     no_delete: bool,
     progress_notify: bool,
+    fragment: bool,
 }
 
 /// One client stream.
@@ -384,7 +385,7 @@ impl Session {
             // etcd replays it or cancels it as compacted, as a client of etcd would see.
             tracing::debug!(id, start = create.start_revision, "watch forwarded");
             create.watch_id = 0;
-            self.forward(id, PbWatchRequestUnion::CreateRequest(create));
+            self.forward(id, PbWatchRequestUnion::CreateRequest(create), false);
             return;
         };
         let position = self.served.slices[slice].cache.position();
@@ -402,6 +403,7 @@ impl Session {
             no_put: create.filters.contains(&FILTER_NOPUT),
             no_delete: create.filters.contains(&FILTER_NODELETE),
             progress_notify: create.progress_notify,
+            fragment: create.fragment,
         };
         tracing::debug!(id, from = watch.next, "watch created");
         self.watches.insert(id, watch);
@@ -518,8 +520,9 @@ impl Session {
         None
     }
 
-    /// The events owed to watch `id`, as one response (whole revisions only), or its
-    /// cancellation when the history no longer reaches back to it.
+    /// The events owed to watch `id`, as one response (whole revisions only). A watch the
+    /// history no longer reaches back to is forwarded from its position, or cancelled when
+    /// the store it watched was replaced.
     fn catch_up(&mut self, id: i64) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
         let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
@@ -528,16 +531,37 @@ impl Session {
             match cache.groups_from(watch.next, watch.epoch, MAX_REVISIONS_PER_RESPONSE) {
                 Ok(found) => found,
                 Err(RevisionError::Future) => return None,
+                Err(RevisionError::Compacted(_)) if watch.epoch == cache.position().epoch => {
+                    // etcd still holds what the history dropped (or says it compacted it
+                    // too): it catches the watch up from where the client is.
+                    tracing::info!(id, from = watch.next, "watch behind the history forwarded");
+                    let watch = self.watches.remove(&id)?;
+                    self.served.metrics.watches(-1);
+                    self.served.metrics.slow_forwarded();
+                    let mut create = PbWatchRequestUnion::CreateRequest(Default::default());
+                    if let PbWatchRequestUnion::CreateRequest(create) = &mut create {
+                        create.key = watch.key;
+                        create.range_end = watch.end;
+                        create.start_revision = watch.next;
+                        create.progress_notify = watch.progress_notify;
+                        create.prev_kv = watch.prev_kv;
+                        create.fragment = watch.fragment;
+                        create.filters = [
+                            (watch.no_put, FILTER_NOPUT),
+                            (watch.no_delete, FILTER_NODELETE),
+                        ]
+                        .into_iter()
+                        .filter_map(|(on, filter)| on.then_some(filter))
+                        .collect();
+                    }
+                    self.forward(id, create, true);
+                    return None;
+                }
                 Err(RevisionError::Compacted(compact_revision)) => {
-                    tracing::info!(
-                        id,
-                        from = watch.next,
-                        compact_revision,
-                        "watch behind the history kept; cancelled"
-                    );
+                    // The store was replaced: the client lists again.
+                    tracing::info!(id, from = watch.next, "watch of a replaced store cancelled");
                     self.watches.remove(&id);
                     self.served.metrics.watches(-1);
-                    self.served.metrics.slow_cancelled();
                     let cancel = PbWatchResponse {
                         header: self.header(cache.position().revision),
                         watch_id: id,
@@ -579,9 +603,9 @@ impl Session {
         Some((response, applied))
     }
 
-    /// Forwards a watch of a range outside the prefix on its own upstream stream, relaying its
-    /// responses under the id `id`.
-    fn forward(&mut self, id: i64, create: PbWatchRequestUnion) {
+    /// Forwards a watch on its own upstream stream, relaying its responses under the id `id`.
+    /// A watch the client already heard created (`announced`) is not announced again.
+    fn forward(&mut self, id: i64, create: PbWatchRequestUnion, announced: bool) {
         let served = self.served.clone();
         let metadata = self.metadata.clone();
         let tx = self.tx.clone();
@@ -626,7 +650,7 @@ impl Session {
                         return;
                     }
                 };
-                let mut created = false;
+                let mut created = announced;
                 loop {
                     let Some(response) = responses.next().await else {
                         // The upstream ended the stream without a word for this watch.
@@ -637,8 +661,14 @@ impl Session {
                     let end = match response {
                         Ok(mut response) => {
                             response.watch_id = id;
-                            created |= response.created;
                             let canceled = response.canceled;
+                            if response.created && created {
+                                if !canceled && response.events.is_empty() {
+                                    continue;
+                                }
+                                response.created = false;
+                            }
+                            created |= response.created;
                             if tx.send(Ok(response)).await.is_err() {
                                 return;
                             }
