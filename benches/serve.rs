@@ -2,11 +2,15 @@
 //!
 //! ```text
 //! cargo bench --bench serve -- [--keys 100000] [--watch-keys 10000] [--watchers 1,100,1000]
-//!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10]
+//!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10] [--scenarios list,watch,busy]
 //! ```
 //!
 //! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
-//! clients list them at once. Watches: N watch streams on a prefix of `--watch-keys` keys (over
+//! clients list them at once; beside them, the client's own floor: decoding the same answer
+//! from bytes already in memory (no server can take that away). Busy: `--watchers`' largest
+//! count of watchers through the cache server while another client lists the `--keys` prefix
+//! from the same server, one list after another: the watchers' latency beside the same
+//! watchers on a quiet server. Watches: N watch streams on a prefix of `--watch-keys` keys (over
 //! at most 20 connections), a writer at `--rate` writes/s for `--seconds`; each event carries
 //! its write time, so delivery latency is measured end to end. Each way is measured the same:
 //! straight to etcd, through `etcd grpc-proxy` (the etcd binary of `ETCD_BIN` or `PATH`), and
@@ -35,6 +39,7 @@ struct Args {
     seconds: u64,
     lists: usize,
     clients: usize,
+    scenarios: Vec<String>,
 }
 
 fn args() -> Args {
@@ -46,6 +51,7 @@ fn args() -> Args {
         seconds: 5,
         lists: 5,
         clients: 10,
+        scenarios: vec!["list".into(), "watch".into(), "busy".into()],
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -69,6 +75,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = number(),
             "--lists" => a.lists = number() as usize,
             "--clients" => a.clients = number() as usize,
+            "--scenarios" => a.scenarios = value.split(',').map(str::to_owned).collect(),
             "--watchers" => {
                 a.watchers = value
                     .split(',')
@@ -223,14 +230,17 @@ async fn start_cache_server(etcd: &str, prefix: &str) -> Res<Front> {
     })
 }
 
-/// The child: a cache server of `prefix` on `listen`.
-async fn child(etcd: String, prefix: String, listen: String) -> Res<()> {
+/// The child: a cache server of `prefixes` (comma-separated) on `listen`.
+async fn child(etcd: String, prefixes: String, listen: String) -> Res<()> {
     let client = connect([etcd.as_str()]).await?;
     let options = CacheServerOptions::default();
-    let server = CacheServer::new(client, [etcd], prefix)
-        .with_options(options)
-        .bind(listen.parse()?)
-        .await?;
+    let mut prefixes = prefixes.split(',');
+    let first = prefixes.next().unwrap_or_default().to_owned();
+    let mut server = CacheServer::new(client, [etcd], first).with_options(options);
+    for prefix in prefixes {
+        server = server.with_prefix(prefix);
+    }
+    let server = server.bind(listen.parse()?).await?;
     server.ready(Duration::from_secs(120)).await?;
     println!("ready");
     server.wait().await?;
@@ -252,12 +262,14 @@ async fn load(client: &Client, prefix: &str, keys: usize, size: usize) -> Res<()
 
 /// Seconds to list `prefix` once from `endpoint` on a new client.
 async fn list_once(endpoint: &str, prefix: &str, keys: usize) -> Res<f64> {
+    list_with(endpoint, prefix, keys, GetOptions::new().with_prefix()).await
+}
+
+async fn list_with(endpoint: &str, prefix: &str, keys: usize, options: GetOptions) -> Res<f64> {
     let client = connect([endpoint]).await?;
     let mut kv = client.kv_client().max_decoding_message_size(usize::MAX);
     let started = Instant::now();
-    let resp = kv
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await?;
+    let resp = kv.get(prefix, Some(options)).await?;
     let took = started.elapsed().as_secs_f64();
     if resp.kvs().len() != keys {
         return Err(format!("listed {} keys of {keys}", resp.kvs().len()).into());
@@ -267,16 +279,52 @@ async fn list_once(endpoint: &str, prefix: &str, keys: usize) -> Res<f64> {
 
 struct ListFigures {
     one_ms: f64,
+    serializable_ms: f64,
     concurrent_s: f64,
     etcd_cpu_s: f64,
+}
+
+/// Milliseconds the client takes to decode a `keys`-key answer like the list's from bytes
+/// in memory (median of 5): the part of any list no server can take away.
+fn decode_floor_ms(keys: usize) -> f64 {
+    use etcd_client::proto::{PbKeyValue, PbRangeResponse};
+    use tonic_prost::prost::Message;
+    let answer = PbRangeResponse {
+        kvs: (0..keys)
+            .map(|i| PbKeyValue {
+                key: format!("/bench/list/k{i:07}").into_bytes(),
+                create_revision: 2 + i as i64,
+                mod_revision: 2 + i as i64,
+                version: 1,
+                value: vec![b'v'; 256],
+                lease: 0,
+            })
+            .collect(),
+        count: keys as i64,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let times = (0..5)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            let decoded = PbRangeResponse::decode(answer.as_slice()).map(|r| r.kvs.len());
+            let took = started.elapsed().as_secs_f64();
+            assert_eq!(decoded.ok(), Some(keys));
+            took
+        })
+        .collect();
+    median(times) * 1000.0
 }
 
 async fn lists(endpoint: &str, prefix: &str, args: &Args, etcd_pid: u32) -> Res<ListFigures> {
     // One list first to warm whatever caches there are (the server's is built at start).
     list_once(endpoint, prefix, args.keys).await?;
     let mut times = Vec::new();
+    let mut serializable = Vec::new();
     for _ in 0..args.lists {
         times.push(list_once(endpoint, prefix, args.keys).await?);
+        let options = GetOptions::new().with_prefix().with_serializable();
+        serializable.push(list_with(endpoint, prefix, args.keys, options).await?);
     }
     let cpu = cpu_seconds(etcd_pid);
     let started = Instant::now();
@@ -294,6 +342,7 @@ async fn lists(endpoint: &str, prefix: &str, args: &Args, etcd_pid: u32) -> Res<
     }
     Ok(ListFigures {
         one_ms: median(times) * 1000.0,
+        serializable_ms: median(serializable) * 1000.0,
         concurrent_s: started.elapsed().as_secs_f64(),
         etcd_cpu_s: cpu_seconds(etcd_pid) - cpu,
     })
@@ -308,8 +357,12 @@ struct WatchFigures {
     etcd_cpu_s: f64,
     front_cpu_s: f64,
     front_rss_mib: f64,
+    /// Lists of another prefix made from the same front while the writes ran.
+    lists: Option<usize>,
 }
 
+/// `n` watchers of `prefix` through `front` while a writer writes; with `busy`, another
+/// client lists that (prefix, keys) from the same front, one list after another.
 async fn watches(
     writer: &Client,
     front: &Front,
@@ -317,6 +370,7 @@ async fn watches(
     n: usize,
     args: &Args,
     etcd_pid: u32,
+    busy: Option<(&str, usize)>,
 ) -> Res<WatchFigures> {
     let connections = n.clamp(1, 20);
     let mut clients = Vec::new();
@@ -372,6 +426,21 @@ async fn watches(
             .map_err(|_| "watches were not created within 60 s")?;
     }
     let (etcd_cpu, front_cpu) = (cpu_seconds(etcd_pid), front.pid().map_or(0.0, cpu_seconds));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = busy.map(|(list_prefix, keys)| {
+        let (endpoint, list_prefix, stop) =
+            (front.endpoint.clone(), list_prefix.to_owned(), stop.clone());
+        tokio::spawn(async move {
+            let mut lists = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                list_once(&endpoint, &list_prefix, keys)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                lists += 1;
+            }
+            Ok::<usize, String>(lists)
+        })
+    });
     let started = Instant::now();
     let period = Duration::from_secs_f64(1.0 / args.rate as f64);
     let mut tick = tokio::time::interval(period);
@@ -390,6 +459,11 @@ async fn watches(
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let lists = match lister {
+        Some(task) => Some(task.await??),
+        None => None,
+    };
     let front_rss_mib = front.pid().map_or(0.0, rss_mib);
     let mut all = std::mem::take(&mut *latencies.lock().map_err(|_| "poisoned")?);
     all.sort_by(f64::total_cmp);
@@ -402,11 +476,13 @@ async fn watches(
         etcd_cpu_s: cpu_seconds(etcd_pid) - etcd_cpu,
         front_cpu_s: front.pid().map_or(0.0, cpu_seconds) - front_cpu,
         front_rss_mib,
+        lists,
     })
 }
 
 async fn run() -> Res<()> {
     let args = args();
+    let wants = |scenario: &str| args.scenarios.iter().any(|s| s == scenario);
     let etcd = EtcdServer::start().await?;
     let etcd_pid = etcd.pid().ok_or("etcd has no pid")?;
     let endpoint = etcd.endpoint();
@@ -424,64 +500,108 @@ async fn run() -> Res<()> {
     let proxy = start_proxy(&endpoint).await?;
     let list_server = start_cache_server(&endpoint, list_prefix).await?;
     let watch_server = start_cache_server(&endpoint, watch_prefix).await?;
-    println!(
-        "\n{} keys of 256 B: one list (median of {}), then {} new clients at once\n",
-        args.keys, args.lists, args.clients
-    );
-    println!(
-        "| way | one list | {} lists at once | etcd CPU for those |",
-        args.clients
-    );
-    println!("| --- | ---: | ---: | ---: |");
-    let mut one = Vec::new();
-    for front in [&direct, &proxy, &list_server] {
-        let f = lists(&front.endpoint, list_prefix, &args, etcd_pid).await?;
+    if wants("list") {
         println!(
-            "| {} | {:.0} ms | {:.2} s | {:.2} s |",
-            front.name, f.one_ms, f.concurrent_s, f.etcd_cpu_s
+            "\n{} keys of 256 B: one list (median of {}), then {} new clients at once\n",
+            args.keys, args.lists, args.clients
         );
         println!(
-            "{{\"scenario\":\"list\",\"way\":\"{}\",\"keys\":{},\"one_ms\":{:.1},\"concurrent_clients\":{},\"concurrent_s\":{:.3},\"etcd_cpu_s\":{:.2}}}",
-            front.name, args.keys, f.one_ms, args.clients, f.concurrent_s, f.etcd_cpu_s
+            "| way | one list | one serializable list | {} lists at once | etcd CPU for those |",
+            args.clients
         );
-        one.push(f.one_ms);
+        println!("| --- | ---: | ---: | ---: | ---: |");
+        let mut one = Vec::new();
+        for front in [&direct, &proxy, &list_server] {
+            let f = lists(&front.endpoint, list_prefix, &args, etcd_pid).await?;
+            println!(
+                "| {} | {:.0} ms | {:.0} ms | {:.2} s | {:.2} s |",
+                front.name, f.one_ms, f.serializable_ms, f.concurrent_s, f.etcd_cpu_s
+            );
+            println!(
+                "{{\"scenario\":\"list\",\"way\":\"{}\",\"keys\":{},\"one_ms\":{:.1},\"serializable_ms\":{:.1},\"concurrent_clients\":{},\"concurrent_s\":{:.3},\"etcd_cpu_s\":{:.2}}}",
+                front.name, args.keys, f.one_ms, f.serializable_ms, args.clients, f.concurrent_s, f.etcd_cpu_s
+            );
+            one.push(f.one_ms);
+        }
+        let floor = decode_floor_ms(args.keys);
+        println!("the client's own decoding of such an answer, from memory: {floor:.0} ms");
+        println!(
+            "{{\"scenario\":\"list\",\"way\":\"client decode\",\"keys\":{},\"one_ms\":{floor:.1}}}",
+            args.keys
+        );
+        if let [direct_ms, _, server_ms] = one[..] {
+            println!(
+                "list from the server vs etcd: {:.1}x faster; without the client's decoding: {:.1}x\n",
+                direct_ms / server_ms,
+                (direct_ms - floor) / (server_ms - floor)
+            );
+        }
     }
-    if let [direct_ms, _, server_ms] = one[..] {
+    if wants("watch") {
         println!(
-            "list from the server vs etcd: {:.1}x faster\n",
-            direct_ms / server_ms
+            "\nwatchers on {} keys, {} writes/s for {} s\n",
+            args.watch_keys, args.rate, args.seconds
         );
+        watch_header();
+        for &n in &args.watchers {
+            for front in [&direct, &proxy, &watch_server] {
+                let f = watches(&client, front, watch_prefix, n, &args, etcd_pid, None).await?;
+                watch_row(front.name, n, &f);
+            }
+        }
     }
-    println!(
-        "\nwatchers on {} keys, {} writes/s for {} s\n",
-        args.watch_keys, args.rate, args.seconds
-    );
+    if wants("busy") {
+        let n = args.watchers.iter().copied().max().unwrap_or(1000);
+        let both = format!("{watch_prefix},{list_prefix}");
+        let server = start_cache_server(&endpoint, &both).await?;
+        println!(
+            "\n{n} watchers through one cache server, quiet, then while another client lists its {}-key prefix one list after another\n",
+            args.keys
+        );
+        watch_header();
+        let quiet = watches(&client, &server, watch_prefix, n, &args, etcd_pid, None).await?;
+        watch_row("cache server, quiet", n, &quiet);
+        let busy = (list_prefix, args.keys);
+        let f = watches(
+            &client,
+            &server,
+            watch_prefix,
+            n,
+            &args,
+            etcd_pid,
+            Some(busy),
+        )
+        .await?;
+        watch_row("cache server, lists beside", n, &f);
+    }
+    Ok(())
+}
+
+fn watch_header() {
     println!(
         "| way | watchers | delivered | p50 | p99 | events/s | etcd CPU | front CPU | front RSS |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for &n in &args.watchers {
-        for front in [&direct, &proxy, &watch_server] {
-            let f = watches(&client, front, watch_prefix, n, &args, etcd_pid).await?;
-            println!(
-                "| {} | {n} | {}/{} | {:.2} ms | {:.2} ms | {:.0} | {:.2} s | {:.2} s | {:.0} MiB |",
-                front.name,
-                f.delivered,
-                f.expected,
-                f.p50_ms,
-                f.p99_ms,
-                f.events_per_s,
-                f.etcd_cpu_s,
-                f.front_cpu_s,
-                f.front_rss_mib
-            );
-            println!(
-                "{{\"scenario\":\"watch\",\"way\":\"{}\",\"watchers\":{n},\"delivered\":{},\"expected\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"events_per_s\":{:.0},\"etcd_cpu_s\":{:.3},\"front_cpu_s\":{:.3},\"front_rss_mib\":{:.1}}}",
-                front.name, f.delivered, f.expected, f.p50_ms, f.p99_ms, f.events_per_s, f.etcd_cpu_s, f.front_cpu_s, f.front_rss_mib
-            );
-        }
-    }
-    Ok(())
+}
+
+fn watch_row(way: &str, n: usize, f: &WatchFigures) {
+    println!(
+        "| {way} | {n} | {}/{} | {:.2} ms | {:.2} ms | {:.0} | {:.2} s | {:.2} s | {:.0} MiB |{}",
+        f.delivered,
+        f.expected,
+        f.p50_ms,
+        f.p99_ms,
+        f.events_per_s,
+        f.etcd_cpu_s,
+        f.front_cpu_s,
+        f.front_rss_mib,
+        f.lists
+            .map_or(String::new(), |l| format!(" ({l} lists meanwhile)"))
+    );
+    println!(
+        "{{\"scenario\":\"watch\",\"way\":\"{way}\",\"watchers\":{n},\"delivered\":{},\"expected\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"events_per_s\":{:.0},\"etcd_cpu_s\":{:.3},\"front_cpu_s\":{:.3},\"front_rss_mib\":{:.1},\"lists\":{}}}",
+        f.delivered, f.expected, f.p50_ms, f.p99_ms, f.events_per_s, f.etcd_cpu_s, f.front_cpu_s, f.front_rss_mib, f.lists.unwrap_or(0)
+    );
 }
 
 fn main() {
