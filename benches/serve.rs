@@ -3,12 +3,13 @@
 //! ```text
 //! cargo bench --bench serve -- [--keys 100000] [--watch-keys 10000] [--watchers 1,100,1000]
 //!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10] [--scenarios list,watch,busy]
+//!     [--busy-watchers 1000]
 //! ```
 //!
 //! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
 //! clients list them at once; beside them, the client's own floor: decoding the same answer
-//! from bytes already in memory (no server can take that away). Busy: `--watchers`' largest
-//! count of watchers through the cache server while another client lists the `--keys` prefix
+//! from bytes already in memory (no server can take that away). Busy: `--busy-watchers`
+//! watchers through the cache server while another client lists the `--keys` prefix
 //! from the same server, one list after another: the watchers' latency beside the same
 //! watchers on a quiet server. Watches: N watch streams on a prefix of `--watch-keys` keys (over
 //! at most 20 connections), a writer at `--rate` writes/s for `--seconds`; each event carries
@@ -40,6 +41,7 @@ struct Args {
     lists: usize,
     clients: usize,
     scenarios: Vec<String>,
+    busy_watchers: usize,
 }
 
 fn args() -> Args {
@@ -52,6 +54,7 @@ fn args() -> Args {
         lists: 5,
         clients: 10,
         scenarios: vec!["list".into(), "watch".into(), "busy".into()],
+        busy_watchers: 1000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -75,6 +78,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = number(),
             "--lists" => a.lists = number() as usize,
             "--clients" => a.clients = number() as usize,
+            "--busy-watchers" => a.busy_watchers = number() as usize,
             "--scenarios" => a.scenarios = value.split(',').map(str::to_owned).collect(),
             "--watchers" => {
                 a.watchers = value
@@ -357,6 +361,8 @@ struct WatchFigures {
     etcd_cpu_s: f64,
     front_cpu_s: f64,
     front_rss_mib: f64,
+    /// CPU of this process (the watchers, the writer, the lister) meanwhile.
+    clients_cpu_s: f64,
     /// Lists of another prefix made from the same front while the writes ran.
     lists: Option<usize>,
 }
@@ -426,6 +432,7 @@ async fn watches(
             .map_err(|_| "watches were not created within 60 s")?;
     }
     let (etcd_cpu, front_cpu) = (cpu_seconds(etcd_pid), front.pid().map_or(0.0, cpu_seconds));
+    let clients_cpu = cpu_seconds(std::process::id());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let lister = busy.map(|(list_prefix, keys)| {
         let (endpoint, list_prefix, stop) =
@@ -476,6 +483,7 @@ async fn watches(
         etcd_cpu_s: cpu_seconds(etcd_pid) - etcd_cpu,
         front_cpu_s: front.pid().map_or(0.0, cpu_seconds) - front_cpu,
         front_rss_mib,
+        clients_cpu_s: cpu_seconds(std::process::id()) - clients_cpu,
         lists,
     })
 }
@@ -551,7 +559,7 @@ async fn run() -> Res<()> {
         }
     }
     if wants("busy") {
-        let n = args.watchers.iter().copied().max().unwrap_or(1000);
+        let n = args.busy_watchers;
         let both = format!("{watch_prefix},{list_prefix}");
         let server = start_cache_server(&endpoint, &both).await?;
         println!(
@@ -579,14 +587,14 @@ async fn run() -> Res<()> {
 
 fn watch_header() {
     println!(
-        "| way | watchers | delivered | p50 | p99 | events/s | etcd CPU | front CPU | front RSS |"
+        "| way | watchers | delivered | p50 | p99 | events/s | etcd CPU | front CPU | front RSS | clients CPU |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
 }
 
 fn watch_row(way: &str, n: usize, f: &WatchFigures) {
     println!(
-        "| {way} | {n} | {}/{} | {:.2} ms | {:.2} ms | {:.0} | {:.2} s | {:.2} s | {:.0} MiB |{}",
+        "| {way} | {n} | {}/{} | {:.2} ms | {:.2} ms | {:.0} | {:.2} s | {:.2} s | {:.0} MiB | {:.2} s |{}",
         f.delivered,
         f.expected,
         f.p50_ms,
@@ -595,12 +603,13 @@ fn watch_row(way: &str, n: usize, f: &WatchFigures) {
         f.etcd_cpu_s,
         f.front_cpu_s,
         f.front_rss_mib,
+        f.clients_cpu_s,
         f.lists
             .map_or(String::new(), |l| format!(" ({l} lists meanwhile)"))
     );
     println!(
-        "{{\"scenario\":\"watch\",\"way\":\"{way}\",\"watchers\":{n},\"delivered\":{},\"expected\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"events_per_s\":{:.0},\"etcd_cpu_s\":{:.3},\"front_cpu_s\":{:.3},\"front_rss_mib\":{:.1},\"lists\":{}}}",
-        f.delivered, f.expected, f.p50_ms, f.p99_ms, f.events_per_s, f.etcd_cpu_s, f.front_cpu_s, f.front_rss_mib, f.lists.unwrap_or(0)
+        "{{\"scenario\":\"watch\",\"way\":\"{way}\",\"watchers\":{n},\"delivered\":{},\"expected\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"events_per_s\":{:.0},\"etcd_cpu_s\":{:.3},\"front_cpu_s\":{:.3},\"front_rss_mib\":{:.1},\"clients_cpu_s\":{:.3},\"lists\":{}}}",
+        f.delivered, f.expected, f.p50_ms, f.p99_ms, f.events_per_s, f.etcd_cpu_s, f.front_cpu_s, f.front_rss_mib, f.clients_cpu_s, f.lists.unwrap_or(0)
     );
 }
 

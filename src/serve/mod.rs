@@ -203,6 +203,9 @@ pub struct CacheServerOptions {
     /// default they are refused with PermissionDenied, saying why; clients with a token are
     /// judged by etcd by their token either way.
     pub trust_clients_as_server: bool,
+    /// How long [`RunningServer::shutdown`] waits for clients to leave before it closes what
+    /// is still open (default 10 s): see there.
+    pub drain_timeout: Duration,
 }
 
 /// The server's TLS: its certificate and key, and for mutual TLS the CA whose certificates
@@ -235,6 +238,7 @@ impl Default for CacheServerOptions {
             #[cfg(feature = "tls")]
             upstream_tls: None,
             trust_clients_as_server: false,
+            drain_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -309,6 +313,13 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_trust_clients_as_server(mut self, trust: bool) -> Self {
         self.trust_clients_as_server = trust;
+        self
+    }
+
+    /// Sets [`drain_timeout`](Self::drain_timeout).
+    #[must_use]
+    pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
         self
     }
 
@@ -467,6 +478,7 @@ impl CacheServer {
             access_ttl: options.access_ttl,
             read_timeout: options.read_timeout.min(LONGEST_WAIT),
             metrics: ServerMetrics::new(&prefix_text),
+            draining: tokio::sync::watch::channel(false).0,
         });
         tasks.push(tokio::spawn(
             sample_metrics(served.clone(), prefix_text.clone())
@@ -572,6 +584,7 @@ impl CacheServer {
             tasks,
             serving: Some(serving),
             stop: Some(stop),
+            drain_timeout: options.drain_timeout.min(LONGEST_WAIT),
         })
     }
 }
@@ -584,6 +597,7 @@ pub struct RunningServer {
     tasks: Vec<JoinHandle<()>>,
     serving: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     stop: Option<oneshot::Sender<()>>,
+    drain_timeout: Duration,
 }
 
 impl RunningServer {
@@ -654,18 +668,29 @@ impl RunningServer {
         }
     }
 
-    /// Stops accepting requests, ends open streams, and stops the cache.
+    /// Drains the server, then stops it and its caches (what the `cache_server` example does
+    /// on SIGTERM). The health check says NOT_SERVING at once, so a load balancer moves new
+    /// clients away; open watch streams end with Unavailable, `etcdserver: server stopped`,
+    /// as etcd ends them when it stops, so that clients watch again elsewhere from their last
+    /// revision (this crate's informer does, with no relist); every connection is told to go
+    /// (HTTP/2 GOAWAY), requests under way finish, and no new one is taken. Whatever is still
+    /// open after [`drain_timeout`](CacheServerOptions::drain_timeout) (a forwarded lease
+    /// keep-alive, say) is closed.
     pub async fn shutdown(mut self) {
+        self.served.draining.send_replace(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(serving) = self.serving.take() {
-            // Open watch streams would keep a graceful shutdown waiting: bounded.
             let abort = serving.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), serving)
+            if tokio::time::timeout(self.drain_timeout, serving)
                 .await
                 .is_err()
             {
+                tracing::warn!(
+                    prefix = %self.prefix,
+                    "clients still connected after the drain timeout: closed"
+                );
                 abort.abort();
             }
         }
@@ -674,6 +699,9 @@ impl RunningServer {
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
+        // Connections outlive the serving task: their watch streams end here, or they would
+        // go on from a cache that no longer follows etcd.
+        self.served.draining.send_replace(true);
         if let Some(serving) = &self.serving {
             serving.abort();
         }

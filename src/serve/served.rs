@@ -121,6 +121,11 @@ pub(crate) struct Served {
     pub(crate) access_ttl: Duration,
     pub(crate) read_timeout: Duration,
     pub(crate) metrics: ServerMetrics,
+    /// Set when the server starts to drain ([`RunningServer::shutdown`]): it is no longer
+    /// ready, and watch streams end.
+    ///
+    /// [`RunningServer::shutdown`]: super::RunningServer::shutdown
+    pub(crate) draining: watch::Sender<bool>,
 }
 
 /// How long etcd's answer that it holds a revision stands for later questions: compaction only
@@ -190,7 +195,7 @@ impl Served {
 
     /// Every prefix ready, and the upstream's identity known.
     pub(crate) fn ready(&self) -> bool {
-        self.headers.known() && self.slices.iter().all(Slice::ready)
+        !*self.draining.borrow() && self.headers.known() && self.slices.iter().all(Slice::ready)
     }
 
     /// The lowest revision of the caches: one every cache has reached.

@@ -68,6 +68,9 @@ impl PbWatchService for WatchService {
         if require_leader && self.served.headers.no_leader() {
             return Err(no_leader());
         }
+        if *self.served.draining.borrow() {
+            return Err(stopped());
+        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let session = Session {
             served: self.served.clone(),
@@ -170,6 +173,7 @@ impl Session {
     async fn run(mut self, mut requests: Streaming<PbWatchRequest>, interval: Duration) {
         let mut position = self.served.changed.subscribe();
         let mut leader = self.served.headers.watch_leader();
+        let mut draining = self.served.draining.subscribe();
         let mut progress = tokio::time::interval(interval);
         progress.reset();
         let tx = self.tx.clone();
@@ -229,6 +233,11 @@ impl Session {
                     if self.require_leader =>
                 {
                     let _ = self.tx.send(Err(no_leader())).await;
+                    return;
+                }
+                // The server drains: the client watches again elsewhere.
+                _ = async { draining.wait_for(|draining| *draining).await.is_ok() } => {
+                    let _ = self.tx.send(Err(stopped())).await;
                     return;
                 }
             }
@@ -713,6 +722,12 @@ async fn replayable(served: &Served, slice: usize, start: i64) -> bool {
 /// `WithRequireLeader`).
 pub(crate) fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
     metadata.get("hasleader").is_some_and(|v| v == "true")
+}
+
+/// etcd's answer on a stream it ends because it stops: clients take it as a reason to go to
+/// another member.
+fn stopped() -> Status {
+    Status::unavailable("etcdserver: server stopped")
 }
 
 /// etcd's answer to a request that asks for a leader when its member has none.

@@ -13,6 +13,7 @@ mod common;
 mod etcdctl;
 mod faults;
 mod parity;
+mod replicas;
 
 use std::path::PathBuf;
 use std::process::Stdio;
