@@ -199,3 +199,69 @@ async fn watched(servers: &[RunningServer]) -> usize {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A wiped upstream is one store replacement to an informer behind two servers, also when it
+/// moves to the other server after the wipe (each server lists the new store on its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wipe_is_one_replacement_whichever_server_the_informer_is_on() {
+    let etcd = private_etcd().await;
+    // A term the wiped store starts below, as in the one-server test of this case.
+    for _ in 0..2 {
+        etcd.restart().await.expect("restart etcd");
+    }
+    let client = etcd.client().await;
+    let p = "/registry/replicas-wiped/";
+    for i in 0..10 {
+        put(&client, &format!("{p}old{i}"), "before").await;
+    }
+    let options = CacheServerOptions::default().with_drain_timeout(Duration::from_secs(5));
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        servers.push(start_server_with(&client, etcd.endpoints(), p, options.clone()).await);
+    }
+    let addresses: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
+    let via = connect(addresses).await.expect("connect to the servers");
+    let lw = EtcdListerWatcher::new(via, p, TextCodec).expect("source");
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    let deleted = Arc::new(Mutex::new(Vec::<String>::new()));
+    let d = deleted.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new()
+                .on_delete(move |o| d.lock().expect("log").push(o.key().to_owned())),
+        )
+        .expect("handler");
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("sync");
+    converges(&informer, &client, p, WITHIN).await;
+    etcd.wipe().await.expect("wipe etcd");
+    let client = etcd.client().await;
+    for i in 0..10 {
+        put(&client, &format!("{p}new{i}"), "new store").await;
+    }
+    converges(&informer, &client, p, Duration::from_secs(60)).await;
+    // The informer moves to the other server, which may have listed the new store before or
+    // after the one it was on.
+    let drained = servers.remove(watched(&servers).await);
+    drained.shutdown().await;
+    for round in 0..3 {
+        put(&client, &format!("{p}later{round}"), "new store").await;
+        converges(&informer, &client, p, WITHIN).await;
+    }
+    let spurious: Vec<String> = deleted
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|k| !k.starts_with("old"))
+        .cloned()
+        .collect();
+    let relists = informer.health().reflector.relists;
+    assert!(
+        spurious.is_empty() && relists.store_replaced == 1,
+        "one store replacement for one wipe, and no delete for a key etcd never deleted: {relists:?}, deletes {spurious:?}"
+    );
+    informer.stop();
+    let _ = run.await;
+}
