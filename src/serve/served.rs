@@ -209,8 +209,8 @@ impl Served {
 
     /// Returns once the prefix's cache holds every change etcd made before this call (a
     /// linearizable read; read-your-writes for a write forwarded before it). etcd's current
-    /// revision comes from a linearizable read of one key (see
-    /// [`Self::current_revision`]); the cache usually reaches it through its own watch within a moment.
+    /// revision comes from a linearizable read of one key (see [`Self::current_revision`]);
+    /// the cache usually reaches it through its own watch within a moment.
     /// If it does not (keys outside the prefix moved etcd's revision), [`Self::prove`] checks
     /// that the prefix is unchanged since the cache's revision, at once for a small prefix and
     /// after [`PROOF_GRACE`] for a large one (that check reads the whole prefix in etcd). Gives

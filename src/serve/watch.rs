@@ -7,9 +7,9 @@
 //! clients or the cache. A watch whose position falls out of the history is forwarded to the
 //! upstream from that position, as etcd would catch it up from its own store (or cancel it,
 //! if etcd compacted it too). Watches of ranges outside the prefix, or from below the
-//! history, are forwarded too, each on its own upstream stream. A stream's requests are handled in order; a create that waits for
-//! etcd (the client's access, a start etcd may have compacted) holds back the requests after
-//! it, not the stream's other watches.
+//! history, are forwarded too, each on its own upstream stream. A stream's requests are
+//! handled in order; a create that waits for etcd (the client's access, a start etcd may have
+//! compacted) holds back the requests after it, not the stream's other watches.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
