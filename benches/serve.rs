@@ -3,7 +3,7 @@
 //! ```text
 //! cargo bench --bench serve -- [--keys 100000] [--watch-keys 10000] [--watchers 1,100,1000]
 //!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10] [--scenarios list,watch,busy]
-//!     [--busy-watchers 1000]
+//!     [--busy-watchers 1000] [--failover-watchers 2000]
 //! ```
 //!
 //! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
@@ -11,7 +11,12 @@
 //! from bytes already in memory (no server can take that away). Busy: `--busy-watchers`
 //! watchers through the cache server while another client lists the `--keys` prefix
 //! from the same server, one list after another: the watchers' latency beside the same
-//! watchers on a quiet server. Watches: N watch streams on a prefix of `--watch-keys` keys (over
+//! watchers on a quiet server. Failover (not run by default): `--failover-watchers` watchers
+//! given two cache servers, one SIGKILLed halfway through the writes; each watcher watches
+//! again from its next revision after an error, as a client of etcd would after losing its
+//! member: every event delivered once, and the longest delivery (the failover's gap).
+//! First (not run by default): the first answer of new forwarded streams (a lease
+//! keep-alive, a watch outside the prefix) on a connection already open. Watches: N watch streams on a prefix of `--watch-keys` keys (over
 //! at most 20 connections), a writer at `--rate` writes/s for `--seconds`; each event carries
 //! its write time, so delivery latency is measured end to end. Each way is measured the same:
 //! straight to etcd, through `etcd grpc-proxy` (the etcd binary of `ETCD_BIN` or `PATH`), and
@@ -42,6 +47,7 @@ struct Args {
     clients: usize,
     scenarios: Vec<String>,
     busy_watchers: usize,
+    failover_watchers: usize,
 }
 
 fn args() -> Args {
@@ -55,6 +61,7 @@ fn args() -> Args {
         clients: 10,
         scenarios: vec!["list".into(), "watch".into(), "busy".into()],
         busy_watchers: 1000,
+        failover_watchers: 2000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -79,6 +86,7 @@ fn args() -> Args {
             "--lists" => a.lists = number() as usize,
             "--clients" => a.clients = number() as usize,
             "--busy-watchers" => a.busy_watchers = number() as usize,
+            "--failover-watchers" => a.failover_watchers = number() as usize,
             "--scenarios" => a.scenarios = value.split(',').map(str::to_owned).collect(),
             "--watchers" => {
                 a.watchers = value
@@ -582,7 +590,187 @@ async fn run() -> Res<()> {
         .await?;
         watch_row("cache server, lists beside", n, &f);
     }
+    if wants("first") {
+        println!("\nfirst answer of a new forwarded stream (median and slowest of 20)\n");
+        println!("| way | lease keep-alive | watch outside the prefix (created) |");
+        println!("| --- | ---: | ---: |");
+        for front in [&direct, &proxy, &watch_server] {
+            let [ka, ka_max, w, w_max] =
+                first_answers(&front.endpoint, "/bench/elsewhere", 20).await?;
+            println!(
+                "| {} | {ka:.2} ms (max {ka_max:.2}) | {w:.2} ms (max {w_max:.2}) |",
+                front.name
+            );
+            println!(
+                "{{\"scenario\":\"first\",\"way\":\"{}\",\"keep_alive_ms\":{ka:.3},\"watch_created_ms\":{w:.3}}}",
+                front.name
+            );
+        }
+    }
+    if wants("failover") {
+        let n = args.failover_watchers;
+        let mut first = start_cache_server(&endpoint, watch_prefix).await?;
+        let second = start_cache_server(&endpoint, watch_prefix).await?;
+        let endpoints = [first.endpoint.clone(), second.endpoint.clone()];
+        let endpoints = [endpoints[0].as_str(), endpoints[1].as_str()];
+        let (delivered, expected, repeats, p50, p99, max) =
+            failover(&client, endpoints, &mut first, watch_prefix, n, &args).await?;
+        println!(
+            "\n{n} watchers given two cache servers, one SIGKILLed halfway through {} writes/s for {} s\n",
+            args.rate, args.seconds
+        );
+        println!("| watchers | delivered | repeated | p50 | p99 | max (the failover gap) |");
+        println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| {n} | {delivered}/{expected} | {repeats} | {p50:.2} ms | {p99:.2} ms | {max:.0} ms |");
+        println!(
+            "{{\"scenario\":\"failover\",\"watchers\":{n},\"delivered\":{delivered},\"expected\":{expected},\"repeats\":{repeats},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"max_ms\":{max:.1}}}"
+        );
+    }
     Ok(())
+}
+
+/// `n` watchers given both `endpoints`, a writer at `--rate` for `--seconds`, and `kill`
+/// SIGKILLed halfway: each watcher watches again from its next revision after an error.
+/// Returns (delivered, expected, repeats, p50, p99, max latency in ms).
+async fn failover(
+    writer: &Client,
+    endpoints: [&str; 2],
+    kill: &mut Front,
+    prefix: &str,
+    n: usize,
+    args: &Args,
+) -> Res<(usize, usize, usize, f64, f64, f64)> {
+    let connections = n.clamp(1, 20);
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(connect(endpoints).await?);
+    }
+    let writes = (args.rate * args.seconds) as usize;
+    let from = writer
+        .kv_client()
+        .get(prefix, Some(GetOptions::new().with_count_only()))
+        .await?
+        .header()
+        .map_or(0, |h| h.revision())
+        + 1;
+    let (created_tx, mut created_rx) = tokio::sync::mpsc::channel::<()>(n.max(1));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let client = clients[i % connections].clone();
+        let (prefix, created) = (prefix.to_string(), created_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut next, mut seen, mut repeats) = (from, 0, 0);
+            let mut latencies = Vec::with_capacity(writes);
+            let give_up = Instant::now() + Duration::from_secs(120);
+            while seen < writes && Instant::now() < give_up {
+                let options = WatchOptions::new().with_prefix().with_start_revision(next);
+                let Ok(stream) = client
+                    .watch_client()
+                    .watch(prefix.as_str(), Some(options))
+                    .await
+                else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let (_requests, mut responses) = stream.split();
+                while let Ok(Some(r)) = responses.message().await {
+                    if r.created() {
+                        let _ = created.try_send(());
+                    }
+                    let now = now_nanos();
+                    for e in r.events() {
+                        let Some(kv) = e.kv() else { continue };
+                        if kv.mod_revision() < next {
+                            repeats += 1;
+                            continue;
+                        }
+                        next = kv.mod_revision() + 1;
+                        let sent = kv
+                            .value_str()
+                            .ok()
+                            .and_then(|v| v.split(':').next())
+                            .and_then(|t| t.parse::<u128>().ok());
+                        if let Some(sent) = sent {
+                            latencies.push(now.saturating_sub(sent) as f64 / 1e6);
+                            seen += 1;
+                        }
+                    }
+                    if seen >= writes {
+                        break;
+                    }
+                }
+            }
+            (latencies, repeats)
+        }));
+    }
+    drop(created_tx);
+    for _ in 0..n {
+        tokio::time::timeout(Duration::from_secs(60), created_rx.recv())
+            .await
+            .map_err(|_| "watches were not created within 60 s")?;
+    }
+    let period = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let mut tick = tokio::time::interval(period);
+    let mut kv = writer.kv_client();
+    let pad = "p".repeat(200);
+    for i in 0..writes {
+        tick.tick().await;
+        if i == writes / 2 {
+            if let Some(child) = kill.child.as_mut() {
+                child.start_kill()?;
+            }
+        }
+        let value = format!("{}:{pad}", now_nanos());
+        kv.put(format!("{prefix}k{:07}", i % args.watch_keys), value, None)
+            .await?;
+    }
+    let (mut all, mut repeats) = (Vec::new(), 0);
+    for task in tasks {
+        let (latencies, repeated) = task.await?;
+        all.extend(latencies);
+        repeats += repeated;
+    }
+    all.sort_by(f64::total_cmp);
+    let max = all.last().copied().unwrap_or(f64::NAN);
+    Ok((
+        all.len(),
+        writes * n,
+        repeats,
+        percentile(&all, 50.0),
+        percentile(&all, 99.0),
+        max,
+    ))
+}
+
+/// Milliseconds to the first answer of a new forwarded stream on a connection already open
+/// (median and slowest of `samples`): a lease keep-alive's first answer, and a watch of a key
+/// outside the served prefix until its `created`.
+async fn first_answers(endpoint: &str, outside: &str, samples: usize) -> Res<[f64; 4]> {
+    let client = connect([endpoint]).await?;
+    let (mut keep_alive, mut watch) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let lease = client.lease_client().grant(60, None).await?.id();
+        let started = Instant::now();
+        let (mut keeper, mut answers) = client.lease_client().keep_alive(lease).await?;
+        keeper.keep_alive().await?;
+        answers.message().await?.ok_or("no keep-alive answer")?;
+        keep_alive.push(started.elapsed().as_secs_f64() * 1000.0);
+        client.lease_client().revoke(lease).await?;
+        let started = Instant::now();
+        let (_requests, mut responses) = client.watch_client().watch(outside, None).await?.split();
+        let created = responses.message().await?.ok_or("no created")?;
+        if !created.created() {
+            return Err("the first answer was not created".into());
+        }
+        watch.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    Ok([
+        median(keep_alive.clone()),
+        slowest(&keep_alive),
+        median(watch.clone()),
+        slowest(&watch),
+    ])
 }
 
 fn watch_header() {

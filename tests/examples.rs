@@ -80,10 +80,15 @@ impl Example {
     }
 
     /// Sends Ctrl-C and checks the example exits cleanly.
-    fn interrupt(mut self) {
+    fn interrupt(self) {
+        self.stop_with(libc::SIGINT);
+    }
+
+    /// Sends `signal` and checks the example exits cleanly within 10 s.
+    fn stop_with(mut self, signal: i32) {
         // SAFETY: plain kill(2) on our own child's pid.
         let pid = i32::try_from(self.child.id()).expect("pid fits i32");
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for example") {
@@ -92,7 +97,7 @@ impl Example {
             }
             assert!(
                 Instant::now() < deadline,
-                "example did not exit within 10 s of Ctrl-C"
+                "example did not exit within 10 s of signal {signal}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -829,5 +834,214 @@ async fn sharded_controller_example_shares_jobs_among_three_processes() {
     }
     for ex in rest {
         ex.interrupt();
+    }
+}
+
+/// Issue 37: two `cache_server` processes in front of a 3-member cluster, under writes. One is
+/// SIGKILLed, then started again on its address, then the other gets SIGTERM (a drain).
+/// A raw etcd-client watch given both addresses, which watches again from its last revision
+/// after each error, sees every revision once, in order; an informer given both ends with
+/// etcd's content, no relist and no delete etcd did not make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_server_replicas_survive_a_kill_a_restart_and_a_drain() {
+    use std::collections::BTreeSet;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use etcd_informer::{
+        EtcdListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, TextCodec,
+    };
+
+    let cluster = etcd_informer::testing::etcd::EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let endpoints = cluster.endpoints();
+    let client = etcd_informer::connect(endpoints.clone())
+        .await
+        .expect("connect to the cluster");
+    let prefix = unique_prefix("example_cache_server_replicas");
+    let from = client
+        .kv_client()
+        .put(format!("{prefix}k0"), "initial", None)
+        .await
+        .expect("put")
+        .header()
+        .map_or(0, |h| h.revision())
+        + 1;
+    let (a, b) = (free_addr(), free_addr());
+    let start = |addr: &str| {
+        let server = Example::start(
+            "cache_server",
+            &endpoints,
+            &["--prefix", &prefix, "--listen", addr],
+        );
+        let ready = server.next_lines(1).remove(0);
+        assert!(ready.starts_with("ready: serving"), "{ready}");
+        server
+    };
+    let (server_a, server_b) = (start(&a), start(&b));
+    let via = etcd_informer::connect([a.as_str(), b.as_str()])
+        .await
+        .expect("connect to both");
+
+    // The raw watcher: every mod_revision it hears, watching again after each error.
+    let heard = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = {
+        let (via, prefix, heard, watching) =
+            (via.clone(), prefix.clone(), heard.clone(), watching.clone());
+        tokio::spawn(async move {
+            let mut next = from;
+            let mut resumed = 0;
+            while watching.load(Ordering::Relaxed) {
+                let options = etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(next);
+                let Ok(stream) = via
+                    .watch_client()
+                    .watch(prefix.as_str(), Some(options))
+                    .await
+                else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let (_requests, mut responses) = stream.split();
+                while let Ok(Ok(Some(r))) =
+                    tokio::time::timeout(Duration::from_millis(500), responses.message()).await
+                {
+                    assert!(!r.canceled(), "cancelled: {r:?}");
+                    let mut heard = heard.lock().expect("heard");
+                    for e in r.events() {
+                        let revision = e.kv().map_or(0, |kv| kv.mod_revision());
+                        heard.push(revision);
+                        next = revision + 1;
+                    }
+                }
+                resumed += 1;
+            }
+            resumed
+        })
+    };
+    let lw = EtcdListerWatcher::new(via, prefix.as_str(), TextCodec).expect("source");
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    let deleted = Arc::new(Mutex::new(Vec::<String>::new()));
+    let d = deleted.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new()
+                .on_delete(move |o| d.lock().expect("deleted").push(o.key().to_owned())),
+        )
+        .expect("handler");
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+        .await
+        .expect("the informer syncs through the servers");
+    let relists = informer.health().reflector.relists.total();
+
+    // Writes all along, to 7 keys; every fifth a delete.
+    let mut writes = Writes {
+        client: client.clone(),
+        prefix: prefix.clone(),
+        n: 0,
+        revisions: Vec::new(),
+        deleted: BTreeSet::new(),
+    };
+    writes.for_(Duration::from_millis(500)).await;
+    drop(server_a); // SIGKILL
+    writes.for_(Duration::from_millis(800)).await;
+    let server_a = start(&a);
+    writes.for_(Duration::from_millis(500)).await;
+    let drained = tokio::task::spawn_blocking(move || server_b.stop_with(libc::SIGTERM));
+    writes.for_(Duration::from_millis(800)).await;
+    drained.await.expect("server B drained and exited cleanly");
+    writes.for_(Duration::from_millis(300)).await;
+    let (written, deleted_by_etcd) = (writes.revisions, writes.deleted);
+
+    // Everything written reaches the watcher and the informer through server A.
+    let last = *written.last().expect("writes");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while heard.lock().expect("heard").last().copied() < Some(last) {
+        assert!(
+            Instant::now() < deadline,
+            "the watcher stopped at {:?} of {last}",
+            heard.lock().expect("heard").last()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watching.store(false, Ordering::Relaxed);
+    let resumed = watcher.await.expect("watcher");
+    let heard: Vec<i64> = heard.lock().expect("heard").clone();
+    let deletes_heard: Vec<String> = deleted.lock().expect("deleted").clone();
+    let spurious: Vec<&String> = deletes_heard
+        .iter()
+        .filter(|k| !deleted_by_etcd.contains(*k))
+        .collect();
+    let etcd_keys = client
+        .kv_client()
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("list etcd")
+        .kvs()
+        .len();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while informer.indexer().len() != etcd_keys || informer.revision() < last {
+        assert!(
+            Instant::now() < deadline,
+            "the informer holds {} keys at {}, etcd {etcd_keys} at {last}",
+            informer.indexer().len(),
+            informer.revision()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let relisted = informer.health().reflector.relists.total() - relists;
+    informer.stop();
+    let _ = run.await;
+    assert!(
+        heard == written && resumed >= 2 && relisted == 0 && spurious.is_empty(),
+        "the watcher heard {} revisions of {} written (in order, once each: {}), watching {resumed} times; the informer relisted {relisted} times and heard deletes etcd never made: {spurious:?}",
+        heard.len(),
+        written.len(),
+        heard == written
+    );
+    server_a.stop_with(libc::SIGTERM);
+}
+
+/// A writer of puts and deletes under a prefix, keeping the revisions it made.
+struct Writes {
+    client: etcd_client::Client,
+    prefix: String,
+    n: u64,
+    /// The revision of each write that changed something, in order.
+    revisions: Vec<i64>,
+    /// Keys (relative to the prefix) etcd deleted.
+    deleted: std::collections::BTreeSet<String>,
+}
+
+impl Writes {
+    /// Writes every 10 ms for `how_long`: 7 keys, every fifth write a delete.
+    async fn for_(&mut self, how_long: Duration) {
+        let until = Instant::now() + how_long;
+        let mut kv = self.client.kv_client();
+        while Instant::now() < until {
+            let key = format!("k{}", self.n % 7);
+            let full = format!("{}{key}", self.prefix);
+            let revision = if self.n % 5 == 4 {
+                let done = kv.delete(full, None).await.expect("delete");
+                // A delete of a key already gone writes nothing.
+                (done.deleted() > 0).then(|| {
+                    self.deleted.insert(key);
+                    done.header().map_or(0, |h| h.revision())
+                })
+            } else {
+                let done = kv.put(full, self.n.to_string(), None).await.expect("put");
+                done.header().map(|h| h.revision())
+            };
+            self.revisions.extend(revision);
+            self.n += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
