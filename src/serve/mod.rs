@@ -569,8 +569,8 @@ impl CacheServer {
                 // Nagle's algorithm off on every accepted connection, as tonic sets it on the
                 // connections it accepts itself: with it on, a response's data frame waited
                 // for the client's delayed ACK of its headers, 40 ms.
-                let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                    .with_nodelay(Some(true));
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
                 router
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
