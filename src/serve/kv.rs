@@ -24,7 +24,7 @@ use tonic_prost::prost::Message;
 use super::cache::{to_pb, Found, Kv};
 use super::encode::{range_response, RangeCodec};
 use super::served::Served;
-use super::watch::{no_leader, requires_leader};
+use super::watch::{no_leader, requires_leader, stopped};
 
 // etcd's RangeRequest enums (rpc.proto).
 const SORT_NONE: i32 = 0;
@@ -136,6 +136,10 @@ pub(crate) async fn range(
     };
     if requires_leader(request.metadata()) && served.headers.no_leader() {
         return Err(no_leader());
+    }
+    // A drained or dropped server's cache no longer follows etcd: the client goes elsewhere.
+    if *served.draining.borrow() {
+        return Err(stopped());
     }
     let slice = &served.slices[slice];
     // Never a byte to a client the upstream would refuse.

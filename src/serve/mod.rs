@@ -202,8 +202,8 @@ pub struct CacheServerOptions {
     /// default they are refused with PermissionDenied, saying why; clients with a token are
     /// judged by etcd by their token either way.
     pub trust_clients_as_server: bool,
-    /// How long [`RunningServer::shutdown`] waits for clients to leave before it closes what
-    /// is still open (default 10 s): see there.
+    /// How long [`RunningServer::shutdown`] waits for clients to leave (default 10 s): see
+    /// there.
     pub drain_timeout: Duration,
 }
 
@@ -675,10 +675,12 @@ impl RunningServer {
     /// on SIGTERM). The health check says NOT_SERVING at once, so a load balancer moves new
     /// clients away; open watch streams end with Unavailable, `etcdserver: server stopped`,
     /// as etcd ends them when it stops, so that clients watch again elsewhere from their last
-    /// revision (this crate's informer does, with no relist); every connection is told to go
-    /// (HTTP/2 GOAWAY), requests under way finish, and no new one is taken. Whatever is still
-    /// open after [`drain_timeout`](CacheServerOptions::drain_timeout) (a forwarded lease
-    /// keep-alive, say) is closed.
+    /// revision (this crate's informer does, with no relist); Ranges from the cache are
+    /// refused the same way; every connection is told to go (HTTP/2 GOAWAY), requests under
+    /// way finish, and no new one is taken. Returns once every connection has closed, or after
+    /// [`drain_timeout`](CacheServerOptions::drain_timeout): a connection that still holds a
+    /// forwarded stream then (a lease keep-alive, say) stays open until its client or the
+    /// process ends it.
     pub async fn shutdown(mut self) {
         self.served.draining.send_replace(true);
         if let Some(stop) = self.stop.take() {

@@ -289,8 +289,8 @@ impl Served {
         }
     }
 
-    /// etcd's current revision, read linearizably: a count of the prefix's first key alone,
-    /// since etcd counts a range by walking its index (30 ms of a 100k-key prefix, most of a
+    /// etcd's current revision, read linearizably: a count of the one key equal to the prefix,
+    /// since etcd counts a range by walking its index (37 ms of a 100k-key prefix, most of a
     /// list's time from the cache) and any linearizable read names the revision.
     async fn current_revision(&self, slice: &Slice) -> Result<i64, etcd_client::Error> {
         let options = GetOptions::new().with_count_only();

@@ -27,7 +27,7 @@ pub struct ServerStats {
     pub events_sent: u64,
     /// Watches forwarded to etcd because the history no longer reached back to their
     /// position (slow readers), or they reached a relist's difference that cannot be told as
-    /// etcd's events.
+    /// etcd's events. (Watches of a replaced store are cancelled, and not counted here.)
     pub slow_watches_forwarded: u64,
     /// Ranges answered from the cache.
     pub ranges_from_cache: u64,

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,8 +124,8 @@ struct Session {
     metadata: tonic::metadata::MetadataMap,
     tx: mpsc::Sender<Result<PbWatchResponse, Status>>,
     watches: BTreeMap<i64, Watch>,
-    /// Watches forwarded to the upstream: the task relaying each.
-    forwarded: BTreeMap<i64, JoinHandle<()>>,
+    /// Watches forwarded to the upstream.
+    forwarded: BTreeMap<i64, Forwarded>,
     /// Responses that go before any event: created, canceled, progress.
     control: VecDeque<PbWatchResponse>,
     next_id: i64,
@@ -144,6 +145,17 @@ struct Session {
     require_leader: bool,
 }
 
+/// A watch forwarded to the upstream: the task relaying it, and the revision up to which the
+/// client has received all of its events ([`NOT_YET`] before etcd created it from "now").
+struct Forwarded {
+    task: JoinHandle<()>,
+    delivered: Arc<AtomicI64>,
+}
+
+/// [`Forwarded::delivered`] of a watch from etcd's next revision that etcd has not yet
+/// created: it owes nothing up to any revision a progress answer could name.
+const NOT_YET: i64 = i64::MAX;
+
 /// A create request waiting for etcd's answers before it is answered.
 struct Checking {
     id: i64,
@@ -162,8 +174,8 @@ struct Checked {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        for task in self.forwarded.values() {
-            task.abort();
+        for forwarded in self.forwarded.values() {
+            forwarded.task.abort();
         }
         self.served.metrics.watches(-(self.watches.len() as i64));
     }
@@ -232,12 +244,13 @@ impl Session {
                 _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
                     if self.require_leader =>
                 {
-                    let _ = self.tx.send(Err(no_leader())).await;
+                    // A client that does not read gets the end of the stream without it.
+                    let _ = self.tx.try_send(Err(no_leader()));
                     return;
                 }
                 // The server drains: the client watches again elsewhere.
                 _ = async { draining.wait_for(|draining| *draining).await.is_ok() } => {
-                    let _ = self.tx.send(Err(stopped())).await;
+                    let _ = self.tx.try_send(Err(stopped()));
                     return;
                 }
             }
@@ -313,10 +326,10 @@ impl Session {
                 let known = if self.watches.remove(&id).is_some() {
                     self.served.metrics.watches(-1);
                     true
-                } else if let Some(task) = self.forwarded.remove(&id) {
+                } else if let Some(forwarded) = self.forwarded.remove(&id) {
                     // etcd keeps the id of a watch it cancelled itself (compacted) until the
                     // client cancels it too, and acknowledges that cancel: so does this.
-                    task.abort();
+                    forwarded.task.abort();
                     true
                 } else {
                     false
@@ -332,12 +345,18 @@ impl Session {
                 }
             }
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
-                // A revision every watch of the stream has fully received (etcd answers with
-                // the watch id -1).
+                // A revision every watch of the stream has fully received, forwarded ones
+                // included (etcd answers with the watch id -1).
+                let forwarded = self
+                    .forwarded
+                    .values()
+                    .map(|f| f.delivered.load(Ordering::Relaxed))
+                    .filter(|&r| r != NOT_YET);
                 let revision = self
                     .watches
                     .values()
                     .map(|w| (w.next - 1).min(self.position(w).revision))
+                    .chain(forwarded)
                     .min()
                     .unwrap_or_else(|| self.served.revision());
                 self.control.push_back(PbWatchResponse {
@@ -618,6 +637,15 @@ impl Session {
         let served = self.served.clone();
         let metadata = self.metadata.clone();
         let tx = self.tx.clone();
+        let from_now = match &create {
+            PbWatchRequestUnion::CreateRequest(c) => c.start_revision <= 0,
+            _ => false,
+        };
+        let delivered = Arc::new(AtomicI64::new(match &create {
+            PbWatchRequestUnion::CreateRequest(c) if c.start_revision > 0 => c.start_revision - 1,
+            _ => NOT_YET,
+        }));
+        let relayed = delivered.clone();
         let create = PbWatchRequest {
             request_union: Some(create),
         };
@@ -655,7 +683,7 @@ impl Session {
                 let mut responses = match opened {
                     Ok(responses) => responses.into_inner(),
                     Err(status) => {
-                        let _ = tx.send(cancel(true, status)).await;
+                        let _ = tx.send(cancel(!announced, status)).await;
                         return;
                     }
                 };
@@ -678,8 +706,26 @@ impl Session {
                                 response.created = false;
                             }
                             created |= response.created;
+                            // What the client has now received all of: whole revisions up to
+                            // the last event (etcd splits one only when asked to fragment), or
+                            // the revision of a created-from-now or a progress notification,
+                            // which etcd sends only once the watch is synced.
+                            let now = response.header.as_ref().map_or(0, |h| h.revision);
+                            let received = match response.events.last() {
+                                Some(_) if response.fragment => None,
+                                Some(event) => event.kv.as_ref().map(|kv| kv.mod_revision),
+                                None if response.created && from_now => Some(now),
+                                None if !response.created && !canceled => Some(now),
+                                None => None,
+                            };
                             if tx.send(Ok(response)).await.is_err() {
                                 return;
+                            }
+                            if let Some(received) = received {
+                                let known = relayed.load(Ordering::Relaxed);
+                                if known == NOT_YET || received > known {
+                                    relayed.store(received, Ordering::Relaxed);
+                                }
                             }
                             canceled
                         }
@@ -696,7 +742,7 @@ impl Session {
             }
             .instrument(tracing::debug_span!("forwarded_watch", id)),
         );
-        self.forwarded.insert(id, task);
+        self.forwarded.insert(id, Forwarded { task, delivered });
     }
 }
 
@@ -726,7 +772,7 @@ pub(crate) fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
 
 /// etcd's answer on a stream it ends because it stops: clients take it as a reason to go to
 /// another member.
-fn stopped() -> Status {
+pub(crate) fn stopped() -> Status {
     Status::unavailable("etcdserver: server stopped")
 }
 

@@ -20,7 +20,7 @@ async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up()
     let slow = connect([endpoint.clone()]).await.expect("connect");
     // etcd catches a watch up in responses of up to 1,000 revisions, here over the client's
     // default 4 MiB: a client of etcd itself would need the same room.
-    let (_slow_requests, mut slow_responses) = slow
+    let (mut slow_requests, mut slow_responses) = slow
         .watch_client()
         .max_decoding_message_size(64 << 20)
         .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
@@ -92,9 +92,12 @@ async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up()
     caught_up(&server, *written.last().expect("writes")).await;
     // Now the slow one reads: what fit in its buffers, then the rest from etcd, which still
     // holds it (nothing was compacted), as a client of etcd would get it: every revision, in
-    // order, no gap, no repeat, no cancel.
+    // order, no gap, no repeat, no cancel. Once its watch has moved to etcd, it asks for
+    // progress: the answer names a revision it has received every event up to.
     let mut delivered = Vec::new();
-    while delivered.len() < written.len() {
+    let mut asked = false;
+    let mut progress = None;
+    while delivered.len() < written.len() || (asked && progress.is_none()) {
         let r = tokio::time::timeout(WITHIN, slow_responses.message())
             .await
             .unwrap_or_else(|_| panic!("the slow watcher hears: {} so far", delivered.len()))
@@ -102,6 +105,15 @@ async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up()
             .expect("open");
         assert!(!r.canceled(), "cancelled: {r:?}");
         assert!(!r.created(), "announced twice: {r:?}");
+        if r.watch_id() == -1 {
+            let revision = r.header().expect("header").revision();
+            progress = Some((revision, delivered.len()));
+            continue;
+        }
+        if !asked && server.stats().slow_watches_forwarded == 1 {
+            slow_requests.request_progress().await.expect("progress");
+            asked = true;
+        }
         delivered.extend(
             r.events()
                 .iter()
@@ -109,6 +121,12 @@ async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up()
         );
     }
     assert_eq!(delivered, written, "every revision once, in order");
+    let (revision, heard_before) = progress.expect("a progress answer");
+    let owed = written.iter().filter(|&&w| w <= revision).count();
+    assert!(
+        owed <= heard_before,
+        "progress at {revision} came after {heard_before} events, with {owed} at or below it"
+    );
     assert_eq!(
         server.stats().slow_watches_forwarded,
         1,

@@ -19,7 +19,8 @@ struct Heard {
 
 /// Three servers over a 3-member cluster, an informer given all three, writes (puts and
 /// deletes) all along: one server drained (its `shutdown`, what SIGTERM does in the example),
-/// then another dropped without a word (its connections reset, as when it is killed). The
+/// then another dropped (its streams end as in a drain; a real SIGKILL of a server process is
+/// in `tests/examples.rs`). The
 /// informer ends on the third, converged, with its relists unchanged, each key's revisions
 /// heard in order and at most once, and a delete only for keys etcd deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
