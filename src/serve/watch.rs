@@ -637,14 +637,12 @@ impl Session {
         let served = self.served.clone();
         let metadata = self.metadata.clone();
         let tx = self.tx.clone();
-        let from_now = match &create {
-            PbWatchRequestUnion::CreateRequest(c) => c.start_revision <= 0,
-            _ => false,
+        let start = match &create {
+            PbWatchRequestUnion::CreateRequest(c) => c.start_revision,
+            _ => 0,
         };
-        let delivered = Arc::new(AtomicI64::new(match &create {
-            PbWatchRequestUnion::CreateRequest(c) if c.start_revision > 0 => c.start_revision - 1,
-            _ => NOT_YET,
-        }));
+        let from_now = start <= 0;
+        let delivered = Arc::new(AtomicI64::new(if from_now { NOT_YET } else { start - 1 }));
         let relayed = delivered.clone();
         let create = PbWatchRequest {
             request_union: Some(create),

@@ -2,9 +2,6 @@
 //! cache under open watches.
 
 use super::*;
-use std::sync::Arc;
-
-use etcd_informer::ResourceEventHandlerFuncs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up() {
@@ -627,20 +624,7 @@ async fn an_upstream_wipe_is_one_store_replacement_through_the_server() {
     let via = connect([server.local_addr().to_string()])
         .await
         .expect("connect");
-    let lw = EtcdListerWatcher::new(via.clone(), p, TextCodec).expect("source");
-    let informer = SharedIndexInformer::new(lw, Default::default());
-    let deleted = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let d = deleted.clone();
-    informer
-        .add_event_handler(
-            ResourceEventHandlerFuncs::new()
-                .on_delete(move |o| d.lock().expect("log").push(o.key().to_owned())),
-        )
-        .expect("handler");
-    let run = tokio::spawn(informer.clone().run());
-    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
-        .await
-        .expect("sync");
+    let (informer, deleted, run) = synced_informer_logging_deletes(via.clone(), p).await;
     converges(&informer, &client, p, WITHIN).await;
     etcd.wipe().await.expect("wipe etcd");
     let client = etcd.client().await;

@@ -207,6 +207,33 @@ async fn start_server_with(
     server
 }
 
+/// An informer of `prefix` over `via`, synced, whose handler logs the keys of its deletes;
+/// with the task running it.
+async fn synced_informer_logging_deletes(
+    via: Client,
+    prefix: &str,
+) -> (
+    SharedIndexInformer<String>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let lw = EtcdListerWatcher::new(via, prefix, TextCodec).expect("source");
+    let informer = SharedIndexInformer::new(lw, Default::default());
+    let deleted = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let d = deleted.clone();
+    informer
+        .add_event_handler(
+            etcd_informer::ResourceEventHandlerFuncs::new()
+                .on_delete(move |o| d.lock().expect("log").push(o.key().to_owned())),
+        )
+        .expect("handler");
+    let run = tokio::spawn(informer.clone().run());
+    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
+        .await
+        .expect("sync");
+    (informer, deleted, run)
+}
+
 async fn private_etcd() -> EtcdServer {
     EtcdServer::start()
         .await

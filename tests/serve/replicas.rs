@@ -222,20 +222,7 @@ async fn a_wipe_is_one_replacement_whichever_server_the_informer_is_on() {
     }
     let addresses: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
     let via = connect(addresses).await.expect("connect to the servers");
-    let lw = EtcdListerWatcher::new(via, p, TextCodec).expect("source");
-    let informer = SharedIndexInformer::new(lw, Default::default());
-    let deleted = Arc::new(Mutex::new(Vec::<String>::new()));
-    let d = deleted.clone();
-    informer
-        .add_event_handler(
-            ResourceEventHandlerFuncs::new()
-                .on_delete(move |o| d.lock().expect("log").push(o.key().to_owned())),
-        )
-        .expect("handler");
-    let run = tokio::spawn(informer.clone().run());
-    tokio::time::timeout(WITHIN, informer.wait_for_cache_sync())
-        .await
-        .expect("sync");
+    let (informer, deleted, run) = synced_informer_logging_deletes(via, p).await;
     converges(&informer, &client, p, WITHIN).await;
     etcd.wipe().await.expect("wipe etcd");
     let client = etcd.client().await;
