@@ -37,8 +37,8 @@ struct Held {
 pub(crate) struct Headers {
     seen: Arc<Mutex<Status>>,
     held: Arc<Mutex<Option<Held>>>,
-    /// The upstream's etcd version, `major.minor` (`None` until heard).
-    version: Arc<Mutex<Option<(u32, u32)>>>,
+    /// The upstream's etcd version, `(major, minor, patch)` (`None` until heard).
+    version: Arc<Mutex<Option<(u32, u32, u32)>>>,
     /// The upstream's last Status named no leader, or could not be read: the server is then
     /// as a member cut off from its cluster, and refuses what asks for a leader.
     no_leader: Arc<tokio::sync::watch::Sender<bool>>,
@@ -113,7 +113,18 @@ impl Headers {
     /// "permission denied", under the watch id asked for (3.4 says why, under id -1). Assumed
     /// until the upstream's version is known.
     pub(crate) fn plain_watch_refusals(&self) -> bool {
-        lock(&self.version).is_none_or(|v| v >= (3, 5))
+        lock(&self.version).is_none_or(|v| v >= (3, 5, 0))
+    }
+
+    /// Whether the upstream answers a progress request only once the stream's watches are
+    /// synced (3.4.25+, 3.5.8+): then its answer promises every event up to it was sent.
+    /// Before, it answered at once, ahead of a watch still catching up. Not assumed.
+    pub(crate) fn synced_progress(&self) -> bool {
+        lock(&self.version).is_some_and(|v| match (v.0, v.1) {
+            (3, 4) => v >= (3, 4, 25),
+            (3, 5) => v >= (3, 5, 8),
+            _ => v >= (3, 6, 0),
+        })
     }
 
     /// Whether the upstream has no leader, as its last Status said (or could not say).
@@ -147,7 +158,8 @@ impl Headers {
         self.leader_known(status.leader() != 0);
         let mut numbers = status.version().split('.').map(|n| n.parse::<u32>().ok());
         if let (Some(Some(major)), Some(Some(minor))) = (numbers.next(), numbers.next()) {
-            *lock(&self.version) = Some((major, minor));
+            let patch = numbers.next().flatten().unwrap_or(0);
+            *lock(&self.version) = Some((major, minor, patch));
         }
         if let Some(h) = status.header() {
             let mut seen = lock(&self.seen);

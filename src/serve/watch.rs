@@ -13,12 +13,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
@@ -86,6 +86,8 @@ impl PbWatchService for WatchService {
             backlog: VecDeque::new(),
             checking: None,
             require_leader,
+            progress: None,
+            progress_answered: Arc::new(Notify::new()),
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -143,13 +145,28 @@ struct Session {
     /// The client asked for a leader (`hasleader` metadata): the stream ends when the
     /// upstream has none, as etcd ends it when its member loses the leader.
     require_leader: bool,
+    /// A progress request waiting for the stream's watches to catch up (see
+    /// [`Session::answer_progress`]); requests made meanwhile share its answer, as etcd's do.
+    progress: Option<ProgressWait>,
+    /// Woken by a forwarded watch's relay when etcd answers its progress request.
+    progress_answered: Arc<Notify>,
 }
 
-/// A watch forwarded to the upstream: the task relaying it, and the revision up to which the
-/// client has received all of its events ([`NOT_YET`] before etcd created it from "now").
+/// What a progress answer waits for: each cached watch to reach the revision the cache had
+/// when it was asked, each forwarded watch to get etcd's answer (its count of answers).
+struct ProgressWait {
+    cached: Vec<(i64, i64)>,
+    forwarded: Vec<(i64, u64)>,
+}
+
+/// A watch forwarded to the upstream: the task relaying it, the revision up to which the
+/// client has received all of its events ([`NOT_YET`] before etcd created it from "now"), its
+/// upstream stream's request side, and how many progress requests etcd has answered on it.
 struct Forwarded {
     task: JoinHandle<()>,
     delivered: Arc<AtomicI64>,
+    requests: mpsc::Sender<PbWatchRequest>,
+    progress_answers: Arc<AtomicU64>,
 }
 
 /// [`Forwarded::delivered`] of a watch from etcd's next revision that etcd has not yet
@@ -189,6 +206,7 @@ impl Session {
         let mut progress = tokio::time::interval(interval);
         progress.reset();
         let tx = self.tx.clone();
+        let progress_answered = self.progress_answered.clone();
         // A client may close its side of the stream and keep reading (etcd-client's `split()`
         // with the sender dropped, grpcurl): etcd keeps streaming to it, and so does this.
         let mut reading = true;
@@ -200,6 +218,7 @@ impl Session {
                 };
                 self.handle(request);
             }
+            self.answer_progress();
             let work = self.has_work();
             let room = self.control.len() + self.backlog.len() < MAX_CONTROL;
             tokio::select! {
@@ -241,6 +260,8 @@ impl Session {
                     Err(_) => return,
                 },
                 _ = progress.tick() => self.notify_progress(),
+                // A forwarded watch's etcd answered a progress request: answer_progress sees.
+                _ = progress_answered.notified(), if self.progress.is_some() => {}
                 _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
                     if self.require_leader =>
                 {
@@ -345,25 +366,36 @@ impl Session {
                 }
             }
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
-                // A revision every watch of the stream has fully received, forwarded ones
-                // included (etcd answers with the watch id -1).
+                if self.progress.is_some() {
+                    return;
+                }
+                // etcd (3.4.25+, 3.5.8+) answers once every watch of the stream is synced. A
+                // forwarded watch's etcd is asked in turn: its last event says nothing of the
+                // quiet revisions since.
+                let cached = self
+                    .watches
+                    .iter()
+                    .map(|(&id, w)| (id, self.position(w).revision))
+                    .collect();
                 let forwarded = self
                     .forwarded
-                    .values()
-                    .map(|f| f.delivered.load(Ordering::Relaxed))
-                    .filter(|&r| r != NOT_YET);
-                let revision = self
-                    .watches
-                    .values()
-                    .map(|w| (w.next - 1).min(self.position(w).revision))
-                    .chain(forwarded)
-                    .min()
-                    .unwrap_or_else(|| self.served.revision());
-                self.control.push_back(PbWatchResponse {
-                    header: self.header(revision),
-                    watch_id: -1,
-                    ..Default::default()
-                });
+                    .iter()
+                    .filter_map(|(&id, f)| {
+                        let asked = PbWatchRequest {
+                            request_union: Some(PbWatchRequestUnion::ProgressRequest(
+                                Default::default(),
+                            )),
+                        };
+                        // A full request side already holds a progress request, which will
+                        // be answered too.
+                        match f.requests.try_send(asked) {
+                            Err(mpsc::error::TrySendError::Closed(_)) => None,
+                            _ => Some((id, f.progress_answers.load(Ordering::Relaxed) + 1)),
+                        }
+                    })
+                    .collect();
+                self.progress = Some(ProgressWait { cached, forwarded });
+                self.answer_progress();
             }
             None => {}
         }
@@ -476,6 +508,44 @@ impl Session {
     }
 
     /// Where the cache of `watch`'s prefix is.
+    /// Answers the waiting progress request once every watch has caught up (see
+    /// [`ProgressWait`]), with a revision each has received every event up to.
+    fn answer_progress(&mut self) {
+        let Some(wait) = &self.progress else {
+            return;
+        };
+        let cached = wait
+            .cached
+            .iter()
+            .all(|(id, target)| self.watches.get(id).is_none_or(|w| w.next > *target));
+        let forwarded = wait.forwarded.iter().all(|(id, target)| {
+            self.forwarded.get(id).is_none_or(|f| {
+                f.task.is_finished() || f.progress_answers.load(Ordering::Relaxed) >= *target
+            })
+        });
+        if !(cached && forwarded) {
+            return;
+        }
+        self.progress = None;
+        let forwarded = self
+            .forwarded
+            .values()
+            .map(|f| f.delivered.load(Ordering::Relaxed))
+            .filter(|&r| r != NOT_YET);
+        let revision = self
+            .watches
+            .values()
+            .map(|w| (w.next - 1).min(self.position(w).revision))
+            .chain(forwarded)
+            .min()
+            .unwrap_or_else(|| self.served.revision());
+        self.control.push_back(PbWatchResponse {
+            header: self.header(revision),
+            watch_id: -1,
+            ..Default::default()
+        });
+    }
+
     fn position(&self, watch: &Watch) -> Position {
         self.served.slices[watch.slice].cache.position()
     }
@@ -644,14 +714,19 @@ impl Session {
         let from_now = start <= 0;
         let delivered = Arc::new(AtomicI64::new(if from_now { NOT_YET } else { start - 1 }));
         let relayed = delivered.clone();
+        let progress_answers = Arc::new(AtomicU64::new(0));
+        let answers = progress_answers.clone();
+        let answered = self.progress_answered.clone();
+        // The request side: the create, then the progress requests the client's are passed
+        // on as; it stays open as long as the relay runs.
+        let (requests, rx) = mpsc::channel(2);
+        let upstream_requests = requests.clone();
         let create = PbWatchRequest {
             request_union: Some(create),
         };
         served.metrics.forwarded("Watch");
         let task = tokio::spawn(
             async move {
-                // The request side stays open as long as the relay runs.
-                let (requests, rx) = mpsc::channel(1);
                 let _ = requests.send(create).await;
                 let path = PathAndQuery::from_static(WATCH_PATH);
                 let opened = served
@@ -686,6 +761,8 @@ impl Session {
                     }
                 };
                 let mut created = announced;
+                // etcd's revision when it created the watch: the end of its catch-up.
+                let mut created_at = i64::MAX;
                 loop {
                     let Some(response) = responses.next().await else {
                         // The upstream ended the stream without a word for this watch.
@@ -694,7 +771,28 @@ impl Session {
                         break;
                     };
                     let end = match response {
+                        // etcd's answer to a progress request passed on (the client's own
+                        // answer is the session's): it has sent every event up to it.
+                        Ok(response) if response.watch_id == -1 && !response.canceled => {
+                            // Before 3.4.25 and 3.5.8 etcd answered at once, ahead of a watch
+                            // still catching up: then only a watch past the revision etcd was
+                            // at when it created it is taken at etcd's word (as a client of
+                            // etcd itself would be).
+                            let now = response.header.as_ref().map_or(0, |h| h.revision);
+                            let known = relayed.load(Ordering::Relaxed);
+                            let synced = served.headers.synced_progress()
+                                || (known != NOT_YET && known >= created_at);
+                            if synced && now > known {
+                                relayed.store(now, Ordering::Relaxed);
+                            }
+                            answers.fetch_add(1, Ordering::Relaxed);
+                            answered.notify_one();
+                            false
+                        }
                         Ok(mut response) => {
+                            if response.created {
+                                created_at = response.header.as_ref().map_or(0, |h| h.revision);
+                            }
                             response.watch_id = id;
                             let canceled = response.canceled;
                             if response.created && created {
@@ -740,7 +838,15 @@ impl Session {
             }
             .instrument(tracing::debug_span!("forwarded_watch", id)),
         );
-        self.forwarded.insert(id, Forwarded { task, delivered });
+        self.forwarded.insert(
+            id,
+            Forwarded {
+                task,
+                delivered,
+                requests: upstream_requests,
+                progress_answers,
+            },
+        );
     }
 }
 

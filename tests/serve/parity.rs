@@ -569,3 +569,52 @@ async fn etcds_http_endpoints_answer_through_the_server() {
     assert_eq!(status, "404 Not Found");
     server.shutdown().await;
 }
+
+/// Item 6: a progress request on a stream that holds a forwarded watch of a quiet range is
+/// answered, as etcd answers it, with a revision at or past the stream's last event: the
+/// forwarded watch is asked etcd's progress, not judged by its last event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_answer_is_not_held_back_by_a_quiet_forwarded_watch() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_progress");
+    // Outside the served prefix: the server forwards its watch to etcd.
+    let quiet = unique_prefix("serve_progress_quiet");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        let (mut requests, mut responses) = watch_prefix(target, &p).await;
+        let quiet_watch = WatchOptions::new().with_prefix().with_watch_id(7);
+        requests
+            .watch(quiet.as_str(), Some(quiet_watch))
+            .await
+            .expect("send");
+        let created = next_response(name, &mut responses).await;
+        assert!(
+            created.created() && created.watch_id() == 7,
+            "{name}: {created:?}"
+        );
+        let mut last = 0;
+        for i in 0..5 {
+            last = put(&client, &format!("{p}k{i}"), name).await;
+        }
+        let mut heard = 0;
+        while heard < 5 {
+            heard += next_response(name, &mut responses).await.events().len();
+        }
+        requests.request_progress().await.expect("progress");
+        let answer = loop {
+            let r = next_response(name, &mut responses).await;
+            if r.watch_id() == -1 {
+                break r;
+            }
+        };
+        let revision = answer.header().map_or(0, |h| h.revision());
+        assert!(
+            revision >= last,
+            "{name}: progress at {revision}, below the stream's last event at {last}"
+        );
+    }
+}
