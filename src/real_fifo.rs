@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use crate::listwatch::ListSink;
 use crate::queue::{Closed, Delta, DeltaType, Queue};
 use crate::store::{Store, StoreContent};
-use crate::{lock, Object};
+use crate::{lock, Object, Stamp};
 
 /// A relist read page by page into the next store content.
 struct Building<T> {
@@ -36,11 +36,11 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
         lock(&self.content).reserve(keys);
     }
 
-    fn unchanged(&self, key: &str, mod_revision: i64) -> bool {
+    fn unchanged(&self, key: &str, stamp: &Stamp) -> bool {
         self.reuse.load(Ordering::Relaxed)
             && self
                 .known
-                .keep_unchanged(&mut lock(&self.content), key, mod_revision)
+                .keep_unchanged(&mut lock(&self.content), key, stamp)
     }
 
     fn page(&self, objects: Vec<Arc<Object<T>>>) {
@@ -537,7 +537,12 @@ mod tests {
     use crate::Indexer;
 
     fn obj(key: &str, rev: i64) -> Arc<Object<i64>> {
-        Arc::new(Object::new(key, rev, rev))
+        Arc::new(Object::new(key, rev, rev).read_from(rev.to_string().as_bytes()))
+    }
+
+    /// The stamp of [`obj`]`(_, rev)`, or of the same revisions with another value.
+    fn stamp(rev: i64, value: &str) -> Stamp {
+        Stamp::new(rev, rev, 1, value.as_bytes())
     }
 
     fn fifo() -> (RealFifo<i64>, Indexer<i64>) {
@@ -557,9 +562,14 @@ mod tests {
         // Read at or after the revision seen: unchanged objects are kept, not handed over.
         let sink = f.begin_replace(Some(10)).unwrap();
         sink.begin(10, 2);
-        assert!(!sink.unchanged("a", 6), "changed since");
-        assert!(!sink.unchanged("b", 7), "not cached");
-        assert!(sink.unchanged("a", 5));
+        assert!(!sink.unchanged("a", &stamp(6, "6")), "changed since");
+        assert!(!sink.unchanged("b", &stamp(7, "7")), "not cached");
+        // The same revisions with another value: a store refilled alike.
+        assert!(!sink.unchanged("a", &stamp(5, "five")), "another value");
+        let mut recreated = stamp(5, "5");
+        recreated.version = 2;
+        assert!(!sink.unchanged("a", &recreated), "another version");
+        assert!(sink.unchanged("a", &stamp(5, "5")));
         sink.page(vec![obj("b", 7)]);
         drop(sink);
         f.finish_replace(10, false);
@@ -575,11 +585,11 @@ mod tests {
         // A list read below a revision seen comes from a store that went back in time.
         let sink = f.begin_replace(Some(10)).unwrap();
         sink.begin(9, 1);
-        assert!(!sink.unchanged("a", 5));
+        assert!(!sink.unchanged("a", &stamp(5, "5")));
         // The store was replaced: never.
         let sink = f.begin_replace(None).unwrap();
         sink.begin(20, 1);
-        assert!(!sink.unchanged("a", 5));
+        assert!(!sink.unchanged("a", &stamp(5, "5")));
     }
 
     #[tokio::test]

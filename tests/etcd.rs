@@ -766,8 +766,8 @@ impl etcd_informer::ListSink<String> for Recording {
     fn begin(&self, revision: i64, keys: usize) {
         *self.begun.lock().unwrap() = Some((revision, keys));
     }
-    fn unchanged(&self, key: &str, mod_revision: i64) -> bool {
-        key == self.reuse.key() && mod_revision == self.reuse.mod_revision
+    fn unchanged(&self, key: &str, stamp: &etcd_informer::Stamp) -> bool {
+        key == self.reuse.key() && Some(*stamp) == self.reuse.stamp()
     }
     fn page(&self, objects: Vec<Arc<etcd_informer::Object<String>>>) {
         self.pages.lock().unwrap().push(objects);

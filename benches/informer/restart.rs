@@ -153,10 +153,11 @@ pub(super) async fn scenario_restart(b: &Bench) -> Vec<Row> {
     for _ in 0..runs {
         std::fs::copy(&saved, &path).unwrap_or_else(|e| fail(e));
         let s = measure_start(b, Some(&path)).await;
-        describe("warm past compaction", &s);
-        if !s.how.contains("compaction") {
+        describe("past compaction", &s);
+        // Since issue 35 a compacted snapshot cannot be proven to be this store: cold.
+        if !s.how.starts_with("cold start") || !s.how.contains("compacted") {
             fail(format!(
-                "expected a warm start past a compaction, got: {}",
+                "expected a cold start past a compaction, got: {}",
                 s.how
             ));
         }

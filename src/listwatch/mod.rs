@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio_stream::Stream;
 
-use crate::Object;
+use crate::{Object, Stamp};
 
 pub mod etcd;
 mod hedged;
@@ -29,12 +29,14 @@ pub trait ListSink<T>: Send + Sync {
     fn begin(&self, revision: i64, keys: usize) {
         let _ = (revision, keys);
     }
-    /// Whether the sink already has `key` in the state the list has at `mod_revision` (the
-    /// cache's, unchanged) and keeps it: the source then neither decodes the value nor puts the
-    /// key in a page, so that a relist of a large, mostly unchanged prefix neither decodes nor
-    /// holds every object twice. `false` (the default): every key comes in a page.
-    fn unchanged(&self, key: &str, mod_revision: i64) -> bool {
-        let _ = (key, mod_revision);
+    /// Whether the sink already has `key` in the state the list found it in (`stamp`: its
+    /// revisions and the digest of its value bytes, so that a store wiped and refilled with
+    /// the same revisions is not taken for the cached one) and keeps it: the source then
+    /// neither decodes the value nor puts the key in a page, so that a relist of a large,
+    /// mostly unchanged prefix neither decodes nor holds every object twice. `false` (the
+    /// default): every key comes in a page.
+    fn unchanged(&self, key: &str, stamp: &Stamp) -> bool {
+        let _ = (key, stamp);
         false
     }
     /// Takes one page of objects.

@@ -6,7 +6,7 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic b"EISNAP\r\n" (a CR/LF pair, as PNG's: a transfer in text mode breaks it)
-//! 8       4     format version (1)
+//! 8       4     format version (2; 1 had no digests)
 //! 12      4     reserved, 0
 //! 16      8     length of the whole file, checksum included (tells truncated from corrupt)
 //! 24      8     the upstream's cluster id
@@ -16,7 +16,8 @@
 //! ..      4+n   the codec id, length then UTF-8 bytes
 //! ..            per key: u32 key length, key (relative to the prefix), u32 value length,
 //!               value (as the codec encodes it), i64 mod_revision, i64 create_revision,
-//!               i64 version, i64 lease
+//!               i64 version, i64 lease, u64 digest of the value as etcd stored it
+//!               (0: unknown; see `Object::stamp`)
 //! end-8   8     checksum of everything before it
 //! ```
 
@@ -30,11 +31,11 @@ use super::{SnapshotError, SnapshotErrorKind};
 /// The file's first 8 bytes.
 pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";
 /// The layout this build writes and reads.
-pub(super) const VERSION: u32 = 1;
+pub(super) const VERSION: u32 = 2;
 /// Bytes before the prefix's length.
 const FIXED_HEADER: usize = 48;
 /// Bytes of one key's fixed fields: two lengths and four revisions.
-const ENTRY_FIXED: usize = 4 + 4 + 4 * 8;
+const ENTRY_FIXED: usize = 4 + 4 + 5 * 8;
 
 /// What a snapshot says about itself, besides its keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +56,7 @@ pub(super) struct Entry {
     pub(super) create_revision: i64,
     pub(super) version: i64,
     pub(super) lease: i64,
+    pub(super) digest: u64,
 }
 
 /// A verified snapshot file: header, entries, and the bytes they point into.
@@ -75,7 +77,7 @@ impl Loaded {
 /// a word at a time so that checking a file of hundreds of megabytes costs tens of
 /// milliseconds, not a second. Each step is a bijection of the state for a given word and of
 /// the word for a given state, so any change confined to one word always changes the result.
-pub(super) fn checksum(bytes: &[u8]) -> u64 {
+pub(crate) fn checksum(bytes: &[u8]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET;
@@ -112,12 +114,13 @@ impl Encoder {
         Encoder { buf, keys: 0 }
     }
 
-    pub(super) fn key(&mut self, key: &str, value: &[u8], revisions: [i64; 4]) {
+    pub(super) fn key(&mut self, key: &str, value: &[u8], revisions: [i64; 4], digest: u64) {
         put_bytes(&mut self.buf, key.as_bytes());
         put_bytes(&mut self.buf, value);
         for r in revisions {
             self.buf.extend_from_slice(&r.to_le_bytes());
         }
+        self.buf.extend_from_slice(&digest.to_le_bytes());
         self.keys += 1;
     }
 
@@ -219,6 +222,7 @@ fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
                 create_revision: r.i64()?,
                 version: r.i64()?,
                 lease: r.i64()?,
+                digest: r.array().map(u64::from_le_bytes)?,
             })
         })()
         .ok_or_else(|| K::Corrupt(format!("key {i} of {keys} is cut short or not UTF-8")))?;
@@ -332,8 +336,8 @@ mod tests {
             codec_id: "json".into(),
         };
         let mut e = Encoder::new(&header, 0);
-        e.key("ns/a", b"1", [40, 30, 2, 0]);
-        e.key("ns/b", b"22", [41, 41, 1, 7]);
+        e.key("ns/a", b"1", [40, 30, 2, 0], 0);
+        e.key("ns/b", b"22", [41, 41, 1, 7], u64::MAX);
         e.finish()
     }
 
@@ -363,8 +367,14 @@ mod tests {
         assert_eq!(loaded.key(b), "ns/b");
         assert_eq!(&loaded.bytes[b.value.clone()], b"22");
         assert_eq!(
-            (b.mod_revision, b.create_revision, b.version, b.lease),
-            (41, 41, 1, 7)
+            (
+                b.mod_revision,
+                b.create_revision,
+                b.version,
+                b.lease,
+                b.digest
+            ),
+            (41, 41, 1, 7, u64::MAX)
         );
     }
 

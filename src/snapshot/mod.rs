@@ -51,6 +51,7 @@ use std::time::Duration;
 use crate::codec::Codec;
 use crate::Object;
 
+pub(crate) use format::checksum;
 pub(crate) use warm::WarmSource;
 
 /// How often the cache is written by default: once a minute. Kubernetes' apiserver compacts
@@ -307,6 +308,7 @@ pub(crate) fn write<T: 'static>(
             o.key(),
             &value,
             [o.mod_revision, o.create_revision, o.version, o.lease],
+            o.digest(),
         );
     }
     format::write_atomic(&options.path, &encoder.finish())

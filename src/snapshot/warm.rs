@@ -270,7 +270,7 @@ fn decode<T: 'static>(
         o.create_revision = e.create_revision;
         o.version = e.version;
         o.lease = e.lease;
-        out.push(o);
+        out.push(o.with_digest(e.digest));
     }
     Ok(out)
 }

@@ -2,7 +2,8 @@
 //! revisions as varints and its value encoded by the codec, decoded again on every read.
 //!
 //! Layout of a record: `[flags][len(key)][key][mod_revision][create_revision][version][lease]
-//! [value]`, numbers as LEB128 varints (negative ones take ten bytes). With the `WHOLE` flag the
+//! [digest][value]`, numbers as LEB128 varints (negative ones take ten bytes) but the digest of
+//! the value's bytes as etcd stored them ([`Object::stamp`]), 8 bytes. With the `WHOLE` flag the
 //! value is replaced by an id: the object could not be packed (its value did not encode, or did
 //! not decode back) and is kept decoded beside the table under that id.
 //!
@@ -20,7 +21,7 @@ use std::sync::Arc;
 
 use super::table::Repr;
 use crate::codec::Codec;
-use crate::Object;
+use crate::{Object, Stamp};
 
 const WHOLE: u8 = 1;
 
@@ -86,8 +87,9 @@ impl Packed {
         self.bytes().first().is_some_and(|f| f & WHOLE != 0)
     }
 
-    /// `[mod_revision, create_revision, version, lease]` and where the value starts.
-    fn revisions(&self) -> ([i64; 4], usize) {
+    /// `[mod_revision, create_revision, version, lease]`, the digest, and where the value
+    /// starts.
+    fn revisions(&self) -> ([i64; 4], u64, usize) {
         let bytes = self.bytes();
         let mut at = self.after_key();
         let mut out = [0; 4];
@@ -96,12 +98,16 @@ impl Packed {
             *v = n as i64;
             at = next;
         }
-        (out, at)
+        let mut digest = [0; 8];
+        if let Some(d) = bytes.get(at..at + 8) {
+            digest.copy_from_slice(d);
+        }
+        (out, u64::from_le_bytes(digest), at + 8)
     }
 
     /// The id of a `WHOLE` record's object.
     fn whole_id(&self) -> u64 {
-        let (_, at) = self.revisions();
+        let (_, _, at) = self.revisions();
         read_varint(self.bytes(), at).0
     }
 }
@@ -235,6 +241,7 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
                     back.create_revision = obj.create_revision;
                     back.version = obj.version;
                     back.lease = obj.lease;
+                    let back = back.with_digest(obj.digest());
                     seen(&back);
                     return (0, bytes);
                 }
@@ -287,7 +294,7 @@ fn record_len<T>(obj: &Object<T>, value_len: usize) -> usize {
     .iter()
     .map(|&n| varint_len(n as u64))
     .sum();
-    1 + varint_len(key as u64) + key + revisions + value_len
+    1 + varint_len(key as u64) + key + revisions + 8 + value_len
 }
 
 fn write_record<T>(out: &mut Vec<u8>, obj: &Object<T>, flags: u8, value: &[u8]) {
@@ -303,6 +310,7 @@ fn write_record<T>(out: &mut Vec<u8>, obj: &Object<T>, flags: u8, value: &[u8]) 
     ] {
         write_varint(out, n as u64);
     }
+    out.extend_from_slice(&obj.digest().to_le_bytes());
     out.extend_from_slice(value);
 }
 
@@ -376,7 +384,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         if slot.whole() {
             return self.whole.get(&slot.whole_id()).cloned();
         }
-        let ([mod_revision, create_revision, version, lease], at) = slot.revisions();
+        let ([mod_revision, create_revision, version, lease], digest, at) = slot.revisions();
         let bytes = slot.bytes().get(at..).unwrap_or_default();
         match self.codec.decode(bytes) {
             Ok(value) => {
@@ -384,7 +392,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
                 obj.create_revision = create_revision;
                 obj.version = version;
                 obj.lease = lease;
-                Some(Arc::new(obj))
+                Some(Arc::new(obj.with_digest(digest)))
             }
             Err(e) => {
                 // It decoded when packed: only a codec that changed its mind gets here.
@@ -396,6 +404,16 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
 
     fn mod_revision(&self, slot: &Packed) -> i64 {
         read_varint(slot.bytes(), slot.after_key()).0 as i64
+    }
+
+    fn stamp(&self, slot: &Packed) -> Option<Stamp> {
+        let ([mod_revision, create_revision, version, _], digest, _) = slot.revisions();
+        (digest != 0).then_some(Stamp {
+            mod_revision,
+            create_revision,
+            version,
+            digest,
+        })
     }
 
     fn shared_key(&self, slot: &Packed) -> Arc<str> {

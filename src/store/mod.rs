@@ -13,7 +13,7 @@ pub use indexer::{Indexer, StoreContent};
 
 use std::sync::Arc;
 
-use crate::Object;
+use crate::{Object, Stamp};
 
 /// Read access to a set of objects by key: what the DeltaFIFO needs of the cache ("known
 /// objects") to find the last state of a key.
@@ -37,19 +37,20 @@ pub trait Store<T>: Send + Sync {
     {
         StoreContent::default()
     }
-    /// Puts the object stored under `key` into `content` if it is at `mod_revision`, and says
-    /// whether it did: a relist keeps what did not change without decoding or copying it. An
-    /// [`Indexer`] shares the stored object with `content` (a compact one, its packed bytes).
-    fn keep_unchanged(&self, content: &mut StoreContent<T>, key: &str, mod_revision: i64) -> bool
+    /// Puts the object stored under `key` into `content` if it is in the state `stamp` names
+    /// (its revisions and the digest of its value: see [`Stamp`]), and says whether it did: a
+    /// relist keeps what did not change without decoding or copying it. An [`Indexer`] shares
+    /// the stored object with `content` (a compact one, its packed bytes).
+    fn keep_unchanged(&self, content: &mut StoreContent<T>, key: &str, stamp: &Stamp) -> bool
     where
         T: Send + Sync + 'static,
     {
         // The revision first: a compact store would decode the object to tell.
-        if self.mod_revision(key) != Some(mod_revision) {
+        if self.mod_revision(key) != Some(stamp.mod_revision) {
             return false;
         }
         match self.get_by_key(key) {
-            Some(obj) if obj.mod_revision == mod_revision => {
+            Some(obj) if obj.stamp().as_ref() == Some(stamp) => {
                 content.add(obj);
                 true
             }

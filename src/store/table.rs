@@ -12,7 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::{IndexFunc, Indexers};
-use crate::Object;
+use crate::{Object, Stamp};
 
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
@@ -38,6 +38,8 @@ pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     fn unpack(&self, slot: &Self::Slot) -> Option<Arc<Object<T>>>;
     /// The object's `mod_revision`, without unpacking it.
     fn mod_revision(&self, slot: &Self::Slot) -> i64;
+    /// The object's stamp ([`Object::stamp`]), without unpacking it.
+    fn stamp(&self, slot: &Self::Slot) -> Option<Stamp>;
     /// The object's key as a shared string.
     fn shared_key(&self, slot: &Self::Slot) -> Arc<str>;
     /// `slot` left the table (its key was deleted or given another slot).
@@ -111,6 +113,10 @@ impl<T: Send + Sync + 'static> Repr<T> for Shared {
         slot.0.mod_revision
     }
 
+    fn stamp(&self, slot: &SharedSlot<T>) -> Option<Stamp> {
+        slot.0.stamp()
+    }
+
     fn shared_key(&self, slot: &SharedSlot<T>) -> Arc<str> {
         slot.0.shared_key().clone()
     }
@@ -148,15 +154,15 @@ pub(super) trait Storage<T>: Send + Sync {
     /// Removes from the items only (for a table being retired), unpacked only if `unpack`:
     /// the removed object's revision, and the object.
     fn take(&mut self, key: &str, unpack: bool) -> Option<(i64, Option<Arc<Object<T>>>)>;
-    /// Takes `key` from `from`, a table of the same representation, if it holds it at
-    /// `mod_revision`: both tables then share the object (a compact table, its packed bytes),
+    /// Takes `key` from `from`, a table of the same representation, if it holds it in the
+    /// state `stamp` names: both tables then share the object (a compact table, its packed bytes),
     /// indexed here by `indexers`. Returns whether it did.
     fn adopt(
         &mut self,
         indexers: &Indexers<T>,
         from: &dyn Storage<T>,
         key: &str,
-        mod_revision: i64,
+        stamp: &Stamp,
     ) -> bool;
     /// Builds (or rebuilds) index `name` over every item.
     fn build_index(&mut self, name: &str, func: &IndexFunc<T>);
@@ -361,7 +367,7 @@ where
         indexers: &Indexers<T>,
         from: &dyn Storage<T>,
         key: &str,
-        mod_revision: i64,
+        stamp: &Stamp,
     ) -> bool {
         let Some(from) = from.as_any().downcast_ref::<Self>() else {
             return false;
@@ -369,7 +375,7 @@ where
         let Some(slot) = from.items.get(key) else {
             return false;
         };
-        if from.repr.mod_revision(slot) != mod_revision {
+        if from.repr.stamp(slot).as_ref() != Some(stamp) {
             return false;
         }
         // The index values come from the object as reads see it (decoded once here, and
@@ -557,17 +563,25 @@ mod tests {
     fn an_unchanged_object_is_adopted_without_a_copy_and_indexed() {
         let (indexers, mut live) = packed_by_parity();
         let objs: Vec<_> = (0..10u32)
-            .map(|i| Arc::new(Object::new(format!("ns/k{i}"), 5, i)))
+            .map(|i| Arc::new(Object::new(format!("ns/k{i}"), 5, i).read_from(&[i as u8])))
             .collect();
         live.add_all(&indexers, &objs);
         let mut next = live.empty();
         next.build_index("parity", &indexers["parity"]);
-        assert!(next.adopt(&indexers, &live, "ns/k3", 5));
+        let stamp = |rev, value: u8| Stamp::new(rev, rev, 1, &[value]);
+        assert!(next.adopt(&indexers, &live, "ns/k3", &stamp(5, 3)));
         assert!(
-            !next.adopt(&indexers, &live, "ns/k4", 6),
+            !next.adopt(&indexers, &live, "ns/k4", &stamp(6, 4)),
             "another revision"
         );
-        assert!(!next.adopt(&indexers, &live, "ns/k99", 5), "not there");
+        assert!(
+            !next.adopt(&indexers, &live, "ns/k5", &stamp(5, 50)),
+            "the same revisions, another value"
+        );
+        assert!(
+            !next.adopt(&indexers, &live, "ns/k99", &stamp(5, 99)),
+            "not there"
+        );
         let next = next
             .as_any()
             .downcast_ref::<Table<u32, PackedRepr<u32>>>()
@@ -582,6 +596,6 @@ mod tests {
         assert_eq!(next.index_keys("parity", "1").len(), 1);
         // A table of another representation cannot share its slots.
         let mut shared = Table::new(Shared);
-        assert!(!shared.adopt(&indexers, &live, "ns/k3", 5));
+        assert!(!shared.adopt(&indexers, &live, "ns/k3", &stamp(5, 3)));
     }
 }

@@ -128,7 +128,7 @@ impl<T: 'static> Decoder<T> {
                 obj.create_revision = kv.create_revision;
                 obj.version = kv.version;
                 obj.lease = kv.lease;
-                Some(obj)
+                Some(obj.read_from(&kv.value))
             }
             Err(source) => {
                 self.report(&kv.key, kv.mod_revision, DecodeErrorKind::Value(source));

@@ -14,7 +14,7 @@ use super::request::{is_message_too_large, member_unreachable};
 use super::EtcdListerWatcher;
 use crate::listwatch::hedged::{hedged, Hedged};
 use crate::listwatch::{Error, KeyRevisionsSink, ListResult, ListSink, Result};
-use crate::lock;
+use crate::{lock, Stamp};
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     /// Lists the prefix at one revision. Each page is decoded on a blocking thread while the
@@ -116,7 +116,15 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 let mut kept = 0;
                 for kv in kvs {
                     let unchanged = std::str::from_utf8(relative(&decoder.prefix, &kv.key))
-                        .is_ok_and(|key| sink.unchanged(key, kv.mod_revision));
+                        .is_ok_and(|key| {
+                            let stamp = Stamp::new(
+                                kv.mod_revision,
+                                kv.create_revision,
+                                kv.version,
+                                &kv.value,
+                            );
+                            sink.unchanged(key, &stamp)
+                        });
                     if unchanged {
                         kept += 1;
                         continue;

@@ -6,7 +6,7 @@ use super::index::{namespace_indexers, Indexers, StoreError};
 use super::table::{Shared, Storage, Table};
 use super::Store;
 use crate::codec::Codec;
-use crate::Object;
+use crate::{Object, Stamp};
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
 /// `threadSafeMap`).
@@ -122,14 +122,14 @@ impl<T> StoreContent<T> {
         table.add_all(indexers, objs);
     }
 
-    /// Takes `key` from `store` if it holds it at `mod_revision`, sharing the object (or the
-    /// compact store's packed bytes) instead of copying it; says whether it did.
-    fn adopt(&mut self, store: &Indexer<T>, key: &str, mod_revision: i64) -> bool {
+    /// Takes `key` from `store` if it holds it in the state `stamp` names, sharing the object
+    /// (or the compact store's packed bytes) instead of copying it; says whether it did.
+    fn adopt(&mut self, store: &Indexer<T>, key: &str, stamp: &Stamp) -> bool {
         let from = store.read();
         let Inner {
             table, indexers, ..
         } = &mut self.inner;
-        table.adopt(indexers, &*from.table, key, mod_revision)
+        table.adopt(indexers, &*from.table, key, stamp)
     }
 
     /// Makes room for `additional` more objects.
@@ -622,8 +622,8 @@ impl<T: Send + Sync + 'static> Store<T> for Indexer<T> {
     fn new_content(&self) -> StoreContent<T> {
         Indexer::new_content(self)
     }
-    fn keep_unchanged(&self, content: &mut StoreContent<T>, key: &str, mod_revision: i64) -> bool {
-        content.adopt(self, key, mod_revision)
+    fn keep_unchanged(&self, content: &mut StoreContent<T>, key: &str, stamp: &Stamp) -> bool {
+        content.adopt(self, key, stamp)
     }
     fn get_by_key(&self, key: &str) -> Option<Arc<Object<T>>> {
         Indexer::get_by_key(self, key)
