@@ -507,7 +507,6 @@ impl Session {
         }
     }
 
-    /// Where the cache of `watch`'s prefix is.
     /// Answers the waiting progress request once every watch has caught up (see
     /// [`ProgressWait`]), with a revision each has received every event up to.
     fn answer_progress(&mut self) {
@@ -546,6 +545,7 @@ impl Session {
         });
     }
 
+    /// Where the cache of `watch`'s prefix is.
     fn position(&self, watch: &Watch) -> Position {
         self.served.slices[watch.slice].cache.position()
     }
