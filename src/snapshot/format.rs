@@ -27,6 +27,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::{SnapshotError, SnapshotErrorKind};
+use crate::value_digest;
 
 /// The file's first 8 bytes.
 pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";
@@ -73,24 +74,9 @@ impl Loaded {
     }
 }
 
-/// FNV-1a over 8-byte little-endian words (then the tail byte by byte): FNV-1a 64's constants,
-/// a word at a time so that checking a file of hundreds of megabytes costs tens of
-/// milliseconds, not a second. Each step is a bijection of the state for a given word and of
-/// the word for a given state, so any change confined to one word always changes the result.
-pub(crate) fn checksum(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash = OFFSET;
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        hash = (hash ^ u64::from_le_bytes(w)).wrapping_mul(PRIME);
-    }
-    for &b in words.remainder() {
-        hash = (hash ^ u64::from(b)).wrapping_mul(PRIME);
-    }
-    hash
+/// The file's checksum: [`value_digest`] (FNV-1a a word at a time) over its bytes.
+pub(super) fn checksum(bytes: &[u8]) -> u64 {
+    value_digest(bytes)
 }
 
 /// Builds a snapshot file's bytes, key by key.

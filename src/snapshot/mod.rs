@@ -51,7 +51,6 @@ use std::time::Duration;
 use crate::codec::Codec;
 use crate::Object;
 
-pub(crate) use format::checksum;
 pub(crate) use warm::WarmSource;
 
 /// How often the cache is written by default: once a minute. Kubernetes' apiserver compacts
