@@ -42,6 +42,12 @@ pub trait Codec<T>: Send + Sync + 'static {
     fn decode(&self, bytes: &[u8]) -> Result<T, CodecError>;
     /// Encodes one value.
     fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError>;
+    /// Names the encoding: bytes one codec wrote are handed undecoded to another (a snapshot's
+    /// records to a compact cache) only if both give the same name. Default: the codec's Rust
+    /// type name, which names `T` too. Override it if one type encodes in several ways.
+    fn name(&self) -> &'static str {
+        std::any::type_name::<Self>()
+    }
 }
 
 /// A key under the prefix that cannot become an object: its key is not UTF-8, or the codec

@@ -40,6 +40,22 @@ impl<T: PartialEq> PartialEq for Object<T> {
 
 impl<T: Eq> Eq for Object<T> {}
 
+/// One object of a list still encoded (a warm start's snapshot record), for a sink that keeps
+/// objects encoded: see [`ListSink::takes_encoded`](crate::ListSink::takes_encoded).
+#[derive(Debug, Clone)]
+pub struct EncodedObject<'a> {
+    /// The key, relative to the source.
+    pub key: &'a str,
+    /// The value as the codec encodes it.
+    pub value: &'a [u8],
+    /// `[mod_revision, create_revision, version, lease]`.
+    pub revisions: [i64; 4],
+    /// [`value_digest`](crate::value_digest) of the value as etcd stored it (0: unknown).
+    pub digest: u64,
+    /// Its values for each index, in the order of the sorted index names.
+    pub index: Vec<Vec<String>>,
+}
+
 /// What tells whether a cached object is the state of its key a list found, without decoding
 /// the listed value: within one store, `mod_revision` alone would do; a store wiped and
 /// refilled can give a key the same revisions with another value, which the digest of the

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use crate::listwatch::ListSink;
 use crate::queue::{Closed, Delta, DeltaType, Queue};
 use crate::store::{Store, StoreContent};
-use crate::{lock, Object, Stamp};
+use crate::{lock, EncodedObject, Object, Stamp};
 
 /// A relist read page by page into the next store content.
 struct Building<T> {
@@ -46,6 +46,14 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
     fn page(&self, objects: Vec<Arc<Object<T>>>) {
         let mut content = lock(&self.content);
         content.add_page(&objects);
+    }
+
+    fn takes_encoded(&self, codec: &str, indexes: &[String], sample: &[EncodedObject<'_>]) -> bool {
+        lock(&self.content).takes_encoded(codec, indexes, sample)
+    }
+
+    fn page_encoded(&self, objects: &[EncodedObject<'_>]) {
+        lock(&self.content).add_encoded(objects);
     }
 }
 

@@ -15,6 +15,8 @@ pub(super) struct Args {
     pub(super) latency_puts: usize,
     pub(super) latency_rate: u64,
     pub(super) processing: Processing,
+    /// `--cache compact`: the restart scenario's informers keep a compact cache.
+    pub(super) compact: bool,
     // Hidden, for the memory child processes.
     pub(super) child: Option<String>,
     pub(super) endpoints: Vec<String>,
@@ -34,6 +36,7 @@ pub(super) fn parse_args() -> Args {
         latency_puts: 2_000,
         latency_rate: 500,
         processing: Processing::default(),
+        compact: false,
         child: None,
         endpoints: Vec::new(),
         prefix: None,
@@ -89,6 +92,13 @@ pub(super) fn parse_args() -> Args {
                     )),
                 }
             }
+            "--cache" => {
+                a.compact = match value().as_str() {
+                    "default" => false,
+                    "compact" => true,
+                    other => fail(format!("--cache {other:?}: expected default or compact")),
+                }
+            }
             "--child" => a.child = Some(value()),
             "--endpoints" => a.endpoints = value().split(',').map(str::to_owned).collect(),
             "--prefix" => a.prefix = Some(value()),
@@ -96,7 +106,8 @@ pub(super) fn parse_args() -> Args {
                 eprintln!(
                     "usage: cargo bench --bench informer -- [--keys N] [--value-bytes S] [--events M] \
                      [--handlers H] [--scenario {}] [--page-size P] [--runs R] [--writers W] \
-                     [--latency-puts K] [--latency-rate PUTS_PER_S] [--processing atomic|delta-fifo]",
+                     [--latency-puts K] [--latency-rate PUTS_PER_S] [--processing atomic|delta-fifo] \
+                     [--cache default|compact]",
                     ALL_SCENARIOS.join("|")
                 );
                 std::process::exit(0);

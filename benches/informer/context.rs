@@ -68,6 +68,14 @@ impl Bench {
             "processing".into(),
             json!(format!("{:?}", self.args.processing)),
         );
+        m.insert(
+            "cache".into(),
+            json!(if self.args.compact {
+                "compact"
+            } else {
+                "default"
+            }),
+        );
         m
     }
 

@@ -30,6 +30,9 @@ async fn informer(b: &Bench, snapshot: Option<&std::path::Path>) -> SharedIndexI
     )
     .unwrap_or_else(|e| fail(e));
     let mut options = InformerOptions::default().with_name("bench");
+    if b.args.compact {
+        options = options.with_compact_cache(JsonCodec::<ConfigMap>::new());
+    }
     if let Some(path) = snapshot {
         options = options.with_snapshot_options(snapshot_options(path));
     }

@@ -49,7 +49,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         // Under the store's read lock: the content, its revision and the store it was listed
         // from agree. The source's identity now could name a store it has just found, whose
         // content the cache does not hold yet.
-        let (revision, cluster_id, objects) = self.shared.indexer.list_at_revision();
+        let (revision, cluster_id, objects, indexers) = self.shared.indexer.list_at_revision();
         if cluster_id == 0 {
             tracing::debug!(informer = %self.shared.name, "no snapshot written: the cluster id of the listed store is not known");
             return Ok(None);
@@ -63,7 +63,14 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let started = std::time::Instant::now();
         let keys = objects.len();
         tokio::task::spawn_blocking(move || {
-            write(&options, cluster_id, &identity.name, revision, &objects)
+            write(
+                &options,
+                cluster_id,
+                &identity.name,
+                revision,
+                &objects,
+                &indexers,
+            )
         })
         .await
         .map_err(|e| {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio_stream::Stream;
 
-use crate::{Object, Stamp};
+use crate::{EncodedObject, Object, Stamp};
 
 pub mod etcd;
 mod hedged;
@@ -41,6 +41,20 @@ pub trait ListSink<T>: Send + Sync {
     }
     /// Takes one page of objects.
     fn page(&self, objects: Vec<Arc<Object<T>>>);
+    /// Whether the sink takes the list's objects still encoded ([`page_encoded`](
+    /// Self::page_encoded)) instead of decoded: it keeps objects encoded by a codec named
+    /// `codec` (a compact cache), indexes exactly `indexes` (sorted names), and each object
+    /// of `sample` decodes, with the index values given. `false` (the default): pages of
+    /// decoded objects.
+    fn takes_encoded(&self, codec: &str, indexes: &[String], sample: &[EncodedObject<'_>]) -> bool {
+        let _ = (codec, indexes, sample);
+        false
+    }
+    /// Takes one page of encoded objects, after [`takes_encoded`](Self::takes_encoded) said
+    /// yes.
+    fn page_encoded(&self, objects: &[EncodedObject<'_>]) {
+        let _ = objects;
+    }
 }
 
 /// The stream of changes returned by [`ListerWatcher::watch`].

@@ -14,10 +14,12 @@
 //! 40      8     key count
 //! 48      4+n   the prefix (source identity), length then UTF-8 bytes
 //! ..      4+n   the codec id, length then UTF-8 bytes
+//! ..            u32 index count, then each index's name (length, UTF-8 bytes), sorted
 //! ..            per key: u32 key length, key (relative to the prefix), u32 value length,
 //!               value (as the codec encodes it), i64 mod_revision, i64 create_revision,
 //!               i64 version, i64 lease, u64 digest of the value as etcd stored it
-//!               (0: unknown; see `Object::stamp`)
+//!               (0: unknown; see `Object::stamp`), then per index (in the header's order)
+//!               u32 value count and each value (length, UTF-8 bytes)
 //! end-8   8     checksum of everything before it
 //! ```
 
@@ -45,6 +47,8 @@ pub(super) struct Header {
     pub(super) revision: i64,
     pub(super) prefix: String,
     pub(super) codec_id: String,
+    /// The names of the indexes whose values each key carries, sorted.
+    pub(super) indexes: Vec<String>,
 }
 
 /// One key as stored: its value still encoded, as a range of the file's bytes (values are
@@ -58,6 +62,8 @@ pub(super) struct Entry {
     pub(super) version: i64,
     pub(super) lease: i64,
     pub(super) digest: u64,
+    /// The key's index values (see [`Loaded::index_values`]).
+    pub(super) index: Range<usize>,
 }
 
 /// A verified snapshot file: header, entries, and the bytes they point into.
@@ -71,6 +77,21 @@ impl Loaded {
     /// The key of `entry` (checked to be UTF-8 when the file was read).
     pub(super) fn key(&self, entry: &Entry) -> &str {
         std::str::from_utf8(&self.bytes[entry.key.clone()]).unwrap_or_default()
+    }
+
+    /// The index values of `entry`, one list per index of the header (checked when the file
+    /// was read).
+    pub(super) fn index_values(&self, entry: &Entry) -> Vec<Vec<String>> {
+        let mut r = Reader {
+            bytes: &self.bytes[..entry.index.end],
+            at: entry.index.start,
+        };
+        (0..self.header.indexes.len())
+            .map(|_| {
+                let n = r.u32().unwrap_or(0);
+                (0..n).filter_map(|_| r.string()).collect()
+            })
+            .collect()
     }
 }
 
@@ -97,16 +118,35 @@ impl Encoder {
         buf.extend_from_slice(&0u64.to_le_bytes()); // key count, set by `finish`
         put_bytes(&mut buf, header.prefix.as_bytes());
         put_bytes(&mut buf, header.codec_id.as_bytes());
+        buf.extend_from_slice(&(header.indexes.len() as u32).to_le_bytes());
+        for name in &header.indexes {
+            put_bytes(&mut buf, name.as_bytes());
+        }
         Encoder { buf, keys: 0 }
     }
 
-    pub(super) fn key(&mut self, key: &str, value: &[u8], revisions: [i64; 4], digest: u64) {
+    /// Appends a key; `index` holds its values for each index of the header, in order.
+    pub(super) fn key(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        revisions: [i64; 4],
+        digest: u64,
+        index: &[Vec<String>],
+    ) {
         put_bytes(&mut self.buf, key.as_bytes());
         put_bytes(&mut self.buf, value);
         for r in revisions {
             self.buf.extend_from_slice(&r.to_le_bytes());
         }
         self.buf.extend_from_slice(&digest.to_le_bytes());
+        for values in index {
+            self.buf
+                .extend_from_slice(&(values.len() as u32).to_le_bytes());
+            for v in values {
+                put_bytes(&mut self.buf, v.as_bytes());
+            }
+        }
         self.keys += 1;
     }
 
@@ -188,6 +228,15 @@ fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
     let keys = r.u64().ok_or_else(|| corrupt("the header"))?;
     let prefix = r.string().ok_or_else(|| corrupt("the prefix"))?;
     let codec_id = r.string().ok_or_else(|| corrupt("the codec id"))?;
+    let indexes = (|| {
+        let n = r.u32()?;
+        // Each name takes at least its length's 4 bytes.
+        if n as usize > body / 4 {
+            return None;
+        }
+        (0..n).map(|_| r.string()).collect::<Option<Vec<_>>>()
+    })()
+    .ok_or_else(|| corrupt("the index names"))?;
     // Each key takes at least ENTRY_FIXED bytes: a count the file cannot hold is refused
     // before anything is allocated for it.
     if keys > (body / ENTRY_FIXED) as u64 {
@@ -209,6 +258,17 @@ fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
                 version: r.i64()?,
                 lease: r.i64()?,
                 digest: r.array().map(u64::from_le_bytes)?,
+                index: {
+                    let start = r.at;
+                    for _ in 0..indexes.len() {
+                        let n = r.u32()?;
+                        for _ in 0..n {
+                            let value = r.field()?;
+                            std::str::from_utf8(&r.bytes[value]).ok()?;
+                        }
+                    }
+                    start..r.at
+                },
             })
         })()
         .ok_or_else(|| K::Corrupt(format!("key {i} of {keys} is cut short or not UTF-8")))?;
@@ -226,6 +286,7 @@ fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
             revision,
             prefix,
             codec_id,
+            indexes,
         },
         entries,
         bytes,
@@ -320,10 +381,13 @@ mod tests {
             revision: 42,
             prefix: "/p/".into(),
             codec_id: "json".into(),
+            indexes: vec!["namespace".into(), "zone".into()],
         };
         let mut e = Encoder::new(&header, 0);
-        e.key("ns/a", b"1", [40, 30, 2, 0], 0);
-        e.key("ns/b", b"22", [41, 41, 1, 7], u64::MAX);
+        let no_values = [vec![], vec![]];
+        e.key("ns/a", b"1", [40, 30, 2, 0], 0, &no_values);
+        let values = [vec!["ns".to_owned()], vec!["a".to_owned(), "b".to_owned()]];
+        e.key("ns/b", b"22", [41, 41, 1, 7], u64::MAX, &values);
         e.finish()
     }
 
@@ -361,6 +425,14 @@ mod tests {
                 b.digest
             ),
             (41, 41, 1, 7, u64::MAX)
+        );
+        assert_eq!(
+            loaded.index_values(b),
+            vec![vec!["ns".to_owned()], vec!["a".to_owned(), "b".to_owned()]]
+        );
+        assert_eq!(
+            loaded.index_values(&loaded.entries[0]),
+            vec![Vec::<String>::new(); 2]
         );
     }
 

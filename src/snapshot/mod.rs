@@ -49,6 +49,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::codec::Codec;
+use crate::store::Indexers;
 use crate::Object;
 
 pub(crate) use warm::WarmSource;
@@ -278,19 +279,24 @@ pub(crate) struct Snapshots<T> {
 }
 
 /// Writes `objects`, the source's content at `revision` in cluster `cluster_id` under
-/// `prefix`, to the snapshot file (see the [module docs](self) for how).
+/// `prefix`, to the snapshot file, with their values for each of `indexers` (see the [module
+/// docs](self) for how).
 pub(crate) fn write<T: 'static>(
     options: &SnapshotOptions<T>,
     cluster_id: u64,
     prefix: &str,
     revision: i64,
     objects: &[Arc<Object<T>>],
+    indexers: &Indexers<T>,
 ) -> Result<(), SnapshotError> {
+    let mut indexes: Vec<_> = indexers.iter().collect();
+    indexes.sort_by(|a, b| a.0.cmp(b.0));
     let header = format::Header {
         cluster_id,
         revision,
         prefix: prefix.to_owned(),
         codec_id: options.codec_id.clone(),
+        indexes: indexes.iter().map(|(name, _)| (*name).clone()).collect(),
     };
     let mut encoder = format::Encoder::new(&header, objects.len() * 128);
     for o in objects {
@@ -308,6 +314,7 @@ pub(crate) fn write<T: 'static>(
             &value,
             [o.mod_revision, o.create_revision, o.version, o.lease],
             o.digest(),
+            &indexes.iter().map(|(_, f)| f(o)).collect::<Vec<_>>(),
         );
     }
     format::write_atomic(&options.path, &encoder.finish())
@@ -324,7 +331,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let options = SnapshotOptions::new(dir.join("s"), TextCodec);
         let objects = vec![Arc::new(Object::new("a/b", 5, "v".to_string()))];
-        write(&options, 7, "/p/", 9, &objects).expect("written");
+        write(&options, 7, "/p/", 9, &objects, &Indexers::new()).expect("written");
         // A leftover temporary file from a crash does not matter.
         std::fs::write(format::temp_path(&options.path), b"half").expect("temp");
         let loaded = format::read(&options.path).expect("read");

@@ -9,7 +9,7 @@ use crate::listwatch::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
     Resume, SourceIdentity, WatchStream,
 };
-use crate::Object;
+use crate::{EncodedObject, Object};
 
 /// Wraps the informer's source: the first `list`/`list_into` may be answered from the
 /// snapshot; every other call, and every later list, goes to the source.
@@ -32,14 +32,27 @@ type Chunks<T> = std::sync::mpsc::Receiver<Result<Vec<Object<T>>, String>>;
 /// enough that the cache is built while the rest decode.
 const CHUNK: usize = 16_384;
 
-/// A snapshot the source agreed to resume from, its values still decoding.
+/// A snapshot the source agreed to resume from.
 struct Warm<T> {
     revision: i64,
     keys: usize,
-    chunks: Chunks<T>,
+    content: Content<T>,
     start: SnapshotStart,
     started: std::time::Instant,
 }
+
+/// How a warm start's objects reach the cache.
+enum Content<T> {
+    /// Decoded, a chunk at a time, as the decoding threads finish them.
+    Decoding(Chunks<T>),
+    /// As the file holds them, encoded, with their index values: the list's sink keeps
+    /// objects encoded with the same codec and the same indexes (a compact cache), so nothing
+    /// is decoded (but a sample, to check the codec and the index functions still agree).
+    Encoded(Loaded),
+}
+
+/// How many records a sink decodes to check it may take the rest encoded.
+const SAMPLE: usize = 64;
 
 /// What the first list does.
 enum Decision<T> {
@@ -62,10 +75,11 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         }
     }
 
-    /// Reads and checks the file, starts decoding the values, and asks the source meanwhile
-    /// (decoding is most of a warm start's time; a refusal wastes it). `Err` only when the
-    /// source could not answer (the reflector retries the list, and this with it).
-    async fn decide(&self) -> Result<Decision<T>> {
+    /// Reads and checks the file, starts decoding the values (unless `sink` takes them
+    /// encoded), and asks the source meanwhile (decoding is most of a warm start's time; a
+    /// refusal wastes it). `Err` only when the source could not answer (the reflector retries
+    /// the list, and this with it).
+    async fn decide(&self, sink: Option<&Arc<dyn ListSink<T>>>) -> Result<Decision<T>> {
         let started = std::time::Instant::now();
         let path = self.options.path.clone();
         let read = tokio::task::spawn_blocking(move || format::read(&path)).await;
@@ -94,15 +108,30 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         let (revision, keys) = (header.revision, loaded.entries.len());
         let cluster_id = header.cluster_id;
         let read_at = started.elapsed();
-        let (tx, chunks) = std::sync::mpsc::channel();
-        let codec = self.options.codec.clone();
-        let path = self.options.path.clone();
-        // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
-        drop(tokio::task::spawn_blocking(move || {
-            decode_chunks(&loaded, &*codec, &path, &tx)
-        }));
+        let encoded = sink.is_some_and(|sink| {
+            let step = (keys / SAMPLE).max(1);
+            let sample: Vec<_> = loaded
+                .entries
+                .iter()
+                .step_by(step)
+                .map(|e| encoded(&loaded, e))
+                .collect();
+            sink.takes_encoded(self.options.codec.name(), &header.indexes, &sample)
+        });
+        let content = if encoded {
+            Content::Encoded(loaded)
+        } else {
+            let (tx, chunks) = std::sync::mpsc::channel();
+            let codec = self.options.codec.clone();
+            let path = self.options.path.clone();
+            // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
+            drop(tokio::task::spawn_blocking(move || {
+                decode_chunks(&loaded, &*codec, &path, &tx)
+            }));
+            Content::Decoding(chunks)
+        };
         let answer = self.inner.can_resume(revision, keys, cluster_id).await?;
-        tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), "snapshot checked");
+        tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), encoded, "snapshot checked");
         let start = match answer {
             Resume::Ready => SnapshotStart::Warm { revision, keys },
             // etcd cannot show what changed since a compacted revision (nor count its keys):
@@ -125,7 +154,7 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         Ok(Decision::Warm(Warm {
             revision,
             keys,
-            chunks,
+            content,
             start,
             started,
         }))
@@ -133,11 +162,11 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 
     /// The first list's snapshot, if the source agreed to resume from it; `None` once decided
     /// before, or when it starts cold (recorded here).
-    async fn first_list(&self) -> Result<Option<Warm<T>>> {
+    async fn first_list(&self, sink: Option<&Arc<dyn ListSink<T>>>) -> Result<Option<Warm<T>>> {
         if self.start.get().is_some() {
             return Ok(None);
         }
-        match self.decide().await? {
+        match self.decide(sink).await? {
             Decision::Warm(warm) => Ok(Some(warm)),
             Decision::Cold(reason) => {
                 self.decided(SnapshotStart::Cold { reason });
@@ -159,23 +188,37 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         let _ = self.start.set(start);
     }
 
-    /// Hands every decoded chunk to `take` as it comes (on a blocking thread: building the
-    /// cache is CPU work), then records the warm start. A value that does not decode, or
-    /// decoding that stopped short, makes this a cold start after all: the list fails, and
-    /// the reflector's retry lists the source.
+    /// Hands every decoded chunk to `take` as it comes, or every chunk of encoded records to
+    /// `sink` (on a blocking thread: building the cache is CPU work), then records the warm
+    /// start. A value that does not decode, or decoding that stopped short, makes this a cold
+    /// start after all: the list fails, and the reflector's retry lists the source.
     async fn serve(
         &self,
         warm: Warm<T>,
+        sink: Option<Arc<dyn ListSink<T>>>,
         mut take: impl FnMut(Vec<Object<T>>) + Send + 'static,
     ) -> Result<i64> {
         let Warm {
             revision,
             keys,
-            chunks,
+            content,
             start,
             started,
         } = warm;
         let served = tokio::task::spawn_blocking(move || {
+            let chunks = match (content, sink) {
+                (Content::Decoding(chunks), _) => chunks,
+                (Content::Encoded(loaded), Some(sink)) => {
+                    for entries in loaded.entries.chunks(CHUNK) {
+                        let page: Vec<_> = entries.iter().map(|e| encoded(&loaded, e)).collect();
+                        sink.page_encoded(&page);
+                    }
+                    return Ok(());
+                }
+                (Content::Encoded(_), None) => {
+                    return Err("the snapshot's records have nowhere to go".to_owned())
+                }
+            };
             let mut got = 0;
             for chunk in chunks {
                 let objects = chunk?;
@@ -207,6 +250,22 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 )))
             }
         }
+    }
+}
+
+/// The record of `entry`, as it is in the file.
+fn encoded<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
+    EncodedObject {
+        key: loaded.key(entry),
+        value: &loaded.bytes[entry.value.clone()],
+        revisions: [
+            entry.mod_revision,
+            entry.create_revision,
+            entry.version,
+            entry.lease,
+        ],
+        digest: entry.digest,
+        index: loaded.index_values(entry),
     }
 }
 
@@ -278,13 +337,15 @@ fn decode<T: 'static>(
 impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin(async move {
-            let Some(warm) = self.first_list().await? else {
+            let Some(warm) = self.first_list(None).await? else {
                 return self.inner.list().await;
             };
             let items = Arc::new(std::sync::Mutex::new(Vec::with_capacity(warm.keys)));
             let into = items.clone();
             let revision = self
-                .serve(warm, move |objects| crate::lock(&into).extend(objects))
+                .serve(warm, None, move |objects| {
+                    crate::lock(&into).extend(objects)
+                })
                 .await?;
             let items = std::mem::take(&mut *crate::lock(&items));
             Ok(ListResult { items, revision })
@@ -296,12 +357,13 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
         T: 'static,
     {
         Box::pin(async move {
-            let Some(warm) = self.first_list().await? else {
+            let Some(warm) = self.first_list(Some(&sink)).await? else {
                 return self.inner.list_into(sink).await;
             };
             sink.begin(warm.revision, warm.keys);
-            self.serve(warm, move |objects| {
-                sink.page(objects.into_iter().map(Arc::new).collect())
+            let pages = sink.clone();
+            self.serve(warm, Some(sink), move |objects| {
+                pages.page(objects.into_iter().map(Arc::new).collect())
             })
             .await
         })

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::table::Repr;
 use crate::codec::Codec;
-use crate::{Object, Stamp};
+use crate::{EncodedObject, Object, Stamp};
 
 const WHOLE: u8 = 1;
 
@@ -282,35 +282,38 @@ fn varint_len(n: u64) -> usize {
     (64 - n.leading_zeros() as usize).div_ceil(7).max(1)
 }
 
-/// The size of the record of `obj` with a value of `value_len` bytes.
-fn record_len<T>(obj: &Object<T>, value_len: usize) -> usize {
-    let key = obj.key().len();
-    let revisions: usize = [
+fn revisions_of<T>(obj: &Object<T>) -> [i64; 4] {
+    [
         obj.mod_revision,
         obj.create_revision,
         obj.version,
         obj.lease,
     ]
-    .iter()
-    .map(|&n| varint_len(n as u64))
-    .sum();
-    1 + varint_len(key as u64) + key + revisions + 8 + value_len
 }
 
-fn write_record<T>(out: &mut Vec<u8>, obj: &Object<T>, flags: u8, value: &[u8]) {
-    out.reserve(record_len(obj, value.len()));
+/// The size of the record of a key of `key_len` bytes, at `revisions`, with a value of
+/// `value_len` bytes.
+fn record_len(key_len: usize, revisions: [i64; 4], value_len: usize) -> usize {
+    let revisions: usize = revisions.iter().map(|&n| varint_len(n as u64)).sum();
+    1 + varint_len(key_len as u64) + key_len + revisions + 8 + value_len
+}
+
+fn write_record(
+    out: &mut Vec<u8>,
+    key: &str,
+    revisions: [i64; 4],
+    digest: u64,
+    flags: u8,
+    value: &[u8],
+) {
+    out.reserve(record_len(key.len(), revisions, value.len()));
     out.push(flags);
-    write_varint(out, obj.key().len() as u64);
-    out.extend_from_slice(obj.key().as_bytes());
-    for n in [
-        obj.mod_revision,
-        obj.create_revision,
-        obj.version,
-        obj.lease,
-    ] {
+    write_varint(out, key.len() as u64);
+    out.extend_from_slice(key.as_bytes());
+    for n in revisions {
         write_varint(out, n as u64);
     }
-    out.extend_from_slice(&obj.digest().to_le_bytes());
+    out.extend_from_slice(&digest.to_le_bytes());
     out.extend_from_slice(value);
 }
 
@@ -334,7 +337,14 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     fn pack(&mut self, obj: &Arc<Object<T>>, seen: &mut dyn FnMut(&Object<T>)) -> Packed {
         let (flags, value) = self.encode(obj, seen);
         let mut buf = Vec::new();
-        write_record(&mut buf, obj, flags, &value);
+        write_record(
+            &mut buf,
+            obj.key(),
+            revisions_of(obj),
+            obj.digest(),
+            flags,
+            &value,
+        );
         self.count((buf.len(), 1));
         let len = buf.len() as u32;
         Packed {
@@ -359,7 +369,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         while start < objs.len() {
             let (mut end, mut size) = (start, 0);
             while let Some(obj) = objs.get(end) {
-                let len = record_len(obj, values[end].1.len());
+                let len = record_len(obj.key().len(), revisions_of(obj), values[end].1.len());
                 if end > start && size + len > MAX_CHUNK {
                     break;
                 }
@@ -371,7 +381,16 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
                 spans: Vec::with_capacity(end - start),
             };
             for (obj, (flags, value)) in objs[start..end].iter().zip(&values[start..end]) {
-                writer.record(|buf| write_record(buf, obj, *flags, value));
+                writer.record(|buf| {
+                    write_record(
+                        buf,
+                        obj.key(),
+                        revisions_of(obj),
+                        obj.digest(),
+                        *flags,
+                        value,
+                    )
+                });
             }
             let chunk = writer.finish(&mut out);
             self.count(chunk);
@@ -475,6 +494,47 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         let chunk = writer.finish(&mut out);
         self.count(chunk);
         out
+    }
+
+    fn codec_name(&self) -> Option<&'static str> {
+        Some(self.codec.name())
+    }
+
+    fn decode_encoded(&self, encoded: &EncodedObject<'_>) -> Option<Object<T>> {
+        let value = self.codec.decode(encoded.value).ok()?;
+        let [mod_revision, create_revision, version, lease] = encoded.revisions;
+        let mut obj = Object::new(encoded.key, mod_revision, value);
+        obj.create_revision = create_revision;
+        obj.version = version;
+        obj.lease = lease;
+        Some(obj.with_digest(encoded.digest))
+    }
+
+    fn pack_encoded(&mut self, objs: &[EncodedObject<'_>]) -> Option<Vec<Packed>> {
+        let mut out = Vec::with_capacity(objs.len());
+        let mut start = 0;
+        while start < objs.len() {
+            let (mut end, mut size) = (start, 0);
+            while let Some(o) = objs.get(end) {
+                let len = record_len(o.key.len(), o.revisions, o.value.len());
+                if end > start && size + len > MAX_CHUNK {
+                    break;
+                }
+                size += len;
+                end += 1;
+            }
+            let mut writer = ChunkWriter {
+                buf: Vec::with_capacity(size),
+                spans: Vec::with_capacity(end - start),
+            };
+            for o in &objs[start..end] {
+                writer.record(|buf| write_record(buf, o.key, o.revisions, o.digest, 0, o.value));
+            }
+            let chunk = writer.finish(&mut out);
+            self.count(chunk);
+            start = end;
+        }
+        Some(out)
     }
 
     fn empty(&self) -> Self {

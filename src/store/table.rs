@@ -12,7 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::{IndexFunc, Indexers};
-use crate::{Object, Stamp};
+use crate::{EncodedObject, Object, Stamp};
 
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
@@ -56,6 +56,19 @@ pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     /// Fresh slots for `slots`, in order.
     fn repack(&mut self, slots: Vec<Self::Slot>) -> Vec<Self::Slot> {
         slots
+    }
+    /// The name of the codec the slots hold values encoded with (a compact table).
+    fn codec_name(&self) -> Option<&'static str> {
+        None
+    }
+    /// The object `encoded` holds, decoded as reads would see it (a compact table).
+    fn decode_encoded(&self, _encoded: &EncodedObject<'_>) -> Option<Object<T>> {
+        None
+    }
+    /// Slots for `objs` as they are, without decoding them (a compact table); `None` when
+    /// the representation holds decoded objects.
+    fn pack_encoded(&mut self, _objs: &[EncodedObject<'_>]) -> Option<Vec<Self::Slot>> {
+        None
     }
     /// An empty representation of the same kind.
     fn empty(&self) -> Self;
@@ -149,6 +162,14 @@ pub(super) trait Storage<T>: Send + Sync {
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>>;
     /// Inserts or replaces every object of `objs` (a page of a list), keeping the indexes.
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]);
+    /// The name of the codec a compact table encodes with.
+    fn codec_name(&self) -> Option<&'static str>;
+    /// The object `encoded` holds, decoded with a compact table's codec.
+    fn decode_encoded(&self, encoded: &EncodedObject<'_>) -> Option<Object<T>>;
+    /// Inserts or replaces every object of `objs` without decoding them (a compact table),
+    /// indexed by the values they carry (in the order of the sorted index names); `false`
+    /// when the table holds decoded objects.
+    fn add_encoded(&mut self, indexers: &Indexers<T>, objs: &[EncodedObject<'_>]) -> bool;
     /// Removes, keeping the indexes of `indexers`; returns the removed object.
     fn delete(&mut self, indexers: &Indexers<T>, key: &str) -> Option<Arc<Object<T>>>;
     /// Removes from the items only (for a table being retired), unpacked only if `unpack`:
@@ -349,6 +370,36 @@ where
         let old = self.insert(indexers, slot, values);
         self.repack_if_needed();
         old
+    }
+
+    fn codec_name(&self) -> Option<&'static str> {
+        self.repr.codec_name()
+    }
+
+    fn decode_encoded(&self, encoded: &EncodedObject<'_>) -> Option<Object<T>> {
+        self.repr.decode_encoded(encoded)
+    }
+
+    fn add_encoded(&mut self, indexers: &Indexers<T>, objs: &[EncodedObject<'_>]) -> bool {
+        let Some(slots) = self.repr.pack_encoded(objs) else {
+            return false;
+        };
+        // The values come in the order of the sorted names; `insert` takes the indexers'.
+        let mut sorted: Vec<&String> = indexers.keys().collect();
+        sorted.sort();
+        let order: Vec<usize> = indexers
+            .keys()
+            .map(|name| sorted.iter().position(|s| *s == name).unwrap_or(usize::MAX))
+            .collect();
+        for (slot, o) in slots.into_iter().zip(objs) {
+            let values = order
+                .iter()
+                .map(|&i| o.index.get(i).cloned().unwrap_or_default())
+                .collect();
+            self.insert(indexers, slot, values);
+        }
+        self.repack_if_needed();
+        true
     }
 
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]) {

@@ -6,7 +6,7 @@ use super::index::{namespace_indexers, Indexers, StoreError};
 use super::table::{Shared, Storage, Table};
 use super::Store;
 use crate::codec::Codec;
-use crate::{Object, Stamp};
+use crate::{EncodedObject, Object, Stamp};
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
 /// `threadSafeMap`).
@@ -120,6 +120,45 @@ impl<T> StoreContent<T> {
             table, indexers, ..
         } = &mut self.inner;
         table.add_all(indexers, objs);
+    }
+
+    /// Whether this content can take objects encoded by a codec named `codec`, indexed by
+    /// `indexes` (sorted names), without decoding them: it is compact with that codec, indexes
+    /// exactly those, and each of `sample` decodes to the index values it carries.
+    pub(crate) fn takes_encoded(
+        &self,
+        codec: &str,
+        indexes: &[String],
+        sample: &[EncodedObject<'_>],
+    ) -> bool {
+        let Inner {
+            table, indexers, ..
+        } = &self.inner;
+        if !self.indexed || table.codec_name() != Some(codec) {
+            return false;
+        }
+        let mut sorted: Vec<_> = indexers.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
+        if !sorted.iter().map(|(name, _)| *name).eq(indexes.iter()) {
+            return false;
+        }
+        sample.iter().all(|encoded| {
+            table.decode_encoded(encoded).is_some_and(|obj| {
+                sorted
+                    .iter()
+                    .map(|(_, f)| f(&obj))
+                    .eq(encoded.index.iter().cloned())
+            })
+        })
+    }
+
+    /// Adds (or replaces) every object of `objs` as they are encoded, after
+    /// [`takes_encoded`](Self::takes_encoded) said yes.
+    pub(crate) fn add_encoded(&mut self, objs: &[EncodedObject<'_>]) {
+        let Inner {
+            table, indexers, ..
+        } = &mut self.inner;
+        table.add_encoded(indexers, objs);
     }
 
     /// Takes `key` from `store` if it holds it in the state `stamp` names, sharing the object
@@ -465,11 +504,11 @@ impl<T> Indexer<T> {
     /// Every object, the revision they are the source's content at, and the cluster id of the
     /// store they were listed from, read under one lock so that the three agree (what a
     /// snapshot of the cache records).
-    pub(crate) fn list_at_revision(&self) -> (i64, u64, Vec<Arc<Object<T>>>) {
+    pub(crate) fn list_at_revision(&self) -> (i64, u64, Vec<Arc<Object<T>>>, Indexers<T>) {
         let inner = self.read();
         let mut out = Vec::with_capacity(inner.table.len());
         inner.table.for_each(&mut |o| out.push(o));
-        (inner.revision, inner.origin, out)
+        (inner.revision, inner.origin, out, inner.indexers.clone())
     }
 
     /// Every key, in no particular order.
