@@ -55,6 +55,10 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
     fn page_encoded(&self, objects: &[EncodedObject<'_>]) {
         lock(&self.content).add_encoded(objects);
     }
+
+    fn discard(&self) {
+        *lock(&self.content) = self.known.new_content();
+    }
 }
 
 /// What [`RealFifo::pop`] hands out.

@@ -810,3 +810,58 @@ async fn a_compact_cache_starts_warm_without_decoding_the_snapshot() {
     assert_eq!(long, 401);
     stop(third, run).await;
 }
+
+/// Issue 35: a compact cache takes the snapshot's records while etcd is asked; when etcd
+/// cannot vouch for them (here: compacted past, with keys deleted since), they are dropped
+/// before the list, and no key of the snapshot stays in the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_cache_drops_the_records_etcd_did_not_vouch_for() {
+    let etcd = EtcdServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd (set ETCD_BIN or put etcd on PATH): {e}"));
+    let client = etcd.client().await;
+    let prefix = "/compact-refused/";
+    let path = snapshot_path("compact_refused");
+    let revision = put_keys(&client, prefix, 100).await;
+    let indexers = etcd_informer::namespace_indexers();
+    let (first, run) = start_compact(
+        &client,
+        prefix,
+        &path,
+        CountingText::default(),
+        indexers.clone(),
+    )
+    .await;
+    eventually("the cache at the last put", WITHIN, || {
+        first.revision() >= revision
+    })
+    .await;
+    stop(first, run).await;
+
+    let mut kv = client.kv_client();
+    for i in 0..10 {
+        kv.delete(format!("{prefix}ns/k{i:03}"), None)
+            .await
+            .unwrap();
+    }
+    let now = kv.put(format!("{prefix}ns/new"), "n", None).await.unwrap();
+    let now = now.header().map_or(0, |h| h.revision());
+    client
+        .kv_client()
+        .compact(now, None)
+        .await
+        .expect("compact");
+
+    let (second, run) =
+        start_compact(&client, prefix, &path, CountingText::default(), indexers).await;
+    match second.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => {
+            assert!(reason.contains("compacted"), "{reason}")
+        }
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+    converges(&second, &client, prefix, WITHIN).await;
+    assert_eq!(second.indexer().len(), 91);
+    assert!(second.indexer().get_by_key("ns/k000").is_none());
+    stop(second, run).await;
+}

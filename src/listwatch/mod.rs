@@ -55,6 +55,10 @@ pub trait ListSink<T>: Send + Sync {
     fn page_encoded(&self, objects: &[EncodedObject<'_>]) {
         let _ = objects;
     }
+    /// Drops every object taken so far: the list will start again (a warm start's records,
+    /// taken while the source was asked whether it can follow on from them, and it said no).
+    /// A sink that says yes to [`takes_encoded`](Self::takes_encoded) must implement it.
+    fn discard(&self) {}
 }
 
 /// The stream of changes returned by [`ListerWatcher::watch`].

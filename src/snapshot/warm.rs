@@ -48,7 +48,9 @@ enum Content<T> {
     /// As the file holds them, encoded, with their index values: the list's sink keeps
     /// objects encoded with the same codec and the same indexes (a compact cache), so nothing
     /// is decoded (but a sample, to check the codec and the index functions still agree).
-    Encoded(Loaded),
+    /// They are handed to the sink while etcd is asked (the sink discards them if etcd says
+    /// no): the task doing it.
+    Installing(tokio::task::JoinHandle<()>),
 }
 
 /// How many records a sink decodes to check it may take the rest encoded.
@@ -114,43 +116,63 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 .entries
                 .iter()
                 .step_by(step)
-                .map(|e| encoded(&loaded, e))
+                .map(|e| record(&loaded, e))
                 .collect();
             sink.takes_encoded(self.options.codec.name(), &header.indexes, &sample)
         });
-        let content = if encoded {
-            Content::Encoded(loaded)
-        } else {
-            let (tx, chunks) = std::sync::mpsc::channel();
-            let codec = self.options.codec.clone();
-            let path = self.options.path.clone();
-            // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
-            drop(tokio::task::spawn_blocking(move || {
-                decode_chunks(&loaded, &*codec, &path, &tx)
-            }));
-            Content::Decoding(chunks)
+        if let Some(sink) = sink {
+            sink.begin(revision, keys);
+        }
+        let content = match sink.filter(|_| encoded) {
+            Some(sink) => {
+                let sink = sink.clone();
+                Content::Installing(tokio::task::spawn_blocking(move || {
+                    for entries in loaded.entries.chunks(CHUNK) {
+                        let page: Vec<_> = entries.iter().map(|e| record(&loaded, e)).collect();
+                        sink.page_encoded(&page);
+                    }
+                }))
+            }
+            None => {
+                let (tx, chunks) = std::sync::mpsc::channel();
+                let codec = self.options.codec.clone();
+                let path = self.options.path.clone();
+                // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
+                drop(tokio::task::spawn_blocking(move || {
+                    decode_chunks(&loaded, &*codec, &path, &tx)
+                }));
+                Content::Decoding(chunks)
+            }
         };
-        let answer = self.inner.can_resume(revision, keys, cluster_id).await?;
+        let answer = self.inner.can_resume(revision, keys, cluster_id).await;
         tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), encoded, "snapshot checked");
-        let start = match answer {
-            Resume::Ready => SnapshotStart::Warm { revision, keys },
+        let refused = match &answer {
+            Ok(Resume::Ready) => None,
             // etcd cannot show what changed since a compacted revision (nor count its keys):
             // the snapshot cannot be proven to be this store, and none of it may reach a
             // handler or a reader. A watch from it could also open at the compaction revision
             // itself, where etcd 3.4 before 3.4.36 drops deletes.
-            Resume::Compacted(reason) => {
-                return Ok(Decision::Cold(format!(
-                    "snapshot {} at revision {revision}: {reason}; etcd cannot vouch for it, so it is not used",
-                    self.options.path.display()
-                )))
-            }
-            Resume::Refused(reason) => {
-                return Ok(Decision::Cold(format!(
-                    "snapshot {}: {reason}",
-                    self.options.path.display()
-                )))
-            }
+            Ok(Resume::Compacted(reason)) => Some(format!(
+                "snapshot {} at revision {revision}: {reason}; etcd cannot vouch for it, so it is not used",
+                self.options.path.display()
+            )),
+            Ok(Resume::Refused(reason)) => Some(format!(
+                "snapshot {}: {reason}",
+                self.options.path.display()
+            )),
+            Err(_) => Some(String::new()),
         };
+        if let Some(reason) = refused {
+            if let (Content::Installing(installing), Some(sink)) = (content, sink) {
+                // What the sink took is not this store's (or not proven so): gone before the
+                // source is listed into it.
+                let _ = installing.await;
+                sink.discard();
+            }
+            answer?;
+            return Ok(Decision::Cold(reason));
+        }
+        let start = SnapshotStart::Warm { revision, keys };
         Ok(Decision::Warm(Warm {
             revision,
             keys,
@@ -188,14 +210,14 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         let _ = self.start.set(start);
     }
 
-    /// Hands every decoded chunk to `take` as it comes, or every chunk of encoded records to
-    /// `sink` (on a blocking thread: building the cache is CPU work), then records the warm
-    /// start. A value that does not decode, or decoding that stopped short, makes this a cold
-    /// start after all: the list fails, and the reflector's retry lists the source.
+    /// Hands every decoded chunk to `take` as it comes (on a blocking thread: building the
+    /// cache is CPU work), or waits for the encoded records to be in the sink, then records
+    /// the warm start. A value that does not decode, or decoding that stopped short, makes
+    /// this a cold start after all: the list fails, and the reflector's retry lists the
+    /// source.
     async fn serve(
         &self,
         warm: Warm<T>,
-        sink: Option<Arc<dyn ListSink<T>>>,
         mut take: impl FnMut(Vec<Object<T>>) + Send + 'static,
     ) -> Result<i64> {
         let Warm {
@@ -205,36 +227,28 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
             start,
             started,
         } = warm;
-        let served = tokio::task::spawn_blocking(move || {
-            let chunks = match (content, sink) {
-                (Content::Decoding(chunks), _) => chunks,
-                (Content::Encoded(loaded), Some(sink)) => {
-                    for entries in loaded.entries.chunks(CHUNK) {
-                        let page: Vec<_> = entries.iter().map(|e| encoded(&loaded, e)).collect();
-                        sink.page_encoded(&page);
-                    }
-                    return Ok(());
+        let served = match content {
+            Content::Installing(installing) => installing
+                .await
+                .map_err(|e| format!("installing the snapshot failed: {e}")),
+            Content::Decoding(chunks) => tokio::task::spawn_blocking(move || {
+                let mut got = 0;
+                for chunk in chunks {
+                    let objects = chunk?;
+                    got += objects.len();
+                    take(objects);
                 }
-                (Content::Encoded(_), None) => {
-                    return Err("the snapshot's records have nowhere to go".to_owned())
+                if got != keys {
+                    return Err(format!(
+                        "decoding the snapshot stopped after {got} of {keys} keys"
+                    ));
                 }
-            };
-            let mut got = 0;
-            for chunk in chunks {
-                let objects = chunk?;
-                got += objects.len();
-                take(objects);
-            }
-            if got != keys {
-                return Err(format!(
-                    "decoding the snapshot stopped after {got} of {keys} keys"
-                ));
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| format!("decoding the snapshot failed: {e}"))
-        .and_then(|r| r);
+                Ok(())
+            })
+            .await
+            .map_err(|e| format!("decoding the snapshot failed: {e}"))
+            .and_then(|r| r),
+        };
         match served {
             Ok(()) => {
                 tracing::debug!(path = %self.options.path.display(), cached = ?started.elapsed(), "snapshot handed to the cache");
@@ -254,7 +268,7 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 }
 
 /// The record of `entry`, as it is in the file.
-fn encoded<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
+fn record<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
     EncodedObject {
         key: loaded.key(entry),
         value: &loaded.bytes[entry.value.clone()],
@@ -343,9 +357,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
             let items = Arc::new(std::sync::Mutex::new(Vec::with_capacity(warm.keys)));
             let into = items.clone();
             let revision = self
-                .serve(warm, None, move |objects| {
-                    crate::lock(&into).extend(objects)
-                })
+                .serve(warm, move |objects| crate::lock(&into).extend(objects))
                 .await?;
             let items = std::mem::take(&mut *crate::lock(&items));
             Ok(ListResult { items, revision })
@@ -360,10 +372,8 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
             let Some(warm) = self.first_list(Some(&sink)).await? else {
                 return self.inner.list_into(sink).await;
             };
-            sink.begin(warm.revision, warm.keys);
-            let pages = sink.clone();
-            self.serve(warm, Some(sink), move |objects| {
-                pages.page(objects.into_iter().map(Arc::new).collect())
+            self.serve(warm, move |objects| {
+                sink.page(objects.into_iter().map(Arc::new).collect())
             })
             .await
         })
