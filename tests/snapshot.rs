@@ -756,7 +756,10 @@ async fn a_compact_cache_starts_warm_without_decoding_the_snapshot() {
         first.revision() >= revision
     })
     .await;
+    // The snapshot holds the cache's revision when it stopped (other tests write too).
+    let snapshotted = first.clone();
     stop(first, run).await;
+    let revision = snapshotted.revision();
 
     // While the informer is down: a new key, an update, a delete.
     let mut kv = client.kv_client();

@@ -167,6 +167,24 @@ fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
+/// The cluster id, revision and key count in the header of the snapshot at `path`, read
+/// alone and unverified (so that etcd can be asked about them while the whole file is read
+/// and checked, which must then agree); `None` if it is not a snapshot of this format.
+pub(super) fn peek(path: &Path) -> Option<(u64, i64, u64)> {
+    use std::io::Read;
+    let mut head = [0u8; FIXED_HEADER];
+    File::open(path).ok()?.read_exact(&mut head).ok()?;
+    let mut r = Reader {
+        bytes: &head,
+        at: MAGIC.len(),
+    };
+    if &head[..MAGIC.len()] != MAGIC || r.u32()? != VERSION {
+        return None;
+    }
+    r.at = 24;
+    Some((r.u64()?, r.i64()?, r.u64()?))
+}
+
 /// Reads and verifies the snapshot at `path`: layout, length, checksum, and every field in
 /// bounds. Nothing in it is trusted before the checksum matched.
 pub(super) fn read(path: &Path) -> Result<Loaded, SnapshotError> {

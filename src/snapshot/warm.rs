@@ -84,6 +84,19 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
     async fn decide(&self, sink: Option<&Arc<dyn ListSink<T>>>) -> Result<Decision<T>> {
         let started = std::time::Instant::now();
         let path = self.options.path.clone();
+        // etcd is asked about the header's revision while the file is read and checked (at a
+        // million keys, each takes a few hundred milliseconds); the checked header must agree.
+        // If the file is not used after all, the question runs out on its own (one read).
+        let peeked = format::peek(&path);
+        let asking = peeked.map(|(cluster_id, revision, keys)| {
+            let inner = self.inner.clone();
+            let asked = (cluster_id, revision, keys as usize);
+            let answer =
+                tokio::spawn(
+                    async move { inner.can_resume(revision, keys as usize, cluster_id).await },
+                );
+            (asked, answer)
+        });
         let read = tokio::task::spawn_blocking(move || format::read(&path)).await;
         let loaded = match read {
             Ok(Ok(loaded)) => loaded,
@@ -123,11 +136,17 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         if let Some(sink) = sink {
             sink.begin(revision, keys);
         }
+        // Set when etcd says no: the records still to install are not.
+        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let content = match sink.filter(|_| encoded) {
             Some(sink) => {
                 let sink = sink.clone();
+                let refused = abandoned.clone();
                 Content::Installing(tokio::task::spawn_blocking(move || {
                     for entries in loaded.entries.chunks(CHUNK) {
+                        if refused.load(std::sync::atomic::Ordering::Relaxed) {
+                            return;
+                        }
                         let page: Vec<_> = entries.iter().map(|e| record(&loaded, e)).collect();
                         sink.page_encoded(&page);
                     }
@@ -144,7 +163,13 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 Content::Decoding(chunks)
             }
         };
-        let answer = self.inner.can_resume(revision, keys, cluster_id).await;
+        let answer = match asking {
+            Some((asked, answer)) if asked == (cluster_id, revision, keys) => answer
+                .await
+                .unwrap_or_else(|e| Err(Error::transient(format!("asking etcd failed: {e}")))),
+            // The file changed between the two reads.
+            _ => self.inner.can_resume(revision, keys, cluster_id).await,
+        };
         tracing::debug!(path = %self.options.path.display(), read = ?read_at, etcd_answered = ?started.elapsed(), encoded, "snapshot checked");
         let refused = match &answer {
             Ok(Resume::Ready) => None,
@@ -164,6 +189,7 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         };
         if let Some(reason) = refused {
             if let (Content::Installing(installing), Some(sink)) = (content, sink) {
+                abandoned.store(true, std::sync::atomic::Ordering::Relaxed);
                 // What the sink took is not this store's (or not proven so): gone before the
                 // source is listed into it.
                 let _ = installing.await;
