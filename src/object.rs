@@ -53,7 +53,7 @@ pub struct EncodedObject<'a> {
     /// [`value_digest`](crate::value_digest) of the value as etcd stored it (0: unknown).
     pub digest: u64,
     /// Its values for each index, in the order of the sorted index names.
-    pub index: Vec<Vec<String>>,
+    pub index: Vec<Vec<&'a str>>,
 }
 
 /// What tells whether a cached object is the state of its key a list found, without decoding

@@ -81,7 +81,7 @@ impl Loaded {
 
     /// The index values of `entry`, one list per index of the header (checked when the file
     /// was read).
-    pub(super) fn index_values(&self, entry: &Entry) -> Vec<Vec<String>> {
+    pub(super) fn index_values(&self, entry: &Entry) -> Vec<Vec<&str>> {
         let mut r = Reader {
             bytes: &self.bytes[..entry.index.end],
             at: entry.index.start,
@@ -89,7 +89,12 @@ impl Loaded {
         (0..self.header.indexes.len())
             .map(|_| {
                 let n = r.u32().unwrap_or(0);
-                (0..n).filter_map(|_| r.string()).collect()
+                (0..n)
+                    .filter_map(|_| {
+                        let range = r.field()?;
+                        std::str::from_utf8(&self.bytes[range]).ok()
+                    })
+                    .collect()
             })
             .collect()
     }
@@ -444,13 +449,10 @@ mod tests {
             ),
             (41, 41, 1, 7, u64::MAX)
         );
-        assert_eq!(
-            loaded.index_values(b),
-            vec![vec!["ns".to_owned()], vec!["a".to_owned(), "b".to_owned()]]
-        );
+        assert_eq!(loaded.index_values(b), vec![vec!["ns"], vec!["a", "b"]]);
         assert_eq!(
             loaded.index_values(&loaded.entries[0]),
-            vec![Vec::<String>::new(); 2]
+            vec![Vec::<&str>::new(); 2]
         );
     }
 

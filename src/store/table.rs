@@ -391,12 +391,29 @@ where
             .keys()
             .map(|name| sorted.iter().position(|s| *s == name).unwrap_or(usize::MAX))
             .collect();
+        let names: Vec<&String> = indexers.keys().collect();
         for (slot, o) in slots.into_iter().zip(objs) {
-            let values = order
-                .iter()
-                .map(|&i| o.index.get(i).cloned().unwrap_or_default())
-                .collect();
-            self.insert(indexers, slot, values);
+            if let Some(replaced) = self.items.replace(slot.clone()) {
+                // A key twice in one list, which a snapshot never holds: as any replacement.
+                self.unindex_everywhere(slot.borrow());
+                self.repr.release(&replaced);
+            }
+            for (name, &i) in names.iter().zip(&order) {
+                let Some(index) = self.indices.get_mut(name.as_str()) else {
+                    continue;
+                };
+                for &value in o.index.get(i).map_or(&[][..], Vec::as_slice) {
+                    // A value already indexed costs no allocation.
+                    match index.get_mut(value) {
+                        Some(set) => {
+                            set.replace(slot.clone());
+                        }
+                        None => {
+                            index.insert(value.to_owned(), HashSet::from([slot.clone()]));
+                        }
+                    }
+                }
+            }
         }
         self.repack_if_needed();
         true

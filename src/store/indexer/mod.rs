@@ -144,10 +144,10 @@ impl<T> StoreContent<T> {
         }
         sample.iter().all(|encoded| {
             table.decode_encoded(encoded).is_some_and(|obj| {
-                sorted
+                sorted.iter().map(|(_, f)| f(&obj)).eq(encoded
+                    .index
                     .iter()
-                    .map(|(_, f)| f(&obj))
-                    .eq(encoded.index.iter().cloned())
+                    .map(|values| values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>()))
             })
         })
     }
