@@ -48,8 +48,14 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
         content.add_page(&objects);
     }
 
-    fn takes_encoded(&self, codec: &str, indexes: &[String], sample: &[EncodedObject<'_>]) -> bool {
-        lock(&self.content).takes_encoded(codec, indexes, sample)
+    fn takes_encoded(
+        &self,
+        codec: &str,
+        indexes: &[String],
+        keys: usize,
+        sample: &[EncodedObject<'_>],
+    ) -> bool {
+        lock(&self.content).takes_encoded(codec, indexes, keys, sample)
     }
 
     fn page_encoded(&self, objects: &[EncodedObject<'_>]) {

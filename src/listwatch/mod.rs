@@ -41,13 +41,19 @@ pub trait ListSink<T>: Send + Sync {
     }
     /// Takes one page of objects.
     fn page(&self, objects: Vec<Arc<Object<T>>>);
-    /// Whether the sink takes the list's objects still encoded ([`page_encoded`](
+    /// Whether the sink takes the list's `keys` objects still encoded ([`page_encoded`](
     /// Self::page_encoded)) instead of decoded: it keeps objects encoded by a codec named
     /// `codec` (a compact cache), indexes exactly `indexes` (sorted names), and each object
-    /// of `sample` decodes, with the index values given. `false` (the default): pages of
-    /// decoded objects.
-    fn takes_encoded(&self, codec: &str, indexes: &[String], sample: &[EncodedObject<'_>]) -> bool {
-        let _ = (codec, indexes, sample);
+    /// of `sample` (spread evenly over the list) decodes, with the index values given.
+    /// `false` (the default): pages of decoded objects.
+    fn takes_encoded(
+        &self,
+        codec: &str,
+        indexes: &[String],
+        keys: usize,
+        sample: &[EncodedObject<'_>],
+    ) -> bool {
+        let _ = (codec, indexes, keys, sample);
         false
     }
     /// Takes one page of encoded objects, after [`takes_encoded`](Self::takes_encoded) said

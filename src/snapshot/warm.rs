@@ -131,7 +131,7 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 .step_by(step)
                 .map(|e| record(&loaded, e))
                 .collect();
-            sink.takes_encoded(self.options.codec.name(), &header.indexes, &sample)
+            sink.takes_encoded(self.options.codec.name(), &header.indexes, keys, &sample)
         });
         if let Some(sink) = sink {
             sink.begin(revision, keys);

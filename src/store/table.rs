@@ -162,6 +162,8 @@ pub(super) trait Storage<T>: Send + Sync {
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>>;
     /// Inserts or replaces every object of `objs` (a page of a list), keeping the indexes.
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]);
+    /// Makes room for `additional` more keys under `value` in index `name`.
+    fn reserve_index(&mut self, name: &str, value: &str, additional: usize);
     /// The name of the codec a compact table encodes with.
     fn codec_name(&self) -> Option<&'static str>;
     /// The object `encoded` holds, decoded with a compact table's codec.
@@ -370,6 +372,15 @@ where
         let old = self.insert(indexers, slot, values);
         self.repack_if_needed();
         old
+    }
+
+    fn reserve_index(&mut self, name: &str, value: &str, additional: usize) {
+        if let Some(index) = self.indices.get_mut(name) {
+            index
+                .entry(value.to_owned())
+                .or_default()
+                .reserve(additional);
+        }
     }
 
     fn codec_name(&self) -> Option<&'static str> {

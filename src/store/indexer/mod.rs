@@ -124,16 +124,19 @@ impl<T> StoreContent<T> {
 
     /// Whether this content can take objects encoded by a codec named `codec`, indexed by
     /// `indexes` (sorted names), without decoding them: it is compact with that codec, indexes
-    /// exactly those, and each of `sample` decodes to the index values it carries.
+    /// exactly those, and each of `sample` decodes to the index values it carries. If so, the
+    /// index values the sample shows are sized for their share of the `keys` to come
+    /// (growing a set of a hundred thousand keys rehashes each of them several times).
     pub(crate) fn takes_encoded(
-        &self,
+        &mut self,
         codec: &str,
         indexes: &[String],
+        keys: usize,
         sample: &[EncodedObject<'_>],
     ) -> bool {
         let Inner {
             table, indexers, ..
-        } = &self.inner;
+        } = &mut self.inner;
         if !self.indexed || table.codec_name() != Some(codec) {
             return false;
         }
@@ -142,14 +145,28 @@ impl<T> StoreContent<T> {
         if !sorted.iter().map(|(name, _)| *name).eq(indexes.iter()) {
             return false;
         }
-        sample.iter().all(|encoded| {
+        let agrees = sample.iter().all(|encoded| {
             table.decode_encoded(encoded).is_some_and(|obj| {
                 sorted.iter().map(|(_, f)| f(&obj)).eq(encoded
                     .index
                     .iter()
                     .map(|values| values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>()))
             })
-        })
+        });
+        if !agrees {
+            return false;
+        }
+        let per_record = keys / sample.len().max(1);
+        for (i, name) in indexes.iter().enumerate() {
+            let mut seen: HashMap<&str, usize> = HashMap::new();
+            for value in sample.iter().filter_map(|e| e.index.get(i)).flatten() {
+                *seen.entry(value).or_default() += 1;
+            }
+            for (value, n) in seen {
+                table.reserve_index(name, value, n * per_record);
+            }
+        }
+        true
     }
 
     /// Adds (or replaces) every object of `objs` as they are encoded, after
