@@ -5,8 +5,9 @@
 //! (off by default). While the informer runs, its cache is written every
 //! [`SnapshotOptions::period`] (if it changed) and once more when it
 //! [stops](crate::SharedIndexInformer::stop): the keys, their values as the codec encodes
-//! them, their revisions and leases, at ONE revision (read under the store's read lock), with
-//! the upstream's cluster id, the prefix, the codec's id, the key count and a checksum. The
+//! them, their revisions, leases, digests of etcd's bytes and index values, at ONE revision
+//! (read under the store's read lock), with the upstream's cluster id, the prefix, the codec's
+//! id, the index names, the key count and a checksum. The
 //! file is written to `<path>.tmp`, synced, renamed over `<path>`, and the directory synced:
 //! a crash at any point leaves the previous snapshot or the new one, whole. It is created
 //! readable by its owner alone (0600): it holds every value of the prefix.
@@ -17,7 +18,10 @@
 //! under the prefix at that revision as the snapshot holds. Then:
 //!
 //! - **resumable**: the snapshot is the first list: handlers get its objects as adds (as
-//!   after a list), the watch opens from its revision + 1, and no list is read;
+//!   after a list), the watch opens from its revision + 1, and no list is read. A compact
+//!   cache whose codec has the snapshot codec's [name](crate::codec::Codec::name), with the
+//!   same index names, takes the records undecoded (a sample of them is decoded, to check the
+//!   codec and the index functions still agree with the file), while etcd is asked;
 //! - **compacted** (its revision gone): etcd can neither count the keys at it nor show the
 //!   changes since, so nothing proves the snapshot is this store: a cold start, and no object
 //!   of the snapshot reaches a handler or a reader (a watch from it could also open at the
