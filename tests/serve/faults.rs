@@ -610,15 +610,8 @@ async fn raft_term(client: &Client, prefix: &str) -> u64 {
 /// raised first (restarts), so that the new store's term is below it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_wipe_is_one_store_replacement_through_the_server() {
-    let etcd = private_etcd().await;
-    for _ in 0..2 {
-        etcd.restart().await.expect("restart etcd");
-    }
-    let client = etcd.client().await;
     let p = "/registry/wiped-once/";
-    for i in 0..10 {
-        put(&client, &format!("{p}old{i}"), "before").await;
-    }
+    let (etcd, client) = etcd_to_wipe(p).await;
     let term_before = raft_term(&client, p).await;
     let server = start_server(&client, etcd.endpoints(), p).await;
     let via = connect([server.local_addr().to_string()])

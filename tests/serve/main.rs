@@ -240,6 +240,20 @@ async fn private_etcd() -> EtcdServer {
         .unwrap_or_else(|e| panic!("cannot start etcd (set ETCD_BIN or put etcd on PATH): {e}"))
 }
 
+/// A private etcd to wipe, its raft term raised first (two restarts) so that the wiped store's
+/// term is below it, with `{p}old0`..`{p}old9` written; and a client of it.
+async fn etcd_to_wipe(p: &str) -> (EtcdServer, Client) {
+    let etcd = private_etcd().await;
+    for _ in 0..2 {
+        etcd.restart().await.expect("restart etcd");
+    }
+    let client = etcd.client().await;
+    for i in 0..10 {
+        put(&client, &format!("{p}old{i}"), "before").await;
+    }
+    (etcd, client)
+}
+
 async fn put(client: &Client, key: &str, value: &str) -> i64 {
     let resp = client
         .kv_client()

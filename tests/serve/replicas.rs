@@ -205,16 +205,9 @@ async fn watched(servers: &[RunningServer]) -> usize {
 /// moves to the other server after the wipe (each server lists the new store on its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wipe_is_one_replacement_whichever_server_the_informer_is_on() {
-    let etcd = private_etcd().await;
-    // A term the wiped store starts below, as in the one-server test of this case.
-    for _ in 0..2 {
-        etcd.restart().await.expect("restart etcd");
-    }
-    let client = etcd.client().await;
     let p = "/registry/replicas-wiped/";
-    for i in 0..10 {
-        put(&client, &format!("{p}old{i}"), "before").await;
-    }
+    // A term the wiped store starts below, as in the one-server test of this case.
+    let (etcd, client) = etcd_to_wipe(p).await;
     let options = CacheServerOptions::default().with_drain_timeout(Duration::from_secs(5));
     let mut servers = Vec::new();
     for _ in 0..2 {
