@@ -264,6 +264,14 @@ async fn bad_input_gets_etcds_answer() {
         .await
         .expect("a watch through the server")
         .split();
+    // Created before the key arrives (etcd-client does not wait for it): a create the server
+    // handles after it is forwarded to etcd, and never cancelled.
+    let created = tokio::time::timeout(WITHIN, open.message())
+        .await
+        .expect("an answer")
+        .expect("the stream")
+        .expect("created");
+    assert!(created.created(), "{created:?}");
     let mut odd = p.clone().into_bytes();
     odd.extend_from_slice(b"\xff\xfe");
     client
