@@ -395,7 +395,8 @@ where
         let Some(slots) = self.repr.pack_encoded(objs) else {
             return false;
         };
-        // The values come in the order of the sorted names; `insert` takes the indexers'.
+        // Each object's values come in the order of the sorted names: `order` gives, for
+        // each of the indexers in their own order, where its values are.
         let mut sorted: Vec<&String> = indexers.keys().collect();
         sorted.sort();
         let order: Vec<usize> = indexers
