@@ -178,6 +178,9 @@ pub struct RealFifo<T> {
 /// [`RealFifo::with_max_batches`]).
 pub const MAX_BATCHES: usize = 4096;
 
+/// What [`RealFifo::set_inline`] installs: the consumer's apply of one batch.
+pub(crate) type InlineApply<T> = Arc<dyn Fn(Batch<T>) + Send + Sync>;
+
 /// The revision of a key's newest queued change, and its state then (`None`: deleted).
 type Pending<T> = (i64, Option<Arc<Object<T>>>);
 
@@ -201,6 +204,9 @@ struct Inner<T> {
     replace: Option<Arc<StoreContent<T>>>,
     /// The relist being read, page by page.
     building: Option<Arc<Building<T>>>,
+    /// The consumer's apply, called by the producer itself for a revision committed while
+    /// nothing else is queued (see [`RealFifo::set_inline`]).
+    inline: Option<InlineApply<T>>,
     resync_queued: bool,
     listed: bool,
     synced: bool,
@@ -231,6 +237,7 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
                 replaces_popped: 0,
                 replace: None,
                 building: None,
+                inline: None,
                 resync_queued: false,
                 listed: false,
                 synced: false,
@@ -328,6 +335,73 @@ impl<T> RealFifo<T> {
         self.notify.notify_waiters();
     }
 
+    /// Forgets what `pending` and the flags say about a batch that is being handed out.
+    fn taken(inner: &mut Inner<T>, batch: &Batch<T>) {
+        match batch {
+            Batch::Changes { revision, deltas }
+                if inner.replaces_popped == inner.replaces_queued =>
+            {
+                for d in deltas {
+                    let key = d.object.key();
+                    if inner.pending.get(key).is_some_and(|(r, _)| r <= revision) {
+                        inner.pending.remove(key);
+                    }
+                }
+            }
+            // Queued before a relist that is still queued: see `replaces_queued`.
+            Batch::Changes { .. } => {}
+            Batch::Replace { items, .. } => {
+                inner.replaces_popped += 1;
+                if inner
+                    .replace
+                    .as_ref()
+                    .is_some_and(|r| Arc::ptr_eq(r, items))
+                {
+                    inner.replace = None;
+                }
+            }
+            Batch::Resync => inner.resync_queued = false,
+            Batch::Progress(_) => {}
+        }
+        if inner.batches.is_empty() && inner.pending.capacity() > 1024 {
+            inner.pending.shrink_to_fit();
+            inner.batches.shrink_to_fit();
+        }
+    }
+
+    /// Makes the consumer `apply` a committed revision (changes or progress) in the
+    /// producer's own call, under the queue's lock as [`pop`](Self::pop) would, whenever
+    /// nothing is queued before it: the watch path then costs no task wake-up between the
+    /// reflector and the cache. Anything else (a relist, a resync, a revision committed behind
+    /// others) is left to `pop`, which also takes over whenever the consumer falls behind.
+    /// `None` turns it off.
+    pub(crate) fn set_inline(&self, apply: Option<InlineApply<T>>) {
+        self.lock().inline = apply;
+    }
+
+    /// A batch was queued: applies it inline if it may be (see [`set_inline`]), else wakes
+    /// the popping consumer.
+    ///
+    /// [`set_inline`]: Self::set_inline
+    fn queued(&self, mut inner: MutexGuard<'_, Inner<T>>) {
+        if let Some(apply) = inner.inline.clone() {
+            let alone = inner.batches.len() == 1
+                && matches!(
+                    inner.batches.front(),
+                    Some(Batch::Changes { .. } | Batch::Progress(_))
+                );
+            if alone && !inner.closed {
+                if let Some(batch) = inner.batches.pop_front() {
+                    Self::taken(&mut inner, &batch);
+                    apply(batch);
+                    return;
+                }
+            }
+        }
+        drop(inner);
+        self.notify.notify_waiters();
+    }
+
     /// Waits for the next batch, removes it and calls `process` with it while holding the
     /// queue, so that nothing is queued against a cache that has not applied it yet. Returns
     /// [`Closed`] once closed and empty.
@@ -340,36 +414,7 @@ impl<T> RealFifo<T> {
                 let mut inner = self.lock();
                 if let Some(batch) = inner.batches.pop_front() {
                     let is_replace = matches!(batch, Batch::Replace { .. });
-                    match &batch {
-                        Batch::Changes { revision, deltas }
-                            if inner.replaces_popped == inner.replaces_queued =>
-                        {
-                            for d in deltas {
-                                let key = d.object.key();
-                                if inner.pending.get(key).is_some_and(|(r, _)| r <= revision) {
-                                    inner.pending.remove(key);
-                                }
-                            }
-                        }
-                        // Queued before a relist that is still queued: see `replaces_queued`.
-                        Batch::Changes { .. } => {}
-                        Batch::Replace { items, .. } => {
-                            inner.replaces_popped += 1;
-                            if inner
-                                .replace
-                                .as_ref()
-                                .is_some_and(|r| Arc::ptr_eq(r, items))
-                            {
-                                inner.replace = None;
-                            }
-                        }
-                        Batch::Resync => inner.resync_queued = false,
-                        Batch::Progress(_) => {}
-                    }
-                    if inner.batches.is_empty() && inner.pending.capacity() > 1024 {
-                        inner.pending.shrink_to_fit();
-                        inner.batches.shrink_to_fit();
-                    }
+                    Self::taken(&mut inner, &batch);
                     let result = process(batch);
                     if is_replace {
                         inner.synced = true;
@@ -505,8 +550,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
     fn commit(&self, revision: i64) {
         let mut inner = self.lock();
         if Self::commit_locked(&mut inner) {
-            drop(inner);
-            self.notify.notify_waiters();
+            self.queued(inner);
         } else if revision > inner.queued {
             drop(inner);
             self.progress(revision);
@@ -544,8 +588,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
             Some(Batch::Progress(r)) => *r = (*r).max(revision),
             _ => inner.batches.push_back(Batch::Progress(revision)),
         }
-        drop(inner);
-        self.notify.notify_waiters();
+        self.queued(inner);
     }
 }
 

@@ -712,10 +712,11 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                 self.note_received(event);
             }
             if !more_of_this_revision {
-                self.fifo.commit(*revision);
+                // Before the commit: the queue's consumer may apply the revision within it.
                 if let (Some(stamps), Some(at)) = (&self.received_at, stamp) {
                     stamps.record(*revision, at);
                 }
+                self.fifo.commit(*revision);
                 // Once per revision rather than per event: the proof's clock read is not free.
                 self.handle.proven();
                 if let Some(room) = self.fifo.room() {

@@ -10,6 +10,8 @@ pub(super) struct Bench {
     pub(super) etcd_pid: Option<u32>,
     pub(super) prefix: String,
     pub(super) writer: Client,
+    /// The writers' runtime (threads named [`WRITER_THREAD`]), where `writer` was connected.
+    pub(super) writers: tokio::runtime::Handle,
     pub(super) version: String,
     /// The next sequence number to write (unique over the whole run).
     pub(super) next_seq: AtomicU64,
@@ -140,7 +142,7 @@ impl Bench {
             let mut client = self.writer.clone();
             let prefix = self.prefix.clone();
             let (n, size) = (self.args.keys, self.args.value_bytes);
-            tasks.push(tokio::spawn(async move {
+            tasks.push(self.writers.spawn(async move {
                 for j in (w..m).step_by(writers) {
                     let i = (key0 + j) % n;
                     client

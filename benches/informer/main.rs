@@ -43,6 +43,11 @@
 //!   write load; a missing event fails the benchmark. Details: the write rate etcd sustained and
 //!   the CPU time per event of this process (consumer plus writers) and of etcd (when we started
 //!   it), which shows what the consumer costs on a machine where it shares the cores with etcd.
+//!   The target's CPU figure is the consumer's alone: the writers run on their own threads, left
+//!   out, and the other threads' scheduler run times (nanoseconds, `/proc/self/task/*/schedstat`)
+//!   are summed, with their voluntary context switches per event as the wake-up count.
+//!   `benches/ab BASE --rounds N ...` runs this bench for BASE and for the working tree in one
+//!   invocation, alternating, and tabulates both.
 //! - `fanout`: the same with H handlers on one shared informer; the informer's figure is the rate
 //!   at which the LAST handler has seen all M events. Every handler must see every event.
 //! - `latency`: K sequential puts paced at a fixed rate; latency from just before each put to
@@ -275,7 +280,24 @@ async fn main() {
             endpoints
         }
     };
-    let mut writer = connect_writer(&endpoints).await;
+    // The writers run on their own threads, named, so that the consumer's CPU and wake-ups
+    // can be counted apart from theirs (`ConsumerMark`). Leaked: a runtime cannot be dropped
+    // from async code, and it lives as long as the process.
+    let writers: &'static tokio::runtime::Runtime = Box::leak(Box::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(WRITER_THREAD)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| fail(format!("writer runtime: {e}"))),
+    ));
+    let mut writer = {
+        let endpoints = endpoints.clone();
+        writers
+            .spawn(async move { connect_writer(&endpoints).await })
+            .await
+            .unwrap_or_else(|e| fail(e))
+    };
     let version = writer
         .status()
         .await
@@ -297,6 +319,7 @@ async fn main() {
         etcd_pid: server.as_ref().and_then(EtcdServer::pid),
         prefix,
         writer,
+        writers: writers.handle().clone(),
         version,
         next_seq: AtomicU64::new(1),
         next_key: AtomicUsize::new(0),

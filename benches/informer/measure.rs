@@ -90,6 +90,62 @@ impl CpuMark {
     }
 }
 
+/// The name of the writers' threads, left out of [`ConsumerMark`].
+pub(super) const WRITER_THREAD: &str = "bench-writer";
+
+/// CPU time and voluntary context switches (a thread going to sleep, to be woken again) of
+/// this process's threads other than the writers', per thread, read from `/proc/self/task`.
+/// The scheduler's nanosecond run times make it steadier than the process's CPU ticks, and
+/// the writers' CPU (most of the process's) no longer adds its noise to the consumer's.
+pub(super) struct ConsumerMark {
+    /// Thread id -> (CPU ns, voluntary switches).
+    threads: HashMap<u32, (u64, u64)>,
+}
+
+impl ConsumerMark {
+    pub(super) fn now() -> ConsumerMark {
+        let mut threads = HashMap::new();
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            return ConsumerMark { threads };
+        };
+        for entry in dir.flatten() {
+            let Some(tid) = entry.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).unwrap_or_default();
+            if read("comm").trim_end() == WRITER_THREAD {
+                continue;
+            }
+            let cpu_ns = read("schedstat")
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let switches = read("status")
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            threads.insert(tid, (cpu_ns, switches));
+        }
+        ConsumerMark { threads }
+    }
+
+    /// (CPU µs, voluntary context switches) per event since `self`, over the threads alive
+    /// now (a thread started since counts whole; one that ended since is not counted).
+    pub(super) fn per_event(&self, events: usize) -> (f64, f64) {
+        let now = ConsumerMark::now();
+        let (mut cpu, mut switches) = (0u64, 0u64);
+        for (tid, (c, s)) in &now.threads {
+            let (c0, s0) = self.threads.get(tid).copied().unwrap_or((0, 0));
+            cpu += c.saturating_sub(c0);
+            switches += s.saturating_sub(s0);
+        }
+        let n = events as f64;
+        (cpu as f64 / 1e3 / n, switches as f64 / n)
+    }
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub(super) fn trim_malloc() {
     extern "C" {

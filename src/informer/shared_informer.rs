@@ -279,6 +279,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                     AbortOnDrop(tokio::spawn(auditor.clone().every(period).instrument(span)))
                 });
                 let _ = revision.set(reflector.revision());
+                // The reflector applies what it commits itself while this loop has nothing
+                // queued (one task wake-up less per revision); the loop takes the rest.
+                let _inline = InlineApplyOnWhileRunning::new(fifo, &self.shared);
                 let reflector = AbortOnDrop(tokio::spawn(reflector.run()));
                 let _snapshots = self.write_snapshots_periodically();
                 async {
@@ -527,6 +530,30 @@ impl<T> Drop for CloseHandlersOnDrop<T> {
         for l in &processor.listeners {
             l.close();
         }
+    }
+}
+
+/// Lets a [`RealFifo`]'s producer apply revisions for the informer while `run` runs (see
+/// `RealFifo::set_inline`), and stops it when dropped.
+struct InlineApplyOnWhileRunning<T: Send + Sync + 'static>(Arc<RealFifo<T>>);
+
+impl<T: Send + Sync + 'static> InlineApplyOnWhileRunning<T> {
+    fn new(fifo: &Arc<RealFifo<T>>, shared: &Arc<Shared<T>>) -> Self {
+        // Weak: the queue belongs to the informer, which must not own itself through it.
+        let shared = Arc::downgrade(shared);
+        fifo.set_inline(Some(Arc::new(move |batch| {
+            if let Some(shared) = shared.upgrade() {
+                let this = SharedIndexInformer { shared };
+                this.apply_guarded(|| this.handle_batch(batch));
+            }
+        })));
+        InlineApplyOnWhileRunning(fifo.clone())
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for InlineApplyOnWhileRunning<T> {
+    fn drop(&mut self) {
+        self.0.set_inline(None);
     }
 }
 
