@@ -98,8 +98,17 @@ pub(super) const WRITER_THREAD: &str = "bench-writer";
 /// The scheduler's nanosecond run times make it steadier than the process's CPU ticks, and
 /// the writers' CPU (most of the process's) no longer adds its noise to the consumer's.
 pub(super) struct ConsumerMark {
-    /// Thread id -> (CPU ns, voluntary switches).
-    threads: HashMap<u32, (u64, u64)>,
+    /// Thread id -> (name, CPU ns, voluntary switches).
+    threads: HashMap<u32, (String, u64, u64)>,
+}
+
+/// What [`ConsumerMark::per_event`] measured: per event, the consumer's CPU and wake-ups, and
+/// the same by thread name.
+pub(super) struct ConsumerCost {
+    pub(super) cpu_us: f64,
+    pub(super) wakeups: f64,
+    /// "name CPU us/wake-ups" per thread name, the costliest first.
+    pub(super) by_thread: String,
 }
 
 impl ConsumerMark {
@@ -113,7 +122,8 @@ impl ConsumerMark {
                 continue;
             };
             let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).unwrap_or_default();
-            if read("comm").trim_end() == WRITER_THREAD {
+            let name = read("comm").trim_end().to_owned();
+            if name == WRITER_THREAD {
                 continue;
             }
             let cpu_ns = read("schedstat")
@@ -126,23 +136,37 @@ impl ConsumerMark {
                 .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0);
-            threads.insert(tid, (cpu_ns, switches));
+            threads.insert(tid, (name, cpu_ns, switches));
         }
         ConsumerMark { threads }
     }
 
-    /// (CPU µs, voluntary context switches) per event since `self`, over the threads alive
-    /// now (a thread started since counts whole; one that ended since is not counted).
-    pub(super) fn per_event(&self, events: usize) -> (f64, f64) {
+    /// The consumer's cost per event since `self`, over the threads alive now (a thread
+    /// started since counts whole; one that ended since is not counted).
+    pub(super) fn per_event(&self, events: usize) -> ConsumerCost {
         let now = ConsumerMark::now();
-        let (mut cpu, mut switches) = (0u64, 0u64);
-        for (tid, (c, s)) in &now.threads {
-            let (c0, s0) = self.threads.get(tid).copied().unwrap_or((0, 0));
-            cpu += c.saturating_sub(c0);
-            switches += s.saturating_sub(s0);
-        }
         let n = events as f64;
-        (cpu as f64 / 1e3 / n, switches as f64 / n)
+        let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for (tid, (name, c, s)) in &now.threads {
+            let (c0, s0) = self.threads.get(tid).map_or((0, 0), |(_, c, s)| (*c, *s));
+            let entry = by_name.entry(name).or_default();
+            entry.0 += c.saturating_sub(c0);
+            entry.1 += s.saturating_sub(s0);
+        }
+        let mut named: Vec<_> = by_name.into_iter().collect();
+        named.sort_by_key(|(_, (c, _))| std::cmp::Reverse(*c));
+        ConsumerCost {
+            cpu_us: named.iter().map(|(_, (c, _))| *c as f64).sum::<f64>() / 1e3 / n,
+            wakeups: named.iter().map(|(_, (_, s))| *s as f64).sum::<f64>() / n,
+            by_thread: named
+                .iter()
+                .filter(|(_, (c, _))| *c as f64 / 1e3 / n >= 0.05)
+                .map(|(name, (c, s))| {
+                    format!("{name} {:.1}/{:.2}", *c as f64 / 1e3 / n, *s as f64 / n)
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
     }
 }
 

@@ -225,6 +225,8 @@ pub(super) struct WatchRun {
     /// (every thread of this process but the writers').
     pub(super) consumer_cpu_us: f64,
     pub(super) wakeups: f64,
+    /// The same by thread name (see `ConsumerCost::by_thread`).
+    pub(super) by_thread: String,
 }
 
 /// A raw watch under the write load.
@@ -238,7 +240,7 @@ pub(super) async fn watch_baseline_once(b: &Bench, deadline: Duration) -> WatchR
     let (started, took) = b.write_updates(m).await;
     let done = sink.wait("raw watch", deadline).await;
     let (own_cpu_us, etcd_cpu_us) = cpu.per_event(b.etcd_pid, m);
-    let (consumer_cpu_us, wakeups) = consumer.per_event(m);
+    let consumer = consumer.per_event(m);
     tokio::time::sleep(Duration::from_millis(50)).await;
     if sink.count() != m {
         fail(format!("raw watch: {} events, expected {m}", sink.count()));
@@ -248,8 +250,9 @@ pub(super) async fn watch_baseline_once(b: &Bench, deadline: Duration) -> WatchR
         writes: m as f64 / took.as_secs_f64(),
         own_cpu_us,
         etcd_cpu_us,
-        consumer_cpu_us,
-        wakeups,
+        consumer_cpu_us: consumer.cpu_us,
+        wakeups: consumer.wakeups,
+        by_thread: consumer.by_thread,
     }
 }
 
@@ -283,7 +286,7 @@ pub(super) async fn watch_informer_recorded(
         last = last.max(sink.wait(&format!("informer handler {h}"), deadline).await);
     }
     let (own_cpu_us, etcd_cpu_us) = cpu.per_event(b.etcd_pid, m);
-    let (consumer_cpu_us, wakeups) = consumer.per_event(m);
+    let consumer = consumer.per_event(m);
     tokio::time::sleep(Duration::from_millis(50)).await;
     for (h, sink) in sinks.iter().enumerate() {
         if sink.count() != m {
@@ -299,8 +302,9 @@ pub(super) async fn watch_informer_recorded(
         writes: m as f64 / took.as_secs_f64(),
         own_cpu_us,
         etcd_cpu_us,
-        consumer_cpu_us,
-        wakeups,
+        consumer_cpu_us: consumer.cpu_us,
+        wakeups: consumer.wakeups,
+        by_thread: consumer.by_thread,
     }
 }
 
@@ -313,8 +317,8 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
     for run in 0..b.args.runs {
         let r = watch_baseline_once(b, deadline).await;
         eprintln!(
-            "{name} run {run}: raw watch {:.0} events/s (writes {:.0}/s; per event: consumer {:.1} us CPU, {:.2} wake-ups; process {:.1} us, etcd {:.1} us)",
-            r.rate, r.writes, r.consumer_cpu_us, r.wakeups, r.own_cpu_us, r.etcd_cpu_us
+            "{name} run {run}: raw watch {:.0} events/s (writes {:.0}/s; per event: consumer {:.1} us CPU, {:.2} wake-ups [{}]; process {:.1} us, etcd {:.1} us)",
+            r.rate, r.writes, r.consumer_cpu_us, r.wakeups, r.by_thread, r.own_cpu_us, r.etcd_cpu_us
         );
         base.push(r.rate);
         base_w.push(r.writes);
@@ -324,8 +328,8 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
         base_etcd.push(r.etcd_cpu_us);
         let r = watch_informer_once(b, handlers, deadline).await;
         eprintln!(
-            "{name} run {run}: informer ({handlers} handler(s)) {:.0} events/s (writes {:.0}/s; per event: consumer {:.1} us CPU, {:.2} wake-ups; process {:.1} us, etcd {:.1} us)",
-            r.rate, r.writes, r.consumer_cpu_us, r.wakeups, r.own_cpu_us, r.etcd_cpu_us
+            "{name} run {run}: informer ({handlers} handler(s)) {:.0} events/s (writes {:.0}/s; per event: consumer {:.1} us CPU, {:.2} wake-ups [{}]; process {:.1} us, etcd {:.1} us)",
+            r.rate, r.writes, r.consumer_cpu_us, r.wakeups, r.by_thread, r.own_cpu_us, r.etcd_cpu_us
         );
         inf.push(r.rate);
         inf_w.push(r.writes);
@@ -369,7 +373,7 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
         ("baseline_etcd_cpu_us_per_event", &base_etcd),
         ("informer_etcd_cpu_us_per_event", &inf_etcd),
     ] {
-        line.insert(field.into(), json!(round(median(v), 1)));
+        line.insert(field.into(), json!(round(median(v), 2)));
     }
     // The performance issue's targets, for one handler and for many: the throughput ratio, and
     // the CPU the consumer's threads spend per event beyond the raw watch's (the stable
