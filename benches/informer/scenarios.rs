@@ -314,6 +314,7 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
     let (mut base, mut inf, mut base_w, mut inf_w) = (vec![], vec![], vec![], vec![]);
     let (mut base_cpu, mut inf_cpu, mut base_etcd, mut inf_etcd) = (vec![], vec![], vec![], vec![]);
     let (mut base_own, mut inf_own, mut base_wake, mut inf_wake) = (vec![], vec![], vec![], vec![]);
+    let (mut base_threads, mut inf_threads) = (vec![], vec![]);
     for run in 0..b.args.runs {
         let r = watch_baseline_once(b, deadline).await;
         eprintln!(
@@ -326,6 +327,7 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
         base_own.push(r.own_cpu_us);
         base_wake.push(r.wakeups);
         base_etcd.push(r.etcd_cpu_us);
+        base_threads.push(r.by_thread);
         let r = watch_informer_once(b, handlers, deadline).await;
         eprintln!(
             "{name} run {run}: informer ({handlers} handler(s)) {:.0} events/s (writes {:.0}/s; per event: consumer {:.1} us CPU, {:.2} wake-ups [{}]; process {:.1} us, etcd {:.1} us)",
@@ -337,6 +339,7 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
         inf_own.push(r.own_cpu_us);
         inf_wake.push(r.wakeups);
         inf_etcd.push(r.etcd_cpu_us);
+        inf_threads.push(r.by_thread);
     }
     let (baseline, informer) = (median(&base), median(&inf));
     let ratio = informer / baseline;
@@ -375,6 +378,9 @@ pub(super) async fn scenario_watch(b: &Bench, name: &str, handlers: usize) -> Ro
     ] {
         line.insert(field.into(), json!(round(median(v), 2)));
     }
+    // Per run: "thread name CPU us/wake-ups" per event, by thread name.
+    line.insert("baseline_by_thread_runs".into(), json!(base_threads));
+    line.insert("informer_by_thread_runs".into(), json!(inf_threads));
     // The performance issue's targets, for one handler and for many: the throughput ratio, and
     // the CPU the consumer's threads spend per event beyond the raw watch's (the stable
     // measure: the writers' threads, most of the process's CPU, are left out).
