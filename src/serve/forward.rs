@@ -19,6 +19,7 @@ use etcd_client::proto::{
     PbMemberListResponse, PbMemberPromoteRequest, PbMemberPromoteResponse, PbMemberRemoveRequest,
     PbMemberRemoveResponse, PbMemberUpdateRequest, PbMemberUpdateResponse,
 };
+use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder, Streaming};
@@ -155,14 +156,21 @@ impl Upstream {
             .await
     }
 
+    /// Passes a call through as bytes; with `draining`, the requests stop once the server
+    /// drains.
     async fn raw(
         &self,
         request: Request<Streaming<Bytes>>,
         path: http::uri::PathAndQuery,
+        draining: Option<watch::Receiver<bool>>,
     ) -> Result<Response<Streaming<Bytes>>, Status> {
         let (metadata, _, messages) = request.into_parts();
         // A client's error mid-stream ends what is forwarded; the upstream sees the end.
-        let messages = messages.map_while(Result::ok);
+        let messages = Box::pin(messages.map_while(Result::ok));
+        let messages: ForwardedRequests = match draining {
+            Some(draining) => Box::pin(UntilDrained::new(messages, draining, None)),
+            None => messages,
+        };
         let request = self.request(&metadata, messages, path.path())?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
@@ -261,6 +269,8 @@ pub(crate) struct Passthrough<N> {
     upstream: Upstream,
     /// The largest request a client may send.
     max_request: usize,
+    /// Turns true when the server drains: the calls that stay open end then.
+    draining: watch::Receiver<bool>,
     name: PhantomData<fn() -> N>,
 }
 
@@ -269,18 +279,83 @@ impl<N> Clone for Passthrough<N> {
         Passthrough {
             upstream: self.upstream.clone(),
             max_request: self.max_request,
+            draining: self.draining.clone(),
             name: PhantomData,
         }
     }
 }
 
 impl<N: ServiceName> Passthrough<N> {
-    pub(crate) fn new(upstream: Upstream, max_request: usize) -> Self {
+    pub(crate) fn new(
+        upstream: Upstream,
+        max_request: usize,
+        draining: watch::Receiver<bool>,
+    ) -> Self {
         Passthrough {
             upstream,
             max_request,
+            draining,
             name: PhantomData,
         }
+    }
+}
+
+/// The forwarded methods whose calls stay open: a lease's keep-alives, a snapshot, an
+/// election's observer. A drain ends them as a stopping etcd ends its streams, so that their
+/// clients go to another endpoint and the connection can close within the drain timeout; a
+/// unary call under way finishes.
+const LONG_LIVED: [&str; 3] = [
+    "/etcdserverpb.Lease/LeaseKeepAlive",
+    "/etcdserverpb.Maintenance/Snapshot",
+    "/v3electionpb.Election/Observe",
+];
+
+/// A stream that ends once the server drains, with `last` as its final item: etcd's "server
+/// stopped" for the answers of a long-lived forwarded call, nothing for its requests (so that
+/// the upstream call ends too and the client's stream can close).
+struct UntilDrained<S: Stream> {
+    inner: S,
+    drained: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    last: Option<S::Item>,
+    ended: bool,
+}
+
+impl<S: Stream> UntilDrained<S> {
+    fn new(inner: S, mut draining: watch::Receiver<bool>, last: Option<S::Item>) -> Self {
+        UntilDrained {
+            inner,
+            // A server gone (the sender dropped) counts as drained.
+            drained: Box::pin(async move {
+                let _ = draining.wait_for(|draining| *draining).await;
+            }),
+            last,
+            ended: false,
+        }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for UntilDrained<S>
+where
+    S::Item: Unpin,
+{
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if self.drained.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            return Poll::Ready(self.last.take());
+        }
+        let next = std::pin::Pin::new(&mut self.inner).poll_next(cx);
+        if let Poll::Ready(None) = next {
+            self.ended = true;
+        }
+        next
     }
 }
 
@@ -292,9 +367,11 @@ impl<N: ServiceName> NamedService for Passthrough<N> {
 struct Call {
     upstream: Upstream,
     path: http::uri::PathAndQuery,
+    draining: watch::Receiver<bool>,
 }
 
 type ForwardedStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+type ForwardedRequests = std::pin::Pin<Box<dyn Stream<Item = Bytes> + Send>>;
 
 impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
     type Response = Response<ForwardedStream>;
@@ -307,15 +384,18 @@ impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
 
     fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
         let (upstream, path) = (self.upstream.clone(), self.path.clone());
+        let draining = self.draining.clone();
         Box::pin(async move {
             tracing::debug!(path = %path, "passing a call through");
-            let answer = upstream.raw(request, path).await?;
+            let draining = LONG_LIVED.contains(&path.path()).then_some(draining);
+            let answer = upstream.raw(request, path, draining.clone()).await?;
             let (metadata, stream, extensions) = answer.into_parts();
-            Ok(Response::from_parts(
-                metadata,
-                Box::pin(stream) as ForwardedStream,
-                extensions,
-            ))
+            let mut stream = Box::pin(stream) as ForwardedStream;
+            if let Some(draining) = draining {
+                let stopped = Some(Err(super::watch::stopped()));
+                stream = Box::pin(UntilDrained::new(stream, draining, stopped));
+            }
+            Ok(Response::from_parts(metadata, stream, extensions))
         })
     }
 }
@@ -331,6 +411,7 @@ impl<N: ServiceName> tonic::codegen::Service<http::Request<Body>> for Passthroug
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let (upstream, max_request) = (self.upstream.clone(), self.max_request);
+        let draining = self.draining.clone();
         Box::pin(async move {
             let path = request
                 .uri()
@@ -339,7 +420,12 @@ impl<N: ServiceName> tonic::codegen::Service<http::Request<Body>> for Passthroug
                 .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .apply_max_message_size_config(Some(max_request), Some(usize::MAX));
-            Ok(grpc.streaming(Call { upstream, path }, request).await)
+            let call = Call {
+                upstream,
+                path,
+                draining,
+            };
+            Ok(grpc.streaming(call, request).await)
         })
     }
 }

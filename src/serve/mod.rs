@@ -536,22 +536,30 @@ impl CacheServer {
         .add_service(Passthrough::<LeaseService>::new(
             upstream.clone(),
             max_request,
+            served.draining.subscribe(),
         ))
         .add_service(Passthrough::<MaintenanceService>::new(
             upstream.clone(),
             max_request,
+            served.draining.subscribe(),
         ))
         .add_service(Passthrough::<AuthService>::new(
             upstream.clone(),
             max_request,
+            served.draining.subscribe(),
         ))
         // Locks and elections live in etcd's keyspace and lease table: only etcd can
         // answer them (a lock held through the server must exclude one held on etcd).
         .add_service(Passthrough::<LockService>::new(
             upstream.clone(),
             max_request,
+            served.draining.subscribe(),
         ))
-        .add_service(Passthrough::<ElectionService>::new(upstream, max_request))
+        .add_service(Passthrough::<ElectionService>::new(
+            upstream,
+            max_request,
+            served.draining.subscribe(),
+        ))
         .add_service(HealthService {
             served: served.clone(),
         });
@@ -678,9 +686,8 @@ impl RunningServer {
     /// revision (this crate's informer does, with no relist); Ranges from the cache are
     /// refused the same way; every connection is told to go (HTTP/2 GOAWAY), requests under
     /// way finish, and no new one is taken. Returns once every connection has closed, or after
-    /// [`drain_timeout`](CacheServerOptions::drain_timeout): a connection that still holds a
-    /// forwarded stream then (a lease keep-alive, say) stays open until its client or the
-    /// process ends it.
+    /// [`drain_timeout`](CacheServerOptions::drain_timeout). Forwarded streams that stay open
+    /// (lease keep-alives, snapshots, election observers) end as the watch streams do.
     pub async fn shutdown(mut self) {
         self.served.draining.send_replace(true);
         if let Some(stop) = self.stop.take() {

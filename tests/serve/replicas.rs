@@ -134,8 +134,9 @@ async fn an_informer_moves_between_servers_without_a_relist() {
     let _ = run.await;
 }
 
-/// A draining server says NOT_SERVING at once, ends open watch streams with etcd's own
-/// `etcdserver: server stopped`, and refuses new ones; it is gone within its drain timeout.
+/// A draining server says NOT_SERVING at once, ends open watch streams and forwarded lease
+/// keep-alive streams with etcd's own `etcdserver: server stopped`, and refuses new ones; it is
+/// gone within its drain timeout (a keep-alive stream held its connection open past it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_server_ends_its_watch_streams_as_a_stopping_etcd_does() {
     let client = shared_client().await;
@@ -153,18 +154,42 @@ async fn a_draining_server_ends_its_watch_streams_as_a_stopping_etcd_does() {
         .split();
     let created = watch.message().await.expect("stream").expect("open");
     assert!(created.created());
+    let mut leases = via.lease_client();
+    let lease = leases.grant(60, None).await.expect("grant").id();
+    let (mut keeper, mut kept) = leases.keep_alive(lease).await.expect("keep-alive");
+    keeper.keep_alive().await.expect("send a keep-alive");
+    let answer = kept
+        .message()
+        .await
+        .expect("keep-alive stream")
+        .expect("answer");
+    assert_eq!(answer.id(), lease);
     let started = tokio::time::Instant::now();
     let shutdown = tokio::spawn(server.shutdown());
-    let ended = tokio::time::timeout(WITHIN, watch.message())
-        .await
-        .expect("the stream ends");
-    match ended {
-        Err(etcd_client::Error::GRpcStatus(status)) => assert_eq!(
-            (status.code(), status.message()),
-            (tonic::Code::Unavailable, "etcdserver: server stopped")
+    for (what, ended) in [
+        (
+            "the watch stream",
+            tokio::time::timeout(WITHIN, watch.message())
+                .await
+                .map(|m| m.map(|_| ())),
         ),
-        other => panic!("the watch stream ended with {other:?}"),
+        (
+            "the forwarded keep-alive stream",
+            tokio::time::timeout(WITHIN, kept.message())
+                .await
+                .map(|m| m.map(|_| ())),
+        ),
+    ] {
+        match ended {
+            Ok(Err(etcd_client::Error::GRpcStatus(status))) => assert_eq!(
+                (status.code(), status.message()),
+                (tonic::Code::Unavailable, "etcdserver: server stopped"),
+                "{what}"
+            ),
+            other => panic!("{what} ended with {other:?}"),
+        }
     }
+    let _ = client.clone().lease_revoke(lease).await;
     shutdown.await.expect("shutdown");
     assert!(
         started.elapsed() < Duration::from_secs(3),
