@@ -830,7 +830,11 @@ async fn sharded_controller_example_shares_jobs_among_three_processes() {
     }
     let seen = reconciled_lines(&rest.iter().collect::<Vec<_>>(), &expected);
     for (job, names) in &seen {
-        assert_eq!(names.len(), 1, "{job} reconciled by {names:?}");
+        // A replica reconciles every key of a shard it gains: a put racing the takeover can be
+        // reconciled twice by it at one revision (README, "What a replica reconciles"), never
+        // by two replicas.
+        let by: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(by.len(), 1, "{job} reconciled by {names:?}");
         assert_ne!(names[0], "a");
     }
     for ex in rest {
