@@ -3,7 +3,7 @@
 //! ```text
 //! cargo bench --bench serve -- [--keys 100000] [--watch-keys 10000] [--watchers 1,100,1000]
 //!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10] [--scenarios list,watch,busy]
-//!     [--busy-watchers 1000] [--failover-watchers 2000]
+//!     [--busy-watchers 1000] [--failover-watchers 2000] [--ways direct,proxy,server]
 //! ```
 //!
 //! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
@@ -21,7 +21,8 @@
 //! its write time, so delivery latency is measured end to end. Each way is measured the same:
 //! straight to etcd, through `etcd grpc-proxy` (the etcd binary of `ETCD_BIN` or `PATH`), and
 //! through the cache server, which runs in a child process (this binary again, `--child`) so
-//! that its CPU time and memory are its own. Prints a table and one JSON line per figure.
+//! that its CPU time and memory are its own (`--ways` picks among `direct`, `proxy` and
+//! `server`). Prints a table and one JSON line per figure.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,8 @@ struct Args {
     scenarios: Vec<String>,
     busy_watchers: usize,
     failover_watchers: usize,
+    /// The ways the watch scenario measures: `direct`, `proxy`, `server`.
+    ways: Vec<String>,
 }
 
 fn args() -> Args {
@@ -62,6 +65,7 @@ fn args() -> Args {
         scenarios: vec!["list".into(), "watch".into(), "busy".into()],
         busy_watchers: 1000,
         failover_watchers: 2000,
+        ways: ["direct", "proxy", "server"].map(str::to_owned).to_vec(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -88,6 +92,7 @@ fn args() -> Args {
             "--busy-watchers" => a.busy_watchers = number() as usize,
             "--failover-watchers" => a.failover_watchers = number() as usize,
             "--scenarios" => a.scenarios = value.split(',').map(str::to_owned).collect(),
+            "--ways" => a.ways = value.split(',').map(str::to_owned).collect(),
             "--watchers" => {
                 a.watchers = value
                     .split(',')
@@ -560,7 +565,14 @@ async fn run() -> Res<()> {
         );
         watch_header();
         for &n in &args.watchers {
-            for front in [&direct, &proxy, &watch_server] {
+            for (way, front) in [
+                ("direct", &direct),
+                ("proxy", &proxy),
+                ("server", &watch_server),
+            ] {
+                if !args.ways.iter().any(|w| w == way) {
+                    continue;
+                }
                 let f = watches(&client, front, watch_prefix, n, &args, etcd_pid, None).await?;
                 watch_row(front.name, n, &f);
             }
