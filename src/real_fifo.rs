@@ -380,7 +380,8 @@ impl<T> RealFifo<T> {
     }
 
     /// A batch was queued: applies it inline if it may be (see [`set_inline`]), else wakes
-    /// the popping consumer.
+    /// the popping consumer. An inline batch frees no room a producer could wait for: the
+    /// producer waiting on [`Queue::room`] is the reflector, the one applying it.
     ///
     /// [`set_inline`]: Self::set_inline
     fn queued(&self, mut inner: MutexGuard<'_, Inner<T>>) {
@@ -769,6 +770,42 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), room)
             .await
             .expect("room once a batch is taken");
+    }
+
+    /// The fast path: a revision committed with nothing queued before it is applied in the
+    /// commit; one committed behind a queued batch waits for `pop`, in order; none after
+    /// `set_inline(None)`.
+    #[tokio::test]
+    async fn a_revision_alone_is_applied_in_its_commit_and_one_behind_others_is_popped() {
+        let (f, _ix) = fifo();
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let seen = applied.clone();
+        f.set_inline(Some(Arc::new(move |batch: Batch<i64>| {
+            let revision = match batch {
+                Batch::Changes { revision, .. } => revision,
+                Batch::Progress(r) => -r,
+                _ => 0,
+            };
+            lock(&seen).push(revision);
+        })));
+        f.add_if_newer(DeltaType::Added, obj("a", 2));
+        f.commit(2);
+        f.progress(3);
+        assert_eq!(*lock(&applied), vec![2, -3]);
+        assert!(f.is_empty());
+        // Behind a queued resync: both wait for the consumer, in order.
+        f.resync();
+        f.add_if_newer(DeltaType::Added, obj("b", 4));
+        f.commit(4);
+        assert_eq!(f.len(), 2);
+        assert!(matches!(pop(&f).await, Batch::Resync));
+        assert!(matches!(pop(&f).await, Batch::Changes { revision: 4, .. }));
+        // The key popped is no longer pending: a newer change of it is taken.
+        assert!(f.add_if_newer(DeltaType::Updated, obj("b", 5)));
+        f.set_inline(None);
+        f.commit(5);
+        assert_eq!(f.len(), 1);
+        assert_eq!(*lock(&applied), vec![2, -3]);
     }
 
     #[tokio::test]

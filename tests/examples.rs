@@ -834,7 +834,10 @@ async fn sharded_controller_example_shares_jobs_among_three_processes() {
         // reconciled twice by it at one revision (README, "What a replica reconciles"), never
         // by two replicas.
         let by: std::collections::BTreeSet<_> = names.iter().collect();
-        assert_eq!(by.len(), 1, "{job} reconciled by {names:?}");
+        assert!(
+            by.len() == 1 && names.len() <= 2,
+            "{job} reconciled by {names:?}"
+        );
         assert_ne!(names[0], "a");
     }
     for ex in rest {

@@ -156,21 +156,14 @@ impl Upstream {
             .await
     }
 
-    /// Passes a call through as bytes; with `draining`, the requests stop once the server
-    /// drains.
     async fn raw(
         &self,
         request: Request<Streaming<Bytes>>,
         path: http::uri::PathAndQuery,
-        draining: Option<watch::Receiver<bool>>,
     ) -> Result<Response<Streaming<Bytes>>, Status> {
         let (metadata, _, messages) = request.into_parts();
         // A client's error mid-stream ends what is forwarded; the upstream sees the end.
-        let messages = Box::pin(messages.map_while(Result::ok));
-        let messages: ForwardedRequests = match draining {
-            Some(draining) => Box::pin(UntilDrained::new(messages, draining, None)),
-            None => messages,
-        };
+        let messages = messages.map_while(Result::ok);
         let request = self.request(&metadata, messages, path.path())?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
@@ -300,19 +293,25 @@ impl<N: ServiceName> Passthrough<N> {
     }
 }
 
-/// The forwarded methods whose calls stay open: a lease's keep-alives, a snapshot, an
-/// election's observer. A drain ends them as a stopping etcd ends its streams, so that their
-/// clients go to another endpoint and the connection can close within the drain timeout; a
-/// unary call under way finishes.
-const LONG_LIVED: [&str; 3] = [
+/// The forwarded methods whose calls can stay open indefinitely: a lease's keep-alives, a
+/// snapshot, an election's observer, and a lock or a campaign waiting for its turn. A drain
+/// ends them as a stopping etcd does, with `etcdserver: server stopped`, so that their clients
+/// go to another endpoint and let the connection close within the drain timeout; any other call
+/// under way finishes.
+const ENDED_BY_A_DRAIN: [&str; 5] = [
     "/etcdserverpb.Lease/LeaseKeepAlive",
     "/etcdserverpb.Maintenance/Snapshot",
     "/v3electionpb.Election/Observe",
+    "/v3electionpb.Election/Campaign",
+    "/v3lockpb.Lock/Lock",
 ];
 
-/// A stream that ends once the server drains, with `last` as its final item: etcd's "server
-/// stopped" for the answers of a long-lived forwarded call, nothing for its requests (so that
-/// the upstream call ends too and the client's stream can close).
+/// Resolves once the server drains (or is gone).
+async fn drained(mut draining: watch::Receiver<bool>) {
+    let _ = draining.wait_for(|draining| *draining).await;
+}
+
+/// A forwarded answer stream that ends with etcd's "server stopped" once the server drains.
 struct UntilDrained<S: Stream> {
     inner: S,
     drained: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -321,14 +320,11 @@ struct UntilDrained<S: Stream> {
 }
 
 impl<S: Stream> UntilDrained<S> {
-    fn new(inner: S, mut draining: watch::Receiver<bool>, last: Option<S::Item>) -> Self {
+    fn new(inner: S, draining: watch::Receiver<bool>, last: S::Item) -> Self {
         UntilDrained {
             inner,
-            // A server gone (the sender dropped) counts as drained.
-            drained: Box::pin(async move {
-                let _ = draining.wait_for(|draining| *draining).await;
-            }),
-            last,
+            drained: Box::pin(drained(draining)),
+            last: Some(last),
             ended: false,
         }
     }
@@ -371,7 +367,6 @@ struct Call {
 }
 
 type ForwardedStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
-type ForwardedRequests = std::pin::Pin<Box<dyn Stream<Item = Bytes> + Send>>;
 
 impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
     type Response = Response<ForwardedStream>;
@@ -387,15 +382,30 @@ impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
         let draining = self.draining.clone();
         Box::pin(async move {
             tracing::debug!(path = %path, "passing a call through");
-            let draining = LONG_LIVED.contains(&path.path()).then_some(draining);
-            let answer = upstream.raw(request, path, draining.clone()).await?;
-            let (metadata, stream, extensions) = answer.into_parts();
-            let mut stream = Box::pin(stream) as ForwardedStream;
-            if let Some(draining) = draining {
-                let stopped = Some(Err(super::watch::stopped()));
-                stream = Box::pin(UntilDrained::new(stream, draining, stopped));
+            if !ENDED_BY_A_DRAIN.contains(&path.path()) {
+                let answer = upstream.raw(request, path).await?;
+                let (metadata, stream, extensions) = answer.into_parts();
+                return Ok(Response::from_parts(
+                    metadata,
+                    Box::pin(stream) as ForwardedStream,
+                    extensions,
+                ));
             }
-            Ok(Response::from_parts(metadata, stream, extensions))
+            // etcd sends a stream's headers with its first answer (an observer of an election
+            // with no leader yet, a lock still held by another, have none): the drain may
+            // come first.
+            let answer = tokio::select! {
+                answer = upstream.raw(request, path) => answer?,
+                _ = drained(draining.clone()) => return Err(super::watch::stopped()),
+            };
+            let (metadata, stream, extensions) = answer.into_parts();
+            let stopped = Err(super::watch::stopped());
+            let stream = Box::pin(UntilDrained::new(stream, draining, stopped));
+            Ok(Response::from_parts(
+                metadata,
+                stream as ForwardedStream,
+                extensions,
+            ))
         })
     }
 }

@@ -686,8 +686,10 @@ impl RunningServer {
     /// revision (this crate's informer does, with no relist); Ranges from the cache are
     /// refused the same way; every connection is told to go (HTTP/2 GOAWAY), requests under
     /// way finish, and no new one is taken. Returns once every connection has closed, or after
-    /// [`drain_timeout`](CacheServerOptions::drain_timeout). Forwarded streams that stay open
-    /// (lease keep-alives, snapshots, election observers) end as the watch streams do.
+    /// [`drain_timeout`](CacheServerOptions::drain_timeout). Forwarded calls that can stay
+    /// open indefinitely (lease keep-alives, snapshots, election observers, a lock or a
+    /// campaign still waiting) end as the watch streams do; a client that then closes its side
+    /// lets its connection close.
     pub async fn shutdown(mut self) {
         self.served.draining.send_replace(true);
         if let Some(stop) = self.stop.take() {

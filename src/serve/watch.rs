@@ -215,27 +215,32 @@ fn cache_moved(
     })
 }
 
-/// Reads the client's requests on a task of their own, one at a time (the session takes the
-/// next when it has room, and the client's stream waits meanwhile), so that the session's
-/// turns do not poll the connection's stream. Ends with the stream, or once the session is
-/// gone (it dropped the receiver).
+/// Reads the client's requests on a task of their own, at most two ahead of the session (one
+/// in the channel, one waiting to enter it; the session takes the next when it has room, and
+/// the client's stream waits meanwhile), so that the session's turns do not poll the
+/// connection's stream. Ends with the stream, or once the session is gone (it dropped the
+/// receiver).
 fn read_requests(
     mut requests: Streaming<PbWatchRequest>,
 ) -> mpsc::Receiver<Result<PbWatchRequest, Status>> {
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
-        loop {
-            let request = tokio::select! {
-                request = requests.next() => request,
-                _ = tx.closed() => return,
-            };
-            let Some(request) = request else { return };
-            let failed = request.is_err();
-            if tx.send(request).await.is_err() || failed {
-                return;
+    let span = tracing::info_span!("watch_requests");
+    tokio::spawn(
+        async move {
+            loop {
+                let request = tokio::select! {
+                    request = requests.next() => request,
+                    _ = tx.closed() => return,
+                };
+                let Some(request) = request else { return };
+                let failed = request.is_err();
+                if tx.send(request).await.is_err() || failed {
+                    return;
+                }
             }
         }
-    });
+        .instrument(span),
+    );
     rx
 }
 
