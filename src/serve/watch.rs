@@ -173,77 +173,6 @@ struct Forwarded {
 /// created: it owes nothing up to any revision a progress answer could name.
 const NOT_YET: i64 = i64::MAX;
 
-/// What ends a session from outside.
-enum End {
-    /// The client dropped the response stream.
-    ClientGone,
-    /// The client requires a leader, and the upstream has none.
-    NoLeader,
-    Draining,
-}
-
-/// Resolves once the session must end: the client gone, the upstream's leader lost (with
-/// `leader`, for a client that requires one), or the server draining.
-async fn ended(
-    tx: mpsc::Sender<Result<PbWatchResponse, Status>>,
-    leader: Option<tokio::sync::watch::Receiver<bool>>,
-    mut draining: tokio::sync::watch::Receiver<bool>,
-) -> End {
-    let no_leader = async {
-        match leader {
-            Some(mut leader) => {
-                let _ = leader.wait_for(|no_leader| *no_leader).await;
-            }
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tx.closed() => End::ClientGone,
-        _ = no_leader => End::NoLeader,
-        _ = draining.wait_for(|draining| *draining) => End::Draining,
-    }
-}
-
-/// The next move of the cache (`false` once the server is gone), with the receiver to wait
-/// on for the one after.
-fn cache_moved(
-    mut position: tokio::sync::watch::Receiver<u64>,
-) -> Pin<Box<dyn std::future::Future<Output = (tokio::sync::watch::Receiver<u64>, bool)> + Send>> {
-    Box::pin(async move {
-        let moved = position.changed().await.is_ok();
-        (position, moved)
-    })
-}
-
-/// Reads the client's requests on a task of their own, at most two ahead of the session (one
-/// in the channel, one waiting to enter it; the session takes the next when it has room, and
-/// the client's stream waits meanwhile), so that the session's turns do not poll the
-/// connection's stream. Ends with the stream, or once the session is gone (it dropped the
-/// receiver).
-fn read_requests(
-    mut requests: Streaming<PbWatchRequest>,
-) -> mpsc::Receiver<Result<PbWatchRequest, Status>> {
-    let (tx, rx) = mpsc::channel(1);
-    let span = tracing::info_span!("watch_requests");
-    tokio::spawn(
-        async move {
-            loop {
-                let request = tokio::select! {
-                    request = requests.next() => request,
-                    _ = tx.closed() => return,
-                };
-                let Some(request) = request else { return };
-                let failed = request.is_err();
-                if tx.send(request).await.is_err() || failed {
-                    return;
-                }
-            }
-        }
-        .instrument(span),
-    );
-    rx
-}
-
 /// A create request waiting for etcd's answers before it is answered.
 struct Checking {
     id: i64,
@@ -270,20 +199,10 @@ impl Drop for Session {
 }
 
 impl Session {
-    async fn run(mut self, requests: Streaming<PbWatchRequest>, interval: Duration) {
-        // The futures that outlive a turn of the loop are made once, not in every turn: each
-        // registers on a list shared by every session (the cache's `changed`, the drain's)
-        // or on the connection's (the client's requests), and a publish makes thousands of
-        // sessions turn several times each.
-        let mut changed = cache_moved(self.served.changed.subscribe());
-        let ended = ended(
-            self.tx.clone(),
-            self.require_leader
-                .then(|| self.served.headers.watch_leader()),
-            self.served.draining.subscribe(),
-        );
-        tokio::pin!(ended);
-        let mut requests = read_requests(requests);
+    async fn run(mut self, mut requests: Streaming<PbWatchRequest>, interval: Duration) {
+        let mut position = self.served.changed.subscribe();
+        let mut leader = self.served.headers.watch_leader();
+        let mut draining = self.served.draining.subscribe();
         let mut progress = tokio::time::interval(interval);
         progress.reset();
         let tx = self.tx.clone();
@@ -313,7 +232,7 @@ impl Session {
                         self.created(checking, checked);
                     }
                 }
-                request = requests.recv(), if room && reading => match request {
+                request = requests.next(), if room && reading => match request {
                     Some(Ok(request)) => self.backlog.push_back(request),
                     Some(Err(status)) => {
                         tracing::debug!(%status, "watch stream ended by the client");
@@ -321,22 +240,13 @@ impl Session {
                     }
                     None => reading = false,
                 },
-                end = &mut ended => {
-                    match end {
-                        // A client that does not read gets the end of the stream without it.
-                        End::NoLeader => drop(self.tx.try_send(Err(no_leader()))),
-                        // The server drains: the client watches again elsewhere.
-                        End::Draining => drop(self.tx.try_send(Err(stopped()))),
-                        End::ClientGone => {}
-                    }
-                    return;
-                }
-                (position, moved) = &mut changed => {
-                    if !moved {
+                // The client is gone (it dropped the response stream).
+                _ = tx.closed() => return,
+                changed = position.changed() => {
+                    if changed.is_err() {
                         return;
                     }
                     self.maybe_behind = true;
-                    changed = cache_moved(position);
                 }
                 permit = tx.reserve(), if work => match permit {
                     Ok(permit) => {
@@ -352,6 +262,18 @@ impl Session {
                 _ = progress.tick() => self.notify_progress(),
                 // A forwarded watch's etcd answered a progress request: answer_progress sees.
                 _ = progress_answered.notified(), if self.progress.is_some() => {}
+                _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
+                    if self.require_leader =>
+                {
+                    // A client that does not read gets the end of the stream without it.
+                    let _ = self.tx.try_send(Err(no_leader()));
+                    return;
+                }
+                // The server drains: the client watches again elsewhere.
+                _ = async { draining.wait_for(|draining| *draining).await.is_ok() } => {
+                    let _ = self.tx.try_send(Err(stopped()));
+                    return;
+                }
             }
         }
     }
