@@ -134,9 +134,10 @@ async fn an_informer_moves_between_servers_without_a_relist() {
     let _ = run.await;
 }
 
-/// A draining server says NOT_SERVING at once, ends open watch streams and forwarded lease
-/// keep-alive streams with etcd's own `etcdserver: server stopped`, and refuses new ones; it is
-/// gone within its drain timeout (a keep-alive stream held its connection open past it).
+/// A draining server says NOT_SERVING at once, ends open watch streams, forwarded lease
+/// keep-alive streams and an election observer still waiting for etcd's first answer with
+/// etcd's own `etcdserver: server stopped`, and refuses new ones; it is gone within its drain
+/// timeout (a keep-alive stream held its connection open past it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_server_ends_its_watch_streams_as_a_stopping_etcd_does() {
     let client = shared_client().await;
