@@ -906,6 +906,7 @@ fn start_slice(
         reflected,
         incomplete,
         audits,
+        proof: std::sync::Mutex::new(None),
     };
     Ok((slice, run))
 }

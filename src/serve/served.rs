@@ -33,6 +33,50 @@ pub(crate) struct Slice {
     pub(crate) incomplete: Arc<AtomicBool>,
     /// What the prefix's audits found.
     pub(crate) audits: Arc<AuditCounts>,
+    /// The consistent-read proof under way, which reads that arrive meanwhile share.
+    pub(crate) proof: Mutex<Option<Arc<Proof>>>,
+}
+
+/// One consistent-read proof: that the cache's content at revision `since` (`len` keys) is
+/// etcd's at revision `at`. Its answer goes to every read that waits on it.
+pub(crate) struct Proof {
+    since: i64,
+    len: usize,
+    at: i64,
+    answer: watch::Sender<ProofAnswer>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum ProofAnswer {
+    Pending,
+    /// Whether etcd proved the content unchanged (`false` too when etcd could not be asked).
+    Proven(bool),
+    /// The read that was proving went away (its deadline, its client): a read waiting on it
+    /// proves for itself.
+    Abandoned,
+}
+
+/// Settles a proof when its reader is done with it, or went away mid-way, and clears the
+/// slice's slot if it still holds it.
+struct Proving<'a> {
+    slice: &'a Slice,
+    proof: Arc<Proof>,
+}
+
+impl Drop for Proving<'_> {
+    fn drop(&mut self) {
+        self.proof.answer.send_if_modified(|answer| {
+            let unsettled = *answer == ProofAnswer::Pending;
+            if unsettled {
+                *answer = ProofAnswer::Abandoned;
+            }
+            unsettled
+        });
+        let mut slot = lock(&self.slice.proof);
+        if slot.as_ref().is_some_and(|p| Arc::ptr_eq(p, &self.proof)) {
+            *slot = None;
+        }
+    }
 }
 
 /// etcd's answers that refuse a request for who made it (rpctypes' auth errors), as the
@@ -264,8 +308,8 @@ impl Served {
             if Instant::now() >= grace && proven_at != Some(now.revision) {
                 let (since, len) = slice.cache.revision_and_len();
                 proven_at = Some(since);
-                let proof = self.prove(slice, since, len, target);
-                if let Ok(Ok(true)) = tokio::time::timeout_at(deadline, proof).await {
+                let proof = self.prove_shared(slice, since, len, target);
+                if let Ok(true) = tokio::time::timeout_at(deadline, proof).await {
                     return Ok(target);
                 }
             }
@@ -306,6 +350,53 @@ impl Served {
         self.headers
             .proven(header.cluster_id(), header.raft_term(), asked);
         Ok(header.revision())
+    }
+
+    /// [`Self::prove`], shared: a read that finds a proof under way for the same content at
+    /// its own target or a later revision (etcd's, read after this read arrived) waits for its
+    /// answer instead of reading the prefix in etcd again; otherwise it proves, and reads that
+    /// arrive meanwhile can wait on it.
+    async fn prove_shared(&self, slice: &Slice, since: i64, len: usize, target: i64) -> bool {
+        let joined = {
+            let mut slot = lock(&slice.proof);
+            match slot.as_ref() {
+                Some(p) if p.since == since && p.len == len && p.at >= target => {
+                    Err(p.answer.subscribe())
+                }
+                _ => {
+                    let proof = Arc::new(Proof {
+                        since,
+                        len,
+                        at: target,
+                        answer: watch::channel(ProofAnswer::Pending).0,
+                    });
+                    *slot = Some(proof.clone());
+                    Ok(proof)
+                }
+            }
+        };
+        let proving = match joined {
+            Ok(proof) => Some(Proving { slice, proof }),
+            Err(mut answer) => {
+                let settled = answer
+                    .wait_for(|a| *a != ProofAnswer::Pending)
+                    .await
+                    .map(|a| *a);
+                match settled {
+                    Ok(ProofAnswer::Proven(proven)) => return proven,
+                    _ => None,
+                }
+            }
+        };
+        self.metrics.proved();
+        let proven = matches!(self.prove(slice, since, len, target).await, Ok(true));
+        if let Some(proving) = proving {
+            proving
+                .proof
+                .answer
+                .send_replace(ProofAnswer::Proven(proven));
+        }
+        proven
     }
 
     /// Whether the prefix at etcd's revision `at` is the cache's content at `since`, which held

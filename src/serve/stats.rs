@@ -34,6 +34,10 @@ pub struct ServerStats {
     /// Requests forwarded to the upstream (passed-through Lease, Maintenance and Auth calls
     /// not counted).
     pub forwarded: u64,
+    /// Consistent-read proofs asked of etcd: a linearizable read whose cache has not reached
+    /// etcd's revision after a moment (keys outside the prefix moved it) has etcd read the
+    /// prefix's keys to prove it unchanged; reads that arrive while one is under way share it.
+    pub proofs: u64,
     /// A key under the prefix could not be cached (it is not UTF-8): the server forwards every
     /// request instead of answering from an incomplete cache.
     pub forwarding_all: bool,
@@ -50,6 +54,7 @@ struct Counters {
     slow_forwarded: AtomicU64,
     ranges: AtomicU64,
     forwarded: AtomicU64,
+    proofs: AtomicU64,
 }
 
 /// The server's counters, shared by its services.
@@ -88,6 +93,9 @@ impl ServerMetrics {
     pub(crate) fn slow_forwarded(&self) {
         self.0.slow_forwarded.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn proved(&self) {
+        self.0.proofs.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl ServerMetrics {
@@ -110,6 +118,7 @@ impl ServerMetrics {
             slow_watches_forwarded: m.slow_forwarded.load(Ordering::Relaxed),
             ranges_from_cache: m.ranges.load(Ordering::Relaxed),
             forwarded: m.forwarded.load(Ordering::Relaxed),
+            proofs: m.proofs.load(Ordering::Relaxed),
             forwarding_all,
             audits: AuditHealth::default(),
         }
