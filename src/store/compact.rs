@@ -267,6 +267,41 @@ impl<T: Send + Sync + 'static> PackedRepr<T> {
         (WHOLE, value)
     }
 
+    /// Packs records `0..n` into chunks of at most [`MAX_CHUNK`] bytes (a larger record
+    /// alone), each allocated once at its size: `len(i)` is record `i`'s size, `write(i, buf)`
+    /// writes it.
+    fn pack_records(
+        &mut self,
+        n: usize,
+        len: impl Fn(usize) -> usize,
+        mut write: impl FnMut(usize, &mut Vec<u8>),
+    ) -> Vec<Packed> {
+        let mut out = Vec::with_capacity(n);
+        let mut start = 0;
+        while start < n {
+            let (mut end, mut size) = (start, 0);
+            while end < n {
+                let len = len(end);
+                if end > start && size + len > MAX_CHUNK {
+                    break;
+                }
+                size += len;
+                end += 1;
+            }
+            let mut writer = ChunkWriter {
+                buf: Vec::with_capacity(size),
+                spans: Vec::with_capacity(end - start),
+            };
+            for i in start..end {
+                writer.record(|buf| write(i, buf));
+            }
+            let chunk = writer.finish(&mut out);
+            self.count(chunk);
+            start = end;
+        }
+        out
+    }
+
     /// Accounts for a chunk of `size` bytes holding `records` records.
     fn count(&mut self, (size, records): (usize, usize)) {
         if records == 1 && loose(size) {
@@ -364,39 +399,27 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         for (i, obj) in objs.iter().enumerate() {
             values.push(self.encode(obj, &mut |o| seen(i, o)));
         }
-        let mut out = Vec::with_capacity(objs.len());
-        let mut start = 0;
-        while start < objs.len() {
-            let (mut end, mut size) = (start, 0);
-            while let Some(obj) = objs.get(end) {
-                let len = record_len(obj.key().len(), revisions_of(obj), values[end].1.len());
-                if end > start && size + len > MAX_CHUNK {
-                    break;
-                }
-                size += len;
-                end += 1;
-            }
-            let mut writer = ChunkWriter {
-                buf: Vec::with_capacity(size),
-                spans: Vec::with_capacity(end - start),
-            };
-            for (obj, (flags, value)) in objs[start..end].iter().zip(&values[start..end]) {
-                writer.record(|buf| {
-                    write_record(
-                        buf,
-                        obj.key(),
-                        revisions_of(obj),
-                        obj.digest(),
-                        *flags,
-                        value,
-                    )
-                });
-            }
-            let chunk = writer.finish(&mut out);
-            self.count(chunk);
-            start = end;
-        }
-        out
+        self.pack_records(
+            objs.len(),
+            |i| {
+                record_len(
+                    objs[i].key().len(),
+                    revisions_of(&objs[i]),
+                    values[i].1.len(),
+                )
+            },
+            |i, buf| {
+                let (obj, (flags, value)) = (&objs[i], &values[i]);
+                write_record(
+                    buf,
+                    obj.key(),
+                    revisions_of(obj),
+                    obj.digest(),
+                    *flags,
+                    value,
+                )
+            },
+        )
     }
 
     fn unpack(&self, slot: &Packed) -> Option<Arc<Object<T>>> {
@@ -511,30 +534,14 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn pack_encoded(&mut self, objs: &[EncodedObject<'_>]) -> Option<Vec<Packed>> {
-        let mut out = Vec::with_capacity(objs.len());
-        let mut start = 0;
-        while start < objs.len() {
-            let (mut end, mut size) = (start, 0);
-            while let Some(o) = objs.get(end) {
-                let len = record_len(o.key.len(), o.revisions, o.value.len());
-                if end > start && size + len > MAX_CHUNK {
-                    break;
-                }
-                size += len;
-                end += 1;
-            }
-            let mut writer = ChunkWriter {
-                buf: Vec::with_capacity(size),
-                spans: Vec::with_capacity(end - start),
-            };
-            for o in &objs[start..end] {
-                writer.record(|buf| write_record(buf, o.key, o.revisions, o.digest, 0, o.value));
-            }
-            let chunk = writer.finish(&mut out);
-            self.count(chunk);
-            start = end;
-        }
-        Some(out)
+        Some(self.pack_records(
+            objs.len(),
+            |i| record_len(objs[i].key.len(), objs[i].revisions, objs[i].value.len()),
+            |i, buf| {
+                let o = &objs[i];
+                write_record(buf, o.key, o.revisions, o.digest, 0, o.value)
+            },
+        ))
     }
 
     fn empty(&self) -> Self {
