@@ -8,9 +8,17 @@
 //! the server's. So when that connection carries a certificate of its own, a token-less
 //! request is refused here ([`Tokenless::Refuse`]) rather than run with the server's identity:
 //! every forwarded call and every access check passes through [`Upstream`], which checks it.
+//!
+//! A client's forwarded streams (watches, keep-alives, snapshots, observers) ride an upstream
+//! connection of that client connection's own ([`ClientIo`]): HTTP/2 flow control is per
+//! connection, so a client that stops reading them fills its own windows, as it would fill
+//! only its own connection to etcd. On one shared connection, a few megabytes left unread by
+//! one client stalled every forwarded call of every client.
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes};
@@ -19,18 +27,22 @@ use etcd_client::proto::{
     PbMemberListResponse, PbMemberPromoteRequest, PbMemberPromoteResponse, PbMemberRemoveRequest,
     PbMemberRemoveResponse, PbMemberUpdateRequest, PbMemberUpdateResponse,
 };
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder, Streaming};
 use tonic::codegen::http;
 use tonic::server::NamedService;
-use tonic::transport::Channel;
+use tonic::transport::server::Connected;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 use tonic_prost::prost::Message;
 use tonic_prost::ProstCodec;
 
 use super::header::Headers;
+use super::stats::ServerMetrics;
 
 /// The metadata a forwarded request carries over: etcd's auth token, and whether the client
 /// requires a leader.
@@ -60,12 +72,44 @@ pub(crate) enum Tokenless {
 #[derive(Clone)]
 pub(crate) struct Upstream {
     channel: Channel,
+    /// Where a client connection's own upstream connection goes.
+    endpoints: Arc<[Endpoint]>,
     tokenless: Tokenless,
+    metrics: ServerMetrics,
 }
 
 impl Upstream {
-    pub(crate) fn new(channel: Channel, tokenless: Tokenless) -> Self {
-        Upstream { channel, tokenless }
+    pub(crate) fn new(
+        endpoints: Vec<Endpoint>,
+        tokenless: Tokenless,
+        metrics: ServerMetrics,
+    ) -> Self {
+        Upstream {
+            channel: Channel::balance_list(endpoints.iter().cloned()),
+            endpoints: endpoints.into(),
+            tokenless,
+            metrics,
+        }
+    }
+
+    /// The upstream for the forwarded streams of the client connection `own` stands for: its
+    /// own connection, opened now if it is the first ([`ClientIo`]); the shared one for a
+    /// request that came on no accepted connection.
+    pub(crate) fn for_streams(&self, own: Option<&OwnUpstream>) -> Upstream {
+        let Some(own) = own else {
+            return self.clone();
+        };
+        let channel = own
+            .0
+            .get_or_init(|| {
+                self.metrics.client_upstream_opened();
+                Channel::balance_list(self.endpoints.iter().cloned())
+            })
+            .clone();
+        Upstream {
+            channel,
+            ..self.clone()
+        }
     }
 
     /// Whether a client with `from`'s metadata may have `path` forwarded: with a token (etcd
@@ -171,6 +215,90 @@ impl Upstream {
             .await
             .map_err(|e| Status::unavailable(format!("upstream etcd unreachable: {e}")))?;
         grpc.streaming(request, path, RawCodec).await
+    }
+}
+
+/// A client connection's own upstream connection, opened with its first forwarded stream and
+/// closed when the client connection and its forwarded streams are gone. Every request on
+/// the connection carries it in its extensions.
+#[derive(Clone, Default)]
+pub(crate) struct OwnUpstream(Arc<OnceLock<Channel>>);
+
+impl OwnUpstream {
+    /// The one the request with `extensions` came with.
+    pub(crate) fn of(extensions: &http::Extensions) -> Option<OwnUpstream> {
+        if let Some(own) = extensions.get::<OwnUpstream>() {
+            return Some(own.clone());
+        }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = extensions.get::<tonic::transport::server::TlsConnectInfo<OwnUpstream>>()
+        {
+            return Some(tls.get_ref().clone());
+        }
+        None
+    }
+}
+
+/// An accepted client connection, giving its requests its [`OwnUpstream`].
+pub(crate) struct ClientIo {
+    io: TcpStream,
+    own: OwnUpstream,
+}
+
+impl From<TcpStream> for ClientIo {
+    fn from(io: TcpStream) -> Self {
+        ClientIo {
+            io,
+            own: OwnUpstream::default(),
+        }
+    }
+}
+
+impl Connected for ClientIo {
+    type ConnectInfo = OwnUpstream;
+
+    fn connect_info(&self) -> OwnUpstream {
+        self.own.clone()
+    }
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -306,6 +434,14 @@ const ENDED_BY_A_DRAIN: [&str; 5] = [
     "/v3lockpb.Lock/Lock",
 ];
 
+/// The forwarded methods that answer with a stream: they ride the client connection's own
+/// upstream connection ([`ClientIo`]).
+const STREAMED: [&str; 3] = [
+    "/etcdserverpb.Lease/LeaseKeepAlive",
+    "/etcdserverpb.Maintenance/Snapshot",
+    "/v3electionpb.Election/Observe",
+];
+
 /// Resolves once the server drains (or is gone).
 async fn drained(mut draining: watch::Receiver<bool>) {
     let _ = draining.wait_for(|draining| *draining).await;
@@ -314,7 +450,7 @@ async fn drained(mut draining: watch::Receiver<bool>) {
 /// A forwarded answer stream that ends with etcd's "server stopped" once the server drains.
 struct UntilDrained<S: Stream> {
     inner: S,
-    drained: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    drained: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     last: Option<S::Item>,
     ended: bool,
 }
@@ -336,10 +472,7 @@ where
 {
     type Item = S::Item;
 
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Self::Item>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.ended {
             return Poll::Ready(None);
         }
@@ -347,7 +480,7 @@ where
             self.ended = true;
             return Poll::Ready(self.last.take());
         }
-        let next = std::pin::Pin::new(&mut self.inner).poll_next(cx);
+        let next = Pin::new(&mut self.inner).poll_next(cx);
         if let Poll::Ready(None) = next {
             self.ended = true;
         }
@@ -366,7 +499,7 @@ struct Call {
     draining: watch::Receiver<bool>,
 }
 
-type ForwardedStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+type ForwardedStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
 impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
     type Response = Response<ForwardedStream>;
@@ -382,6 +515,11 @@ impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
         let draining = self.draining.clone();
         Box::pin(async move {
             tracing::debug!(path = %path, "passing a call through");
+            let upstream = if STREAMED.contains(&path.path()) {
+                upstream.for_streams(OwnUpstream::of(request.extensions()).as_ref())
+            } else {
+                upstream
+            };
             if !ENDED_BY_A_DRAIN.contains(&path.path()) {
                 let answer = upstream.raw(request, path).await?;
                 let (metadata, stream, extensions) = answer.into_parts();
@@ -524,9 +662,10 @@ mod tests {
 
     #[tokio::test]
     async fn token_less_requests_are_refused_only_where_the_connection_has_an_identity() {
-        let channel = Channel::from_static("http://127.0.0.1:1").connect_lazy();
-        let refuse = Upstream::new(channel.clone(), Tokenless::Refuse);
-        let forward = Upstream::new(channel, Tokenless::Forward);
+        let endpoint = || vec![Endpoint::from_static("http://127.0.0.1:1")];
+        let metrics = || ServerMetrics::new("/");
+        let refuse = Upstream::new(endpoint(), Tokenless::Refuse, metrics());
+        let forward = Upstream::new(endpoint(), Tokenless::Forward, metrics());
         let none = tonic::metadata::MetadataMap::new();
         let mut token = tonic::metadata::MetadataMap::new();
         token.insert("token", "t.1".parse().unwrap());

@@ -64,12 +64,13 @@ use etcd_client::proto::{PbClusterServer, PbKvServer, PbWatchServer};
 use etcd_client::Client;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint};
+use tokio_stream::StreamExt;
+use tonic::transport::Endpoint;
 use tracing::Instrument;
 
 use self::cache::{HistoryBounds, ServedCache};
 use self::forward::{
-    AuthService, Cluster, ElectionService, LeaseService, LockService, MaintenanceService,
+    AuthService, ClientIo, Cluster, ElectionService, LeaseService, LockService, MaintenanceService,
     Passthrough, Tokenless, Upstream,
 };
 use self::header::Headers;
@@ -441,7 +442,6 @@ impl CacheServer {
                 why: "no upstream endpoint".into(),
             });
         }
-        let channel = Channel::balance_list(endpoints.into_iter());
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr, source })?;
@@ -465,7 +465,12 @@ impl CacheServer {
             tasks.push(tokio::spawn(reflector));
             slices.push(slice);
         }
-        let upstream = Upstream::new(channel, tokenless_policy(&options, local_addr));
+        let metrics = ServerMetrics::new(&prefix_text);
+        let upstream = Upstream::new(
+            endpoints,
+            tokenless_policy(&options, local_addr),
+            metrics.clone(),
+        );
         let served = Arc::new(Served {
             slices,
             changed,
@@ -476,7 +481,7 @@ impl CacheServer {
             compaction: Default::default(),
             access_ttl: options.access_ttl,
             read_timeout: options.read_timeout.min(LONGEST_WAIT),
-            metrics: ServerMetrics::new(&prefix_text),
+            metrics,
             draining: tokio::sync::watch::channel(false).0,
         });
         tasks.push(tokio::spawn(
@@ -577,8 +582,9 @@ impl CacheServer {
                 // Nagle's algorithm off on every accepted connection, as tonic sets it on the
                 // connections it accepts itself: with it on, a response's data frame waited
                 // for the client's delayed ACK of its headers, 40 ms.
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map(|accepted| accepted.map(ClientIo::from));
                 router
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;

@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::cache::{in_range, Position, RevisionError};
-use super::forward::TOKENLESS_REFUSED;
+use super::forward::{OwnUpstream, TOKENLESS_REFUSED};
 use super::served::Served;
 
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
@@ -64,7 +64,8 @@ impl PbWatchService for WatchService {
         &self,
         request: Request<Streaming<PbWatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
-        let (metadata, _, requests) = request.into_parts();
+        let (metadata, extensions, requests) = request.into_parts();
+        let own_upstream = OwnUpstream::of(&extensions);
         let require_leader = requires_leader(&metadata);
         if require_leader && self.served.headers.no_leader() {
             return Err(no_leader());
@@ -76,6 +77,7 @@ impl PbWatchService for WatchService {
         let session = Session {
             served: self.served.clone(),
             metadata,
+            own_upstream,
             tx,
             watches: BTreeMap::new(),
             forwarded: BTreeMap::new(),
@@ -124,6 +126,8 @@ struct Watch {
 struct Session {
     served: Arc<Served>,
     metadata: tonic::metadata::MetadataMap,
+    /// The client connection's own upstream connection, for its forwarded watches.
+    own_upstream: Option<OwnUpstream>,
     tx: mpsc::Sender<Result<PbWatchResponse, Status>>,
     watches: BTreeMap<i64, Watch>,
     /// Watches forwarded to the upstream.
@@ -705,6 +709,7 @@ impl Session {
     /// A watch the client already heard created (`announced`) is not announced again.
     fn forward(&mut self, id: i64, create: PbWatchRequestUnion, announced: bool) {
         let served = self.served.clone();
+        let upstream = served.upstream.for_streams(self.own_upstream.as_ref());
         let metadata = self.metadata.clone();
         let tx = self.tx.clone();
         let start = match &create {
@@ -729,8 +734,7 @@ impl Session {
             async move {
                 let _ = requests.send(create).await;
                 let path = PathAndQuery::from_static(WATCH_PATH);
-                let opened = served
-                    .upstream
+                let opened = upstream
                     .streaming::<_, PbWatchRequest, PbWatchResponse>(
                         &metadata,
                         ReceiverStream::new(rx),

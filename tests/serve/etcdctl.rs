@@ -446,6 +446,30 @@ async fn mutual_tls_on_the_listening_side() {
     )
     .await;
     assert!(members.stdout.contains(&s), "{members:?}");
+    // A forwarded stream over TLS rides the client connection's own upstream connection.
+    let tls_ctl = |args: &[&str]| {
+        let mut all = vec![cacert.clone(), cert.clone(), key.clone()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        all
+    };
+    let granted = ctl(&s, &strs(&tls_ctl(&["lease", "grant", "60"]))).await;
+    let lease = granted
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("a lease id: {granted:?}"))
+        .to_owned();
+    let kept = ctl(
+        &s,
+        &strs(&tls_ctl(&["lease", "keep-alive", "--once", &lease])),
+    )
+    .await;
+    assert!(kept.stdout.contains("keepalived"), "{kept:?}");
+    assert_eq!(server.stats().client_upstreams, 1);
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1001,3 +1001,96 @@ async fn a_linearizable_read_names_the_clusters_term_now() {
     assert_eq!(term(&via).await, Some(after), "etcd is at term {after}");
     server.shutdown().await;
 }
+
+/// A client that never reads its forwarded watches and snapshots stalls only itself, as
+/// against etcd, where only its own connection fills: every other client's forwarded calls go
+/// on. (With one upstream connection for every client, another client's put hung beside 4
+/// unread snapshots, and after 28 MiB of watch responses left unread.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_stall");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let server_endpoint = server.local_addr().to_string();
+    for (way, endpoint) in [
+        ("etcd", etcd.endpoints[0].clone()),
+        ("the server", server_endpoint),
+    ] {
+        // Keys outside the served prefix: their watches and writes are forwarded.
+        let q = unique_prefix("serve_stall_outside");
+        let stalled = connect([endpoint.clone()]).await.expect("connect");
+        let (mut requests, _responses) = stalled
+            .watch_client()
+            .watch(format!("{q}big0"), None)
+            .await
+            .expect("forwarded watch")
+            .split();
+        for i in 1..4 {
+            requests
+                .watch(format!("{q}big{i}").as_str(), None)
+                .await
+                .expect("another forwarded watch on the stream");
+        }
+        let other = connect([endpoint]).await.expect("connect");
+        let big = vec![b'x'; 1 << 20];
+        // Snapshots it does not read either (of a store of at least 4 MiB): forwarded streams
+        // of the Maintenance service.
+        let mut snapshots = Vec::new();
+        for i in 0..4 {
+            client
+                .kv_client()
+                .put(format!("{q}big{i}"), big.clone(), None)
+                .await
+                .expect("a 1 MiB put to etcd");
+        }
+        for _ in 0..4 {
+            let snapshot = stalled.maintenance_client().snapshot().await;
+            snapshots.push(snapshot.expect("a snapshot"));
+        }
+        let forwarded = tokio::time::timeout(
+            Duration::from_secs(10),
+            other.kv_client().put(format!("{q}small"), "v", None),
+        )
+        .await;
+        assert!(
+            matches!(forwarded, Ok(Ok(_))),
+            "{way}: another client's put beside unread snapshots: {forwarded:?}",
+        );
+        for round in 0..12 {
+            for i in 0..4 {
+                client
+                    .kv_client()
+                    .put(format!("{q}big{i}"), big.clone(), None)
+                    .await
+                    .expect("a 1 MiB put to etcd");
+            }
+            let forwarded = tokio::time::timeout(
+                Duration::from_secs(10),
+                other.kv_client().put(format!("{q}small"), "v", None),
+            )
+            .await;
+            assert!(
+                matches!(forwarded, Ok(Ok(_))),
+                "{way}, round {round}: another client's put, after {} MiB its neighbour never \
+                 read: {forwarded:?}",
+                (round + 1) * 4
+            );
+        }
+        // Their watches' values are no longer needed in etcd's store.
+        client
+            .kv_client()
+            .delete(
+                q.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("delete");
+    }
+    assert_eq!(
+        server.stats().client_upstreams,
+        1,
+        "the one client connection with forwarded streams has an upstream connection of its own"
+    );
+    server.shutdown().await;
+}
