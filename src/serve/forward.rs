@@ -10,10 +10,12 @@
 //! every forwarded call and every access check passes through [`Upstream`], which checks it.
 //!
 //! A client's forwarded streams (watches, keep-alives, snapshots, observers) ride an upstream
-//! connection of that client connection's own ([`ClientIo`]): HTTP/2 flow control is per
-//! connection, so a client that stops reading them fills its own windows, as it would fill
-//! only its own connection to etcd. On one shared connection, a few megabytes left unread by
-//! one client stalled every forwarded call of every client.
+//! channel of that client connection's own ([`ClientIo`]). HTTP/2 has a window per stream and
+//! one per connection: a client that stops reading its streams fills its own connection's
+//! window, as it would fill only its own connection to etcd. On one shared connection, a few
+//! megabytes left unread by one client stalled every forwarded call of every client. Unary
+//! answers are read whole from the shared connection before they are relayed, so no client
+//! holds its window.
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
@@ -93,7 +95,7 @@ impl Upstream {
     }
 
     /// The upstream for the forwarded streams of the client connection `own` stands for: its
-    /// own connection, opened now if it is the first ([`ClientIo`]); the shared one for a
+    /// own channel, opened now if this is the first ([`ClientIo`]); the shared one for a
     /// request that came on no accepted connection.
     pub(crate) fn for_streams(&self, own: Option<&OwnUpstream>) -> Upstream {
         let Some(own) = own else {
@@ -101,10 +103,8 @@ impl Upstream {
         };
         let channel = own
             .0
-            .get_or_init(|| {
-                self.metrics.client_upstream_opened();
-                Channel::balance_list(self.endpoints.iter().cloned())
-            })
+            .get_or_init(|| OwnChannel::open(&self.endpoints, self.metrics.clone()))
+            .channel
             .clone();
         Upstream {
             channel,
@@ -218,28 +218,47 @@ impl Upstream {
     }
 }
 
-/// A client connection's own upstream connection, opened with its first forwarded stream and
-/// closed when the client connection and its forwarded streams are gone. Every request on
+/// A client connection's own upstream channel, opened with its first forwarded stream and
+/// closed once the client connection and its forwarded streams are gone. Every request on
 /// the connection carries it in its extensions.
 #[derive(Clone, Default)]
-pub(crate) struct OwnUpstream(Arc<OnceLock<Channel>>);
+pub(crate) struct OwnUpstream(Arc<OnceLock<OwnChannel>>);
 
 impl OwnUpstream {
-    /// The one the request with `extensions` came with.
+    /// The one the request with `extensions` came with (over TLS too: tonic adds the inner
+    /// connection's info beside its `TlsConnectInfo`).
     pub(crate) fn of(extensions: &http::Extensions) -> Option<OwnUpstream> {
-        if let Some(own) = extensions.get::<OwnUpstream>() {
-            return Some(own.clone());
-        }
-        #[cfg(feature = "tls")]
-        if let Some(tls) = extensions.get::<tonic::transport::server::TlsConnectInfo<OwnUpstream>>()
-        {
-            return Some(tls.get_ref().clone());
-        }
-        None
+        extensions.get::<OwnUpstream>().cloned()
     }
 }
 
-/// An accepted client connection, giving its requests its [`OwnUpstream`].
+/// A channel balanced over the upstream's endpoints, as the shared one is (so it connects
+/// to each of them, as a client of etcd balancing over them would), counted in
+/// [`ServerStats::client_upstreams`](super::ServerStats::client_upstreams) while it is open.
+pub(crate) struct OwnChannel {
+    channel: Channel,
+    metrics: ServerMetrics,
+}
+
+impl OwnChannel {
+    fn open(endpoints: &[Endpoint], metrics: ServerMetrics) -> Self {
+        metrics.client_upstreams(1);
+        OwnChannel {
+            channel: Channel::balance_list(endpoints.iter().cloned()),
+            metrics,
+        }
+    }
+}
+
+impl Drop for OwnChannel {
+    fn drop(&mut self) {
+        self.metrics.client_upstreams(-1);
+    }
+}
+
+/// An accepted client connection, giving its requests its [`OwnUpstream`]. That is the only
+/// connection info its requests carry: tonic's `Request::remote_addr` and `peer_certs` are
+/// `None` on them (nothing here reads them).
 pub(crate) struct ClientIo {
     io: TcpStream,
     own: OwnUpstream,
@@ -515,17 +534,31 @@ impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
         let draining = self.draining.clone();
         Box::pin(async move {
             tracing::debug!(path = %path, "passing a call through");
-            let upstream = if STREAMED.contains(&path.path()) {
+            let streamed = STREAMED.contains(&path.path());
+            let upstream = if streamed {
                 upstream.for_streams(OwnUpstream::of(request.extensions()).as_ref())
             } else {
                 upstream
             };
             if !ENDED_BY_A_DRAIN.contains(&path.path()) {
                 let answer = upstream.raw(request, path).await?;
-                let (metadata, stream, extensions) = answer.into_parts();
+                let (metadata, mut stream, extensions) = answer.into_parts();
+                if streamed {
+                    return Ok(Response::from_parts(
+                        metadata,
+                        Box::pin(stream) as ForwardedStream,
+                        extensions,
+                    ));
+                }
+                // A unary answer is read whole from the shared connection, whose window
+                // must not wait on a client that does not read.
+                let mut messages = Vec::new();
+                while let Some(message) = stream.message().await? {
+                    messages.push(Ok(message));
+                }
                 return Ok(Response::from_parts(
                     metadata,
-                    Box::pin(stream) as ForwardedStream,
+                    Box::pin(tokio_stream::iter(messages)) as ForwardedStream,
                     extensions,
                 ));
             }

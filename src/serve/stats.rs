@@ -38,9 +38,10 @@ pub struct ServerStats {
     /// etcd's revision after a moment (keys outside the prefix moved it) has etcd read the
     /// prefix's keys to prove it unchanged; reads that arrive while one is under way share it.
     pub proofs: u64,
-    /// Upstream connections opened for client connections: one for each client connection
-    /// with a forwarded stream (a watch, a keep-alive, a snapshot, an observer), which its
-    /// streams share, so that a client that stops reading them stalls no other client.
+    /// Client connections with an upstream channel of their own, open now: one is opened with
+    /// a connection's first forwarded stream (a watch, a keep-alive, a snapshot, an observer)
+    /// and shared by its others, so that a client that stops reading them stalls no other
+    /// client. It connects to each upstream endpoint, and closes with the client connection.
     pub client_upstreams: u64,
     /// A key under the prefix could not be cached (it is not UTF-8): the server forwards every
     /// request instead of answering from an incomplete cache.
@@ -59,7 +60,7 @@ struct Counters {
     ranges: AtomicU64,
     forwarded: AtomicU64,
     proofs: AtomicU64,
-    client_upstreams: AtomicU64,
+    client_upstreams: AtomicI64,
 }
 
 /// The server's counters, shared by its services.
@@ -95,8 +96,8 @@ impl ServerMetrics {
             .events_sent
             .fetch_add(events as u64, Ordering::Relaxed);
     }
-    pub(crate) fn client_upstream_opened(&self) {
-        self.0.client_upstreams.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn client_upstreams(&self, delta: i64) {
+        self.0.client_upstreams.fetch_add(delta, Ordering::Relaxed);
     }
     pub(crate) fn slow_forwarded(&self) {
         self.0.slow_forwarded.fetch_add(1, Ordering::Relaxed);
@@ -127,7 +128,7 @@ impl ServerMetrics {
             ranges_from_cache: m.ranges.load(Ordering::Relaxed),
             forwarded: m.forwarded.load(Ordering::Relaxed),
             proofs: m.proofs.load(Ordering::Relaxed),
-            client_upstreams: m.client_upstreams.load(Ordering::Relaxed),
+            client_upstreams: m.client_upstreams.load(Ordering::Relaxed).max(0) as u64,
             forwarding_all,
             audits: AuditHealth::default(),
         }

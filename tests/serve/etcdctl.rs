@@ -459,13 +459,29 @@ async fn mutual_tls_on_the_listening_side() {
         .nth(1)
         .unwrap_or_else(|| panic!("a lease id: {granted:?}"))
         .to_owned();
-    let kept = ctl(
-        &s,
-        &strs(&tls_ctl(&["lease", "keep-alive", "--once", &lease])),
-    )
-    .await;
-    assert!(kept.stdout.contains("keepalived"), "{kept:?}");
-    assert_eq!(server.stats().client_upstreams, 1);
+    // While etcdctl keeps the lease alive, its connection has an upstream channel; then not.
+    let mut keeping = etcdctl_command(&s, &strs(&tls_ctl(&["lease", "keep-alive", &lease])))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl lease keep-alive");
+    let until = |open: u64| {
+        let server = &server;
+        async move {
+            let deadline = tokio::time::Instant::now() + WITHIN;
+            while server.stats().client_upstreams != open {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} client upstream channels open, not {open}",
+                    server.stats().client_upstreams
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    until(1).await;
+    keeping.kill().await.expect("stop etcdctl");
+    until(0).await;
 }
 
 fn strs(args: &[String]) -> Vec<&str> {

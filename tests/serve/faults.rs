@@ -1077,6 +1077,13 @@ async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
                 (round + 1) * 4
             );
         }
+        if way == "the server" {
+            assert_eq!(
+                server.stats().client_upstreams,
+                1,
+                "the one client connection with forwarded streams has an upstream of its own"
+            );
+        }
         // Their watches' values are no longer needed in etcd's store.
         client
             .kv_client()
@@ -1087,10 +1094,14 @@ async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
             .await
             .expect("delete");
     }
-    assert_eq!(
-        server.stats().client_upstreams,
-        1,
-        "the one client connection with forwarded streams has an upstream connection of its own"
-    );
+    // The stalled client is gone, and so is its upstream channel.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while server.stats().client_upstreams != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upstream channel outlived its client connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.shutdown().await;
 }
