@@ -40,6 +40,7 @@
 //! | `etcd_informer_server_watches` | gauge | `prefix` | watches a cache server serves from its cache (sampled every second) |
 //! | `etcd_informer_server_events_sent_total` | counter | `prefix` | events a cache server sent to its watches (sampled every second) |
 //! | `etcd_informer_server_slow_watch_forwards_total` | counter | `prefix` | watches forwarded to etcd because the history no longer reached back to them (sampled every second) |
+//! | `etcd_informer_server_watches_taken_back_total` | counter | `prefix` | forwarded watches (slow ones, or created below the history) served from the cache again once etcd had caught them up (sampled every second) |
 //! | `etcd_informer_server_ranges_total` | counter | `prefix` | Ranges a cache server answered from its cache (sampled every second) |
 //! | `etcd_informer_server_forwarded_total` | counter | `prefix` | requests a cache server forwarded to etcd, passed-through Lease, Maintenance and Auth calls not counted (sampled every second) |
 //! | `etcd_informer_server_history_revisions` | gauge | `prefix` | revisions of history a cache server keeps (sampled every second) |
@@ -193,6 +194,10 @@ pub fn describe() {
         describe_counter!(
             "etcd_informer_server_slow_watch_forwards_total",
             "Watches a cache server forwarded to etcd because its history no longer reached back to them."
+        );
+        describe_counter!(
+            "etcd_informer_server_watches_taken_back_total",
+            "Forwarded watches a cache server served from its cache again once etcd had caught them up."
         );
         describe_counter!(
             "etcd_informer_server_ranges_total",
@@ -632,6 +637,7 @@ pub(crate) struct ServerMetricHandles {
     watches: Gauge,
     events: Counter,
     slow: Counter,
+    taken_back: Counter,
     ranges: Counter,
     forwarded: Counter,
     history_revisions: Gauge,
@@ -669,6 +675,7 @@ impl ServerMetricHandles {
             watches: handle!(gauge, "etcd_informer_server_watches", "prefix" => prefix.to_owned()),
             events: handle!(counter, "etcd_informer_server_events_sent_total", "prefix" => prefix.to_owned()),
             slow: handle!(counter, "etcd_informer_server_slow_watch_forwards_total", "prefix" => prefix.to_owned()),
+            taken_back: handle!(counter, "etcd_informer_server_watches_taken_back_total", "prefix" => prefix.to_owned()),
             ranges: handle!(counter, "etcd_informer_server_ranges_total", "prefix" => prefix.to_owned()),
             forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => prefix.to_owned()),
             history_revisions: handle!(gauge, "etcd_informer_server_history_revisions", "prefix" => prefix.to_owned()),
@@ -677,19 +684,20 @@ impl ServerMetricHandles {
         }
     }
 
-    /// Records one sample: (streams, watches, events, slow, ranges, forwarded), the history's
-    /// (revisions, bytes), and the seconds since the cache was proven fresh.
+    /// Records one sample: (streams, watches, events, slow, taken_back, ranges, forwarded), the
+    /// history's (revisions, bytes), and the seconds since the cache was proven fresh.
     pub(crate) fn sample(
         &self,
-        counts: [u64; 6],
+        counts: [u64; 7],
         history: (usize, usize),
         since_proven_fresh: Option<f64>,
     ) {
-        let [streams, watches, events, slow, ranges, forwarded] = counts;
+        let [streams, watches, events, slow, taken_back, ranges, forwarded] = counts;
         self.streams.set(streams as f64);
         self.watches.set(watches as f64);
         self.events.absolute(events);
         self.slow.absolute(slow);
+        self.taken_back.absolute(taken_back);
         self.ranges.absolute(ranges);
         self.forwarded.absolute(forwarded);
         self.history_revisions.set(history.0 as f64);

@@ -422,6 +422,15 @@ impl ServedCache {
         Ok((groups, upto))
     }
 
+    /// Whether a watch of `epoch` that has received every event below `from` can be served
+    /// from here on: the history reaches back to `from`, with no gap it cannot take.
+    pub(crate) fn serves_from(&self, from: i64, epoch: u64) -> bool {
+        let state = lock(&self.state);
+        epoch == state.epoch
+            && from > state.first
+            && !state.gaps.iter().any(|gap| gap.refuses(from))
+    }
+
     /// etcd compacted at `revision` (a Compact through the server): Ranges below it are
     /// compacted, and watches below it, as etcd says; the history before it goes.
     pub(crate) fn compacted(&self, revision: i64) {

@@ -846,6 +846,7 @@ async fn sample_metrics(served: Arc<Served>, prefix: String) {
                 stats.watches,
                 stats.events_sent,
                 stats.slow_watches_forwarded,
+                stats.watches_taken_back,
                 stats.ranges_from_cache,
                 stats.forwarded,
             ],

@@ -29,6 +29,10 @@ pub struct ServerStats {
     /// position (slow readers), or they reached a relist's difference that cannot be told as
     /// etcd's events. (Watches of a replaced store are cancelled, and not counted here.)
     pub slow_watches_forwarded: u64,
+    /// Forwarded watches served from the cache again once etcd had caught them up to about
+    /// the cache's revision (their relay then stops): slow watches that fell out of the
+    /// history, and watches created below it.
+    pub watches_taken_back: u64,
     /// Ranges answered from the cache.
     pub ranges_from_cache: u64,
     /// Requests forwarded to the upstream (passed-through Lease, Maintenance and Auth calls
@@ -57,6 +61,7 @@ struct Counters {
     watches: AtomicI64,
     events_sent: AtomicU64,
     slow_forwarded: AtomicU64,
+    taken_back: AtomicU64,
     ranges: AtomicU64,
     forwarded: AtomicU64,
     proofs: AtomicU64,
@@ -99,6 +104,9 @@ impl ServerMetrics {
     pub(crate) fn client_upstreams(&self, delta: i64) {
         self.0.client_upstreams.fetch_add(delta, Ordering::Relaxed);
     }
+    pub(crate) fn taken_back(&self) {
+        self.0.taken_back.fetch_add(1, Ordering::Relaxed);
+    }
     pub(crate) fn slow_forwarded(&self) {
         self.0.slow_forwarded.fetch_add(1, Ordering::Relaxed);
     }
@@ -125,6 +133,7 @@ impl ServerMetrics {
             watches: m.watches.load(Ordering::Relaxed).max(0) as u64,
             events_sent: m.events_sent.load(Ordering::Relaxed),
             slow_watches_forwarded: m.slow_forwarded.load(Ordering::Relaxed),
+            watches_taken_back: m.taken_back.load(Ordering::Relaxed),
             ranges_from_cache: m.ranges.load(Ordering::Relaxed),
             forwarded: m.forwarded.load(Ordering::Relaxed),
             proofs: m.proofs.load(Ordering::Relaxed),

@@ -74,6 +74,7 @@ impl PbWatchService for WatchService {
             return Err(stopped());
         }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (caught_up, caught_up_rx) = mpsc::unbounded_channel();
         let session = Session {
             served: self.served.clone(),
             metadata,
@@ -90,6 +91,8 @@ impl PbWatchService for WatchService {
             require_leader,
             progress: None,
             progress_answered: Arc::new(Notify::new()),
+            caught_up,
+            caught_up_rx,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -107,6 +110,7 @@ impl PbWatchService for WatchService {
 }
 
 /// One watch served from the cache.
+#[derive(Clone)]
 struct Watch {
     /// The served prefix whose cache serves it.
     slice: usize,
@@ -154,6 +158,11 @@ struct Session {
     progress: Option<ProgressWait>,
     /// Woken by a forwarded watch's relay when etcd answers its progress request.
     progress_answered: Arc<Notify>,
+    /// Forwarded watches whose relays stopped once etcd had caught them up: their id and the
+    /// next revision owed, for the cache to serve again (see [`Session::take_back`]).
+    caught_up: mpsc::UnboundedSender<(i64, i64)>,
+    /// Where [`Session::run`] hears them.
+    caught_up_rx: mpsc::UnboundedReceiver<(i64, i64)>,
 }
 
 /// What a progress answer waits for: each cached watch to reach the revision the cache had
@@ -171,7 +180,14 @@ struct Forwarded {
     delivered: Arc<AtomicI64>,
     requests: mpsc::Sender<PbWatchRequest>,
     progress_answers: Arc<AtomicU64>,
+    /// What the cache serves again once etcd has caught the watch up, if it can serve it.
+    back: Option<Watch>,
 }
+
+/// How far behind the cache's revision a forwarded watch's relay may be and still hand it back
+/// to the cache: about where a watch that keeps up is, since the cache and etcd's own
+/// stream each reach a revision a little before the other.
+const CAUGHT_UP_WITHIN: i64 = 16;
 
 /// [`Forwarded::delivered`] of a watch from etcd's next revision that etcd has not yet
 /// created: it owes nothing up to any revision a progress answer could name.
@@ -266,6 +282,7 @@ impl Session {
                 _ = progress.tick() => self.notify_progress(),
                 // A forwarded watch's etcd answered a progress request: answer_progress sees.
                 _ = progress_answered.notified(), if self.progress.is_some() => {}
+                Some((id, next)) = self.caught_up_rx.recv() => self.take_back(id, next),
                 _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
                     if self.require_leader =>
                 {
@@ -444,31 +461,38 @@ impl Session {
             });
             return;
         }
-        let Some(slice) = slice.filter(|_| checked.replayable) else {
-            // Outside the prefixes; or below the history, or compacted on etcd meanwhile:
-            // etcd replays it or cancels it as compacted, as a client of etcd would see.
-            tracing::debug!(id, start = create.start_revision, "watch forwarded");
-            create.watch_id = 0;
-            self.forward(id, PbWatchRequestUnion::CreateRequest(create), false);
-            return;
+        let watch = slice.map(|slice| {
+            let position = self.served.slices[slice].cache.position();
+            Watch {
+                slice,
+                end: create.range_end.clone(),
+                key,
+                next: if create.start_revision > 0 {
+                    create.start_revision
+                } else {
+                    position.revision + 1
+                },
+                epoch: position.epoch,
+                prev_kv: create.prev_kv,
+                no_put: create.filters.contains(&FILTER_NOPUT),
+                no_delete: create.filters.contains(&FILTER_NODELETE),
+                progress_notify: create.progress_notify,
+                fragment: create.fragment,
+            }
+        });
+        let watch = match watch {
+            Some(watch) if checked.replayable => watch,
+            // Outside the prefixes (it stays with etcd); or below the history, or compacted
+            // on etcd meanwhile: etcd replays it, and it comes back to the cache once caught
+            // up, or etcd cancels it as compacted, as a client of etcd would see.
+            back => {
+                tracing::debug!(id, start = create.start_revision, "watch forwarded");
+                create.watch_id = 0;
+                self.forward(id, PbWatchRequestUnion::CreateRequest(create), false, back);
+                return;
+            }
         };
-        let position = self.served.slices[slice].cache.position();
-        let watch = Watch {
-            slice,
-            end: create.range_end.clone(),
-            key,
-            next: if create.start_revision > 0 {
-                create.start_revision
-            } else {
-                position.revision + 1
-            },
-            epoch: position.epoch,
-            prev_kv: create.prev_kv,
-            no_put: create.filters.contains(&FILTER_NOPUT),
-            no_delete: create.filters.contains(&FILTER_NODELETE),
-            progress_notify: create.progress_notify,
-            fragment: create.fragment,
-        };
+        let position = self.served.slices[watch.slice].cache.position();
         tracing::debug!(id, from = watch.next, "watch created");
         self.watches.insert(id, watch);
         self.maybe_behind = true;
@@ -642,8 +666,8 @@ impl Session {
                     self.served.metrics.slow_forwarded();
                     let mut create = PbWatchRequestUnion::CreateRequest(Default::default());
                     if let PbWatchRequestUnion::CreateRequest(create) = &mut create {
-                        create.key = watch.key;
-                        create.range_end = watch.end;
+                        create.key = watch.key.clone();
+                        create.range_end = watch.end.clone();
                         create.start_revision = watch.next;
                         create.progress_notify = watch.progress_notify;
                         create.prev_kv = watch.prev_kv;
@@ -656,7 +680,7 @@ impl Session {
                         .filter_map(|(on, filter)| on.then_some(filter))
                         .collect();
                     }
-                    self.forward(id, create, true);
+                    self.forward(id, create, true, Some(watch));
                     return None;
                 }
                 Err(RevisionError::Compacted(compact_revision)) => {
@@ -706,8 +730,18 @@ impl Session {
     }
 
     /// Forwards a watch on its own upstream stream, relaying its responses under the id `id`.
-    /// A watch the client already heard created (`announced`) is not announced again.
-    fn forward(&mut self, id: i64, create: PbWatchRequestUnion, announced: bool) {
+    /// A watch the client already heard created (`announced`: moved from the cache) is not
+    /// announced again. A watch the cache can serve (`back`) goes back to it once etcd has
+    /// caught it up to about the cache's revision.
+    fn forward(
+        &mut self,
+        id: i64,
+        create: PbWatchRequestUnion,
+        announced: bool,
+        back: Option<Watch>,
+    ) {
+        let back_to = back.as_ref().map(|w| (w.slice, w.epoch));
+        let caught_up = self.caught_up.clone();
         let served = self.served.clone();
         let upstream = served.upstream.for_streams(self.own_upstream.as_ref());
         let metadata = self.metadata.clone();
@@ -826,6 +860,20 @@ impl Session {
                                 if known == NOT_YET || received > known {
                                     relayed.store(received, Ordering::Relaxed);
                                 }
+                                let back = back_to.filter(|&(slice, epoch)| {
+                                    let cache = &served.slices[slice].cache;
+                                    !canceled
+                                        && cache.position().revision - received <= CAUGHT_UP_WITHIN
+                                        && cache.serves_from(received + 1, epoch)
+                                });
+                                if back.is_some() && caught_up.send((id, received + 1)).is_ok() {
+                                    tracing::info!(
+                                        id,
+                                        next = received + 1,
+                                        "moved watch back to the cache"
+                                    );
+                                    return;
+                                }
                             }
                             canceled
                         }
@@ -849,8 +897,27 @@ impl Session {
                 delivered,
                 requests: upstream_requests,
                 progress_answers,
+                back,
             },
         );
+    }
+
+    /// Serves watch `id` from the cache again from `next`, its relay having stopped there
+    /// (unless the client cancelled it meanwhile). Its responses so far are in the stream
+    /// before any the cache sends it: no gap, no repeat.
+    fn take_back(&mut self, id: i64, next: i64) {
+        let Some(Forwarded {
+            back: Some(mut watch),
+            ..
+        }) = self.forwarded.remove(&id)
+        else {
+            return;
+        };
+        watch.next = next;
+        self.watches.insert(id, watch);
+        self.served.metrics.watches(1);
+        self.served.metrics.taken_back();
+        self.maybe_behind = true;
     }
 }
 

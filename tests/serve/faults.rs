@@ -143,6 +143,38 @@ async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up()
             .map(|kv| kv.mod_revision()),
         Some(after)
     );
+    // Caught up, it is served from the cache again, and etcd no longer: no gap, no repeat.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while server.stats().watches_taken_back != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the caught-up watch never came back to the cache: {:?}",
+            server.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut more = Vec::new();
+    for i in 0..20 {
+        more.push(put(&client, &format!("{small}k"), &format!("more{i}")).await);
+    }
+    let mut heard_more = Vec::new();
+    while heard_more.len() < more.len() {
+        let r = tokio::time::timeout(WITHIN, slow_responses.message())
+            .await
+            .unwrap_or_else(|_| panic!("back in the cache, the watch hears {heard_more:?}"))
+            .expect("stream")
+            .expect("open");
+        assert!(!r.canceled() && !r.created(), "{r:?}");
+        heard_more.extend(
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
+        );
+    }
+    assert_eq!(
+        heard_more, more,
+        "every revision once, in order, from the cache"
+    );
     let mut heard = 0;
     while heard < 1000 {
         let r = tokio::time::timeout(WITHIN, responses.message())

@@ -242,7 +242,8 @@ async fn watch_from(
 }
 
 /// Item 1: a revision below the server's history that etcd has not compacted: a read at it and
-/// a watch from it get etcd's answers (the keys; a replay), not "compacted".
+/// a watch from it get etcd's answers (the keys; a replay), not "compacted". Once etcd has
+/// replayed the watch up to the cache's revision, the cache serves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revision_below_the_history_is_answered_as_etcd_answers_it() {
     let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
@@ -256,6 +257,46 @@ async fn a_revision_below_the_history_is_answered_as_etcd_answers_it() {
         .expect("connect to the cache server");
     let latest = put(&client, &format!("{p}a"), "3").await;
     caught_up(&server, latest).await;
+    // Once etcd has replayed it up to the cache's revision, the cache takes the watch back:
+    // the next event comes once, from the cache.
+    let (_requests, mut responses) = via
+        .watch_client()
+        .watch(
+            p.as_str(),
+            Some(WatchOptions::new().with_prefix().with_start_revision(early)),
+        )
+        .await
+        .expect("watch")
+        .split();
+    let mut heard = Vec::new();
+    while heard.last() != Some(&latest) {
+        let r = next_response("a watch from below the history", &mut responses).await;
+        assert!(!r.canceled(), "{r:?}");
+        heard.extend(
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv())
+                .map(|kv| kv.mod_revision()),
+        );
+    }
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while server.stats().watches_taken_back != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replayed watch never came back to the cache: {:?}",
+            server.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let next = put(&client, &format!("{p}a"), "4").await;
+    let r = next_response("the watch back in the cache", &mut responses).await;
+    let revisions: Vec<i64> = r
+        .events()
+        .iter()
+        .filter_map(|e| e.kv())
+        .map(|kv| kv.mod_revision())
+        .collect();
+    assert_eq!(revisions, [next], "{r:?}");
     let direct = read_at(&client, &p, early).await;
     assert_eq!(
         direct.as_deref(),
