@@ -94,10 +94,7 @@ impl Slice {
     /// Whether etcd's range `[key, end)` lies within the prefix, and the cache has listed and
     /// holds every key of it, and still follows etcd (not [refused](Self::refused)).
     pub(crate) fn covers(&self, key: &[u8], end: &[u8]) -> bool {
-        if self.incomplete.load(Ordering::Relaxed)
-            || !self.cache.position().synced
-            || self.refused().is_some()
-        {
+        if !self.follows_etcd() {
             return false;
         }
         if self.prefix.is_empty() {
@@ -113,6 +110,14 @@ impl Slice {
             return true;
         }
         end != [0] && end <= self.prefix_end.as_slice()
+    }
+
+    /// Whether the cache has listed the prefix, holds every key of it, and still follows etcd
+    /// (not [refused](Self::refused)).
+    pub(crate) fn follows_etcd(&self) -> bool {
+        !self.incomplete.load(Ordering::Relaxed)
+            && self.cache.position().synced
+            && self.refused().is_none()
     }
 
     /// etcd's refusal of the cache's own list or watch, while it stands: the cache has stopped

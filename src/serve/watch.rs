@@ -93,6 +93,7 @@ impl PbWatchService for WatchService {
             progress_answered: Arc::new(Notify::new()),
             caught_up,
             caught_up_rx,
+            forwards: 0,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -110,7 +111,6 @@ impl PbWatchService for WatchService {
 }
 
 /// One watch served from the cache.
-#[derive(Clone)]
 struct Watch {
     /// The served prefix whose cache serves it.
     slice: usize,
@@ -158,11 +158,13 @@ struct Session {
     progress: Option<ProgressWait>,
     /// Woken by a forwarded watch's relay when etcd answers its progress request.
     progress_answered: Arc<Notify>,
-    /// Forwarded watches whose relays stopped once etcd had caught them up: their id and the
-    /// next revision owed, for the cache to serve again (see [`Session::take_back`]).
-    caught_up: mpsc::UnboundedSender<(i64, i64)>,
+    /// Forwarded watches whose relays stopped once etcd had caught them up, for the cache to
+    /// serve again (see [`Session::take_back`]).
+    caught_up: mpsc::UnboundedSender<CaughtUp>,
     /// Where [`Session::run`] hears them.
-    caught_up_rx: mpsc::UnboundedReceiver<(i64, i64)>,
+    caught_up_rx: mpsc::UnboundedReceiver<CaughtUp>,
+    /// The last [`Forwarded::seq`] given.
+    forwards: u64,
 }
 
 /// What a progress answer waits for: each cached watch to reach the revision the cache had
@@ -182,11 +184,21 @@ struct Forwarded {
     progress_answers: Arc<AtomicU64>,
     /// What the cache serves again once etcd has caught the watch up, if it can serve it.
     back: Option<Watch>,
+    /// This forward among the session's: a relay's word that its watch is caught up is
+    /// taken for this one only, not for a later watch that reuses the id.
+    seq: u64,
+}
+
+/// A forwarded watch's relay stopped at a whole revision once etcd caught it up: the watch's
+/// id, its [`Forwarded::seq`], and the next revision it is owed.
+struct CaughtUp {
+    id: i64,
+    seq: u64,
+    next: i64,
 }
 
 /// How far behind the cache's revision a forwarded watch's relay may be and still hand it back
-/// to the cache: about where a watch that keeps up is, since the cache and etcd's own
-/// stream each reach a revision a little before the other.
+/// to the cache (never ahead of it): about where a watch that keeps up is.
 const CAUGHT_UP_WITHIN: i64 = 16;
 
 /// [`Forwarded::delivered`] of a watch from etcd's next revision that etcd has not yet
@@ -282,7 +294,7 @@ impl Session {
                 _ = progress.tick() => self.notify_progress(),
                 // A forwarded watch's etcd answered a progress request: answer_progress sees.
                 _ = progress_answered.notified(), if self.progress.is_some() => {}
-                Some((id, next)) = self.caught_up_rx.recv() => self.take_back(id, next),
+                Some(caught_up) = self.caught_up_rx.recv() => self.take_back(caught_up),
                 _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
                     if self.require_leader =>
                 {
@@ -742,6 +754,8 @@ impl Session {
     ) {
         let back_to = back.as_ref().map(|w| (w.slice, w.epoch));
         let caught_up = self.caught_up.clone();
+        self.forwards += 1;
+        let seq = self.forwards;
         let served = self.served.clone();
         let upstream = served.upstream.for_streams(self.own_upstream.as_ref());
         let metadata = self.metadata.clone();
@@ -860,18 +874,15 @@ impl Session {
                                 if known == NOT_YET || received > known {
                                     relayed.store(received, Ordering::Relaxed);
                                 }
-                                let back = back_to.filter(|&(slice, epoch)| {
-                                    let cache = &served.slices[slice].cache;
-                                    !canceled
-                                        && cache.position().revision - received <= CAUGHT_UP_WITHIN
-                                        && cache.serves_from(received + 1, epoch)
-                                });
-                                if back.is_some() && caught_up.send((id, received + 1)).is_ok() {
-                                    tracing::info!(
-                                        id,
-                                        next = received + 1,
-                                        "moved watch back to the cache"
-                                    );
+                                let back = match back_to {
+                                    Some((slice, epoch)) if !canceled => {
+                                        cache_serves(&served, slice, epoch, received).await
+                                    }
+                                    _ => false,
+                                };
+                                let next = received + 1;
+                                if back && caught_up.send(CaughtUp { id, seq, next }).is_ok() {
+                                    tracing::info!(id, next, "forwarded watch back to the cache");
                                     return;
                                 }
                             }
@@ -898,21 +909,28 @@ impl Session {
                 requests: upstream_requests,
                 progress_answers,
                 back,
+                seq,
             },
         );
     }
 
-    /// Serves watch `id` from the cache again from `next`, its relay having stopped there
-    /// (unless the client cancelled it meanwhile). Its responses so far are in the stream
-    /// before any the cache sends it: no gap, no repeat.
-    fn take_back(&mut self, id: i64, next: i64) {
+    /// Serves a forwarded watch from the cache again from `next`, its relay having stopped
+    /// there (unless the client cancelled it meanwhile, or reused its id since). Its responses
+    /// so far are in the stream before any the cache sends it: no gap, no repeat. (Should the
+    /// history have moved past `next` meanwhile, the cache forwards it again.)
+    fn take_back(&mut self, CaughtUp { id, seq, next }: CaughtUp) {
+        if self.forwarded.get(&id).is_none_or(|f| f.seq != seq) {
+            return;
+        }
         let Some(Forwarded {
             back: Some(mut watch),
+            task,
             ..
         }) = self.forwarded.remove(&id)
         else {
             return;
         };
+        task.abort();
         watch.next = next;
         self.watches.insert(id, watch);
         self.served.metrics.watches(1);
@@ -920,6 +938,36 @@ impl Session {
         self.maybe_behind = true;
     }
 }
+
+/// Whether the cache of `slice` can serve a forwarded watch of `epoch` that has received every
+/// event up to `received`: it follows etcd, has reached `received` (waited for briefly: it
+/// and the relay hear etcd each on its own stream) and is at most [`CAUGHT_UP_WITHIN`] past
+/// it, and its history reaches back to it. Never a cache behind what the client has heard:
+/// its headers would go back.
+async fn cache_serves(served: &Served, slice: usize, epoch: u64, received: i64) -> bool {
+    let cached = &served.slices[slice];
+    let near = |revision: i64| (revision - received).abs() <= CAUGHT_UP_WITHIN;
+    if !cached.follows_etcd() || !near(cached.cache.position().revision) {
+        return false;
+    }
+    let mut changed = served.changed.subscribe();
+    let reached = tokio::time::timeout(CACHE_CATCH_UP, async {
+        while cached.cache.position().revision < received {
+            if changed.changed().await.is_err() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    matches!(reached, Ok(true))
+        && near(cached.cache.position().revision)
+        && cached.cache.serves_from(received + 1, epoch)
+}
+
+/// How long a relay waits for the cache to reach what it has delivered, before it goes on
+/// relaying.
+const CACHE_CATCH_UP: Duration = Duration::from_millis(100);
 
 /// Whether a watch from `start` can be replayed from the history of `slice`: it reaches back
 /// that far, and etcd has not compacted `start` either (a compaction made straight on etcd).

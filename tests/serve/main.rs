@@ -290,3 +290,43 @@ async fn caught_up(server: &RunningServer, revision: i64) {
     )
     .await;
 }
+
+/// Waits until the server has taken `taken` forwarded watches back to its cache. A relay hands
+/// its watch back only where the cache is when it checks, so meanwhile `key` is written again
+/// now and then, and the watch read from `responses` hears each write once, in order.
+async fn until_taken_back(
+    server: &RunningServer,
+    client: &Client,
+    key: &str,
+    responses: &mut etcd_client::WatchResponseStream,
+    taken: u64,
+) {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let mut poll = tokio::time::interval(Duration::from_millis(20));
+    for round in 0.. {
+        if server.stats().watches_taken_back >= taken {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the forwarded watch never came back to the cache: {:?}",
+            server.stats()
+        );
+        if round % 25 == 24 {
+            let written = put(client, key, &format!("again{round}")).await;
+            let r = tokio::time::timeout(WITHIN, responses.message())
+                .await
+                .expect("the watch hears the write")
+                .expect("stream")
+                .expect("open");
+            let heard: Vec<i64> = r
+                .events()
+                .iter()
+                .filter_map(|e| e.kv())
+                .map(|kv| kv.mod_revision())
+                .collect();
+            assert_eq!(heard, [written], "{r:?}");
+        }
+        poll.tick().await;
+    }
+}

@@ -279,15 +279,7 @@ async fn a_revision_below_the_history_is_answered_as_etcd_answers_it() {
                 .map(|kv| kv.mod_revision()),
         );
     }
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    while server.stats().watches_taken_back != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the replayed watch never came back to the cache: {:?}",
-            server.stats()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_taken_back(&server, &client, &format!("{p}a"), &mut responses, 1).await;
     let next = put(&client, &format!("{p}a"), "4").await;
     let r = next_response("the watch back in the cache", &mut responses).await;
     let revisions: Vec<i64> = r
