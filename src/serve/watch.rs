@@ -813,6 +813,7 @@ impl Session {
                     }
                 };
                 let mut created = announced;
+                let mut wait = CACHE_CATCH_UP;
                 // etcd's revision when it created the watch: the end of its catch-up.
                 let mut created_at = i64::MAX;
                 loop {
@@ -876,7 +877,8 @@ impl Session {
                                 }
                                 let back = match back_to {
                                     Some((slice, epoch)) if !canceled => {
-                                        cache_serves(&served, slice, epoch, received).await
+                                        cache_serves(&served, slice, epoch, received, &mut wait)
+                                            .await
                                     }
                                     _ => false,
                                 };
@@ -940,18 +942,25 @@ impl Session {
 }
 
 /// Whether the cache of `slice` can serve a forwarded watch of `epoch` that has received every
-/// event up to `received`: it follows etcd, has reached `received` (waited for briefly: it
-/// and the relay hear etcd each on its own stream) and is at most [`CAUGHT_UP_WITHIN`] past
-/// it, and its history reaches back to it. Never a cache behind what the client has heard:
-/// its headers would go back.
-async fn cache_serves(served: &Served, slice: usize, epoch: u64, received: i64) -> bool {
+/// event up to `received`: it follows etcd, has reached `received` (waited for up to `wait`:
+/// it and the relay hear etcd each on its own stream; a wait that runs out is not made again,
+/// so a lagging cache slows the relay once) and is at most [`CAUGHT_UP_WITHIN`] past it, and
+/// its history reaches back to it. Never a cache behind what the client has heard: its
+/// headers would go back.
+async fn cache_serves(
+    served: &Served,
+    slice: usize,
+    epoch: u64,
+    received: i64,
+    wait: &mut Duration,
+) -> bool {
     let cached = &served.slices[slice];
     let near = |revision: i64| (revision - received).abs() <= CAUGHT_UP_WITHIN;
     if !cached.follows_etcd() || !near(cached.cache.position().revision) {
         return false;
     }
     let mut changed = served.changed.subscribe();
-    let reached = tokio::time::timeout(CACHE_CATCH_UP, async {
+    let reached = tokio::time::timeout(*wait, async {
         while cached.cache.position().revision < received {
             if changed.changed().await.is_err() {
                 return false;
@@ -960,6 +969,9 @@ async fn cache_serves(served: &Served, slice: usize, epoch: u64, received: i64) 
         true
     })
     .await;
+    if reached.is_err() {
+        *wait = Duration::ZERO;
+    }
     matches!(reached, Ok(true))
         && near(cached.cache.position().revision)
         && cached.cache.serves_from(received + 1, epoch)
