@@ -164,11 +164,7 @@ async fn a_watcher_that_does_not_read_holds_no_one_back_and_etcd_catches_it_up()
             .expect("stream")
             .expect("open");
         assert!(!r.canceled() && !r.created(), "{r:?}");
-        heard_more.extend(
-            r.events()
-                .iter()
-                .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
-        );
+        heard_more.extend(event_revisions(&r));
     }
     assert_eq!(
         heard_more, more,
@@ -1079,11 +1075,15 @@ async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
             let snapshot = stalled.maintenance_client().snapshot().await;
             snapshots.push(snapshot.expect("a snapshot"));
         }
-        let forwarded = tokio::time::timeout(
-            Duration::from_secs(10),
-            other.kv_client().put(format!("{q}small"), "v", None),
-        )
-        .await;
+        // Another client's forwarded put, within 10 s.
+        let neighbour_put = || {
+            let (other, key) = (other.clone(), format!("{q}small"));
+            async move {
+                let mut kv = other.kv_client();
+                tokio::time::timeout(Duration::from_secs(10), kv.put(key, "v", None)).await
+            }
+        };
+        let forwarded = neighbour_put().await;
         assert!(
             matches!(forwarded, Ok(Ok(_))),
             "{way}: another client's put beside unread snapshots: {forwarded:?}",
@@ -1096,11 +1096,7 @@ async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
                     .await
                     .expect("a 1 MiB put to etcd");
             }
-            let forwarded = tokio::time::timeout(
-                Duration::from_secs(10),
-                other.kv_client().put(format!("{q}small"), "v", None),
-            )
-            .await;
+            let forwarded = neighbour_put().await;
             assert!(
                 matches!(forwarded, Ok(Ok(_))),
                 "{way}, round {round}: another client's put, after {} MiB its neighbour never \

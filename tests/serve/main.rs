@@ -319,14 +319,17 @@ async fn until_taken_back(
                 .expect("the watch hears the write")
                 .expect("stream")
                 .expect("open");
-            let heard: Vec<i64> = r
-                .events()
-                .iter()
-                .filter_map(|e| e.kv())
-                .map(|kv| kv.mod_revision())
-                .collect();
-            assert_eq!(heard, [written], "{r:?}");
+            assert_eq!(event_revisions(&r), [written], "{r:?}");
         }
         poll.tick().await;
     }
+}
+
+/// The `mod_revision`s of a watch response's events, in order.
+fn event_revisions(r: &etcd_client::WatchResponse) -> Vec<i64> {
+    r.events()
+        .iter()
+        .filter_map(|e| e.kv())
+        .map(|kv| kv.mod_revision())
+        .collect()
 }

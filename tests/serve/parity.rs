@@ -272,23 +272,12 @@ async fn a_revision_below_the_history_is_answered_as_etcd_answers_it() {
     while heard.last() != Some(&latest) {
         let r = next_response("a watch from below the history", &mut responses).await;
         assert!(!r.canceled(), "{r:?}");
-        heard.extend(
-            r.events()
-                .iter()
-                .filter_map(|e| e.kv())
-                .map(|kv| kv.mod_revision()),
-        );
+        heard.extend(event_revisions(&r));
     }
     until_taken_back(&server, &client, &format!("{p}a"), &mut responses, 1).await;
     let next = put(&client, &format!("{p}a"), "4").await;
     let r = next_response("the watch back in the cache", &mut responses).await;
-    let revisions: Vec<i64> = r
-        .events()
-        .iter()
-        .filter_map(|e| e.kv())
-        .map(|kv| kv.mod_revision())
-        .collect();
-    assert_eq!(revisions, [next], "{r:?}");
+    assert_eq!(event_revisions(&r), [next], "{r:?}");
     let direct = read_at(&client, &p, early).await;
     assert_eq!(
         direct.as_deref(),
