@@ -165,7 +165,9 @@ pub struct CacheServerOptions {
     pub progress_interval: Duration,
     /// The largest request a client may send (default 2 MiB: etcd's `--max-request-bytes`,
     /// 1.5 MiB, plus its gRPC allowance of 512 KiB). A larger one is refused before it is
-    /// read whole, as etcd refuses it; raise it with the upstream's own limit.
+    /// read whole, as etcd refuses it; raise it with the upstream's own limit. It is also the
+    /// size at which a response to a watch created with `fragment` is split, as etcd splits
+    /// one at the same limit.
     pub max_request_bytes: usize,
     /// How long etcd's answer on whether a client may read a range is used for reads and
     /// watches from the cache, from when it was asked (default 5 s): a permission revoked in
@@ -529,6 +531,7 @@ impl CacheServer {
                 progress_interval: options
                     .progress_interval
                     .clamp(Duration::from_millis(1), LONGEST_WAIT),
+                fragment_bytes: options.max_request_bytes,
             })
             .max_decoding_message_size(options.max_request_bytes)
             .max_encoding_message_size(usize::MAX),

@@ -25,6 +25,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::codec::Streaming;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::{Request, Response, Status};
+use tonic_prost::prost::Message;
 use tracing::Instrument;
 
 use super::cache::{in_range, Position, RevisionError};
@@ -46,12 +47,16 @@ const WATCH_PATH: &str = "/etcdserverpb.Watch/Watch";
 // etcd's WatchCreateRequest.FilterType.
 const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
+// WatchResponse's `events` field number.
+const EVENTS_FIELD: u32 = 11;
 
 /// The Watch service.
 pub(crate) struct WatchService {
     pub(crate) served: Arc<Served>,
     /// How often a watch created with `progress_notify` hears of the revision when idle.
     pub(crate) progress_interval: Duration,
+    /// The size at which a response to a watch created with `fragment` is split.
+    pub(crate) fragment_bytes: usize,
 }
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<PbWatchResponse, Status>> + Send>>;
@@ -94,6 +99,7 @@ impl PbWatchService for WatchService {
             caught_up,
             caught_up_rx,
             forwards: 0,
+            fragment_bytes: self.fragment_bytes,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
@@ -165,6 +171,8 @@ struct Session {
     caught_up_rx: mpsc::UnboundedReceiver<CaughtUp>,
     /// The last [`Forwarded::seq`] given.
     forwards: u64,
+    /// See [`WatchService::fragment_bytes`].
+    fragment_bytes: usize,
 }
 
 /// What a progress answer waits for: each cached watch to reach the revision the cache had
@@ -727,6 +735,7 @@ impl Session {
             }
         }
         watch.next = if full { last + 1 } else { upto.max(last) + 1 };
+        let fragment = watch.fragment;
         if events.is_empty() {
             return None;
         }
@@ -738,7 +747,15 @@ impl Session {
             events,
             ..Default::default()
         };
-        Some((response, applied))
+        if !fragment {
+            return Some((response, applied));
+        }
+        // The rest go before anything else the stream sends: `control` is empty, or this
+        // would not have been asked for.
+        let mut fragments = fragments(response, self.fragment_bytes).into_iter();
+        let first = fragments.next()?;
+        self.control.extend(fragments);
+        Some((first, applied))
     }
 
     /// Forwards a watch on its own upstream stream, relaying its responses under the id `id`.
@@ -997,6 +1014,40 @@ async fn replayable(served: &Served, slice: usize, start: i64) -> bool {
             true
         }
     }
+}
+
+/// `response` split as etcd splits a response to a watch created with `fragment`: when it is
+/// `limit` bytes or more and holds two events or more, into responses under `limit` bytes
+/// (one event alone may exceed it), each with the same header, all but the last marked
+/// `fragment`. The client joins them again.
+fn fragments(mut response: PbWatchResponse, limit: usize) -> Vec<PbWatchResponse> {
+    if response.events.len() < 2 || response.encoded_len() < limit {
+        return vec![response];
+    }
+    let events = std::mem::take(&mut response.events);
+    response.fragment = true;
+    let base = response.encoded_len();
+    let mut out: Vec<PbWatchResponse> = Vec::new();
+    let mut size = base;
+    for event in events {
+        let len = tonic_prost::prost::encoding::message::encoded_len(EVENTS_FIELD, &event);
+        match out.last_mut() {
+            Some(current) if current.events.is_empty() || size + len < limit => {
+                current.events.push(event);
+                size += len;
+            }
+            _ => {
+                let mut next = response.clone();
+                next.events.push(event);
+                out.push(next);
+                size = base + len;
+            }
+        }
+    }
+    if let Some(last) = out.last_mut() {
+        last.fragment = false;
+    }
+    out
 }
 
 /// Whether a request asks for a leader (etcd's `hasleader` metadata, clientv3's

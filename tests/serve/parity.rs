@@ -3,7 +3,7 @@
 //! a catch-up through unmatched revisions; item 10: duplicate watch ids and empty ranges; item 1:
 //! a revision below the history; item 2: a compaction made straight on etcd; item 10 too: a
 //! forwarded watch's id, an upstream failure of one forwarded watch, durations too long for a
-//! clock).
+//! clock; a large response to a watch that asked for fragments).
 
 use super::*;
 
@@ -639,4 +639,70 @@ async fn a_progress_answer_is_not_held_back_by_a_quiet_forwarded_watch() {
             "{name}: progress at {revision}, below the stream's last event at {last}"
         );
     }
+}
+
+/// Item 10 too: a response larger than etcd's request limit, to a watch created with
+/// `fragment`, comes in etcd's fragments: here a delete of four keys of 600 KB each, watched
+/// with their previous values (2.4 MB, where etcd splits at 2 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_response_to_a_fragmenting_watch_comes_in_etcds_fragments() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_fragment");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let value = "v".repeat(600_000);
+    let mut shapes = Vec::new();
+    for (name, target) in [("etcd", &client), ("the cache server", &via)] {
+        let dir = format!("{p}{}/", name.replace(' ', "_"));
+        let mut last = 0;
+        for i in 0..4 {
+            last = put(&client, &format!("{dir}{i}"), &value).await;
+        }
+        // Served from the cache, which must hold the values the deletes take away.
+        caught_up(&server, last).await;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_fragment();
+        let (_requests, mut responses) = target
+            .watch_client()
+            .watch(dir.as_str(), Some(options))
+            .await
+            .expect("watch")
+            .split();
+        assert!(next_response(name, &mut responses).await.created());
+        let deleted = client
+            .kv_client()
+            .delete(
+                dir.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("delete")
+            .header()
+            .expect("header")
+            .revision();
+        let mut shape = Vec::new();
+        loop {
+            let r = next_response(name, &mut responses).await;
+            for e in r.events() {
+                let prev = e.prev_kv().map_or(0, |kv| kv.value().len());
+                let revision = e.kv().map_or(0, |kv| kv.mod_revision());
+                assert_eq!((revision, prev), (deleted, value.len()), "{name}: {e:?}");
+            }
+            shape.push((r.0.fragment, r.events().len()));
+            if !r.0.fragment {
+                break;
+            }
+        }
+        shapes.push(shape);
+    }
+    assert_eq!(shapes[0], [(true, 3), (false, 1)], "etcd's fragments");
+    assert_eq!(
+        shapes[1], shapes[0],
+        "the cache server's fragments, against etcd's"
+    );
 }
