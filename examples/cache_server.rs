@@ -50,16 +50,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => None,
     };
-    // Forwarded requests reach etcd with etcdctl's TLS variables too (ETCDCTL_CACERT...).
+    // Forwarded requests reach etcd with etcdctl's TLS variables too (ETCDCTL_CACERT...), and
+    // watches that fall out of the history run as ETCDCTL_USER, the server's own user.
+    let config = ConnectConfig::from_env()?;
     let upstream_tls = match std::env::var_os("ETCD_ENDPOINTS") {
-        Some(_) => ConnectConfig::from_env()?.tls_options(),
+        Some(_) => config.tls_options(),
         None => None,
     };
     let trust = std::env::args().any(|a| a == "--trust-clients-as-server");
-    let options = CacheServerOptions::default()
+    let mut options = CacheServerOptions::default()
         .with_tls(tls)
         .with_upstream_tls(upstream_tls)
         .with_trust_clients_as_server(trust);
+    if let Some((name, password)) = config.credentials() {
+        options = options.with_upstream_user(name, password);
+    }
     // Several prefixes, comma-separated, each get their own cache.
     let mut prefixes = prefix.split(',');
     let mut server = CacheServer::new(client, endpoints, prefixes.next().unwrap_or_default());

@@ -169,6 +169,14 @@ impl ConnectConfig {
         self
     }
 
+    /// The etcd user and password given ([`user`](Self::user), `ETCDCTL_USER`), for a part
+    /// that authenticates on its own (the cache server's `upstream_user`).
+    pub fn credentials(&self) -> Option<(&str, &str)> {
+        self.user
+            .as_ref()
+            .map(|(name, password)| (name.as_str(), password.as_str()))
+    }
+
     /// The endpoints.
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints

@@ -130,15 +130,18 @@ impl Upstream {
         Err(Status::permission_denied(TOKENLESS_REFUSED))
     }
 
-    /// A request to the upstream with `message` and the client's credentials from `from`, if
-    /// [admitted](Self::admit).
+    /// A request to the upstream with `message` and the credentials in `from`, if
+    /// [admitted](Self::admit) (always, when it runs as the server).
     fn request<M>(
         &self,
         from: &tonic::metadata::MetadataMap,
         message: M,
         path: &str,
+        runs_as: RunsAs,
     ) -> Result<Request<M>, Status> {
-        self.admit(from, path)?;
+        if runs_as == RunsAs::Client {
+            self.admit(from, path)?;
+        }
         let mut request = Request::new(message);
         for name in FORWARDED_METADATA {
             if let Some(value) = from.get(name) {
@@ -159,7 +162,7 @@ impl Upstream {
         A: Message + Default + Send + Sync + 'static,
     {
         let (metadata, _, message) = request.into_parts();
-        let request = self.request(&metadata, message, path)?;
+        let request = self.request(&metadata, message, path, RunsAs::Client)?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         grpc.ready()
@@ -178,10 +181,11 @@ impl Upstream {
         answer
     }
 
-    /// Opens a bidirectional stream to `path` with the client's credentials.
+    /// Opens a bidirectional stream to `path` with the credentials in `metadata`.
     pub(crate) async fn streaming<S, Q, A>(
         &self,
         metadata: &tonic::metadata::MetadataMap,
+        runs_as: RunsAs,
         requests: S,
         path: http::uri::PathAndQuery,
     ) -> Result<Response<Streaming<A>>, Status>
@@ -190,7 +194,7 @@ impl Upstream {
         Q: Message + Send + Sync + 'static,
         A: Message + Default + Send + Sync + 'static,
     {
-        let request = self.request(metadata, requests, path.path())?;
+        let request = self.request(metadata, requests, path.path(), runs_as)?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         grpc.ready()
@@ -208,7 +212,7 @@ impl Upstream {
         let (metadata, _, messages) = request.into_parts();
         // A client's error mid-stream ends what is forwarded; the upstream sees the end.
         let messages = messages.map_while(Result::ok);
-        let request = self.request(&metadata, messages, path.path())?;
+        let request = self.request(&metadata, messages, path.path(), RunsAs::Client)?;
         let mut grpc =
             tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         grpc.ready()
@@ -339,6 +343,17 @@ server with --trust-clients-as-server if every client that can reach it may act 
 #[cfg(feature = "tls")]
 pub(crate) fn carries_identity(tls: &etcd_client::TlsOptions) -> bool {
     !format!("{tls:?}").contains("identity: None")
+}
+
+/// Whose credentials a forwarded request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunsAs {
+    /// The client's: one without a token is admitted only where token-less requests are
+    /// forwarded ([`Tokenless`]).
+    Client,
+    /// The server's own identity (a watch moved out of the history, see
+    /// [`OwnIdentity`](super::served::OwnIdentity)): admitted as it is.
+    Server,
 }
 
 /// Messages as bytes, neither decoded nor encoded: what a pass-through needs.

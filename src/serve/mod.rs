@@ -76,7 +76,7 @@ use self::forward::{
 use self::header::Headers;
 use self::health::Health as HealthService;
 use self::kv::{KvFront, KvService};
-use self::served::{Served, Slice, ACCESS_TTL};
+use self::served::{OwnIdentity, Served, Slice, ACCESS_TTL};
 use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
 use self::watch::WatchService;
@@ -208,6 +208,31 @@ pub struct CacheServerOptions {
     /// How long [`RunningServer::shutdown`] waits for clients to leave (default 10 s): see
     /// there.
     pub drain_timeout: Duration,
+    /// The etcd user the server's own client authenticates as (default none), for the server
+    /// to run a watch that falls out of its history as itself when it forwards it to etcd:
+    /// etcd checks a watch's permission once, when it is created, and the token the client
+    /// created it with may have expired since. Without it, such a watch is forwarded with its
+    /// client's token, or, when the upstream channel carries a client certificate, as that
+    /// certificate's user.
+    pub upstream_user: Option<UpstreamUser>,
+}
+
+/// An etcd user and password (see [`CacheServerOptions::upstream_user`]); its `Debug` does
+/// not show the password.
+#[derive(Clone)]
+pub struct UpstreamUser {
+    /// The user's name.
+    pub name: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for UpstreamUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamUser")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The server's TLS: its certificate and key, and for mutual TLS the CA whose certificates
@@ -241,6 +266,7 @@ impl Default for CacheServerOptions {
             upstream_tls: None,
             trust_clients_as_server: false,
             drain_timeout: Duration::from_secs(10),
+            upstream_user: None,
         }
     }
 }
@@ -315,6 +341,19 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_trust_clients_as_server(mut self, trust: bool) -> Self {
         self.trust_clients_as_server = trust;
+        self
+    }
+
+    /// Sets [`upstream_user`](Self::upstream_user).
+    pub fn with_upstream_user(
+        mut self,
+        name: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.upstream_user = Some(UpstreamUser {
+            name: name.into(),
+            password: password.into(),
+        });
         self
     }
 
@@ -485,6 +524,7 @@ impl CacheServer {
             read_timeout: options.read_timeout.min(LONGEST_WAIT),
             metrics,
             draining: tokio::sync::watch::channel(false).0,
+            own_identity: own_identity(&options),
         });
         tasks.push(tokio::spawn(
             sample_metrics(served.clone(), prefix_text.clone())
@@ -731,6 +771,23 @@ impl Drop for RunningServer {
         for task in &self.tasks {
             task.abort();
         }
+    }
+}
+
+/// Who a watch moved out of the history runs as (see [`OwnIdentity`]).
+fn own_identity(options: &CacheServerOptions) -> OwnIdentity {
+    #[cfg(feature = "tls")]
+    let certificate = (options.upstream_tls.as_ref()).is_some_and(forward::carries_identity);
+    #[cfg(not(feature = "tls"))]
+    let certificate = false;
+    match &options.upstream_user {
+        Some(user) => OwnIdentity::User {
+            name: user.name.clone(),
+            password: user.password.clone(),
+            token: Default::default(),
+        },
+        None if certificate => OwnIdentity::Certificate,
+        None => OwnIdentity::ClientsToken,
     }
 }
 

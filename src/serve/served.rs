@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tonic::{Code, Request, Status};
 
 use super::cache::ServedCache;
-use super::forward::Upstream;
+use super::forward::{RunsAs, Upstream};
 use super::header::Headers;
 use super::stats::ServerMetrics;
 use crate::informer::audit::AuditCounts;
@@ -175,6 +175,86 @@ pub(crate) struct Served {
     ///
     /// [`RunningServer::shutdown`]: super::RunningServer::shutdown
     pub(crate) draining: watch::Sender<bool>,
+    /// Who a watch moved out of the history runs as in etcd.
+    pub(crate) own_identity: OwnIdentity,
+}
+
+/// The server's own identity in etcd, as far as its forwarded requests can carry it: what a
+/// watch it serves runs as once it falls out of the history and is forwarded. etcd checks a
+/// watch's permission once, when it is created, and the server checked it then with the
+/// client's token; that token may have expired since (simple tokens and JWTs do, 5 minutes
+/// by default), so the rest of the watch runs as the server, which reads the whole prefix.
+pub(crate) enum OwnIdentity {
+    /// Nothing known: a moved watch keeps its client's token.
+    ClientsToken,
+    /// The client certificate of the upstream channel: a moved watch goes without a token,
+    /// and etcd runs it as that certificate's common name.
+    Certificate,
+    /// A user and password: a moved watch goes with the server's own token.
+    User {
+        name: String,
+        password: String,
+        /// The last token etcd gave, and when.
+        token: tokio::sync::Mutex<Option<(tonic::metadata::AsciiMetadataValue, Instant)>>,
+    },
+}
+
+/// How long the server's own token is used for further moved watches before it asks for
+/// another: a burst of watches moved at once asks once, and a token this young has not
+/// expired (etcd's shortest TTL is a second).
+const OWN_TOKEN_REUSE: Duration = Duration::from_millis(500);
+
+impl OwnIdentity {
+    /// The metadata a watch moved out of the history is forwarded with, and whose it is: the
+    /// client's, with its token replaced by the server's identity when the server has one.
+    /// If etcd gives the server's user no token (auth is off), the client's token is kept.
+    pub(crate) async fn moved_watch_metadata(
+        &self,
+        client: &Client,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> (tonic::metadata::MetadataMap, RunsAs) {
+        let mut moved = metadata.clone();
+        match self {
+            OwnIdentity::ClientsToken => (moved, RunsAs::Client),
+            OwnIdentity::Certificate => {
+                moved.remove("token");
+                (moved, RunsAs::Server)
+            }
+            OwnIdentity::User {
+                name,
+                password,
+                token,
+            } => {
+                let mut token = token.lock().await;
+                let fresh = match &*token {
+                    Some((value, at)) if at.elapsed() < OWN_TOKEN_REUSE => Some(value.clone()),
+                    _ => None,
+                };
+                let value = match fresh {
+                    Some(value) => Some(value),
+                    None => match client
+                        .auth_client()
+                        .authenticate(name.clone(), password.clone())
+                        .await
+                    {
+                        Ok(answer) => answer.token().parse().ok(),
+                        Err(error) => {
+                            tracing::debug!(user = %name, %error, "no token for the server's own user (is auth off?): a watch moved out of the history keeps its client's token");
+                            None
+                        }
+                    },
+                };
+                match value {
+                    Some(value) => {
+                        *token = Some((value.clone(), Instant::now()));
+                        moved.insert("token", value);
+                        (moved, RunsAs::Server)
+                    }
+                    None => (moved, RunsAs::Client),
+                }
+            }
+        }
+    }
 }
 
 /// How long etcd's answer that it holds a revision stands for later questions: compaction only

@@ -29,7 +29,7 @@ use tonic_prost::prost::Message;
 use tracing::Instrument;
 
 use super::cache::{in_range, Position, RevisionError};
-use super::forward::{OwnUpstream, TOKENLESS_REFUSED};
+use super::forward::{OwnUpstream, RunsAs, TOKENLESS_REFUSED};
 use super::served::Served;
 
 /// Responses waiting for the client, per stream. Past it the session waits: a client that
@@ -798,10 +798,20 @@ impl Session {
         let task = tokio::spawn(
             async move {
                 let _ = requests.send(create).await;
+                // etcd checked the client's access when the watch was created; what is left
+                // of it runs as the server (the client's token may have expired).
+                let (metadata, runs_as) = if announced {
+                    (served.own_identity)
+                        .moved_watch_metadata(&served.client, &metadata)
+                        .await
+                } else {
+                    (metadata, RunsAs::Client)
+                };
                 let path = PathAndQuery::from_static(WATCH_PATH);
                 let opened = upstream
                     .streaming::<_, PbWatchRequest, PbWatchResponse>(
                         &metadata,
+                        runs_as,
                         ReceiverStream::new(rx),
                         path,
                     )

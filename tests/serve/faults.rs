@@ -1132,3 +1132,90 @@ async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
     }
     server.shutdown().await;
 }
+
+/// A watch that falls out of the history after its stream's token expired goes on, as it goes
+/// on straight on etcd, which checks a watch's permission once, when it is created: the
+/// server forwards the rest of it as its own user (`upstream_user`), not with the client's
+/// expired token (simple tokens, here with a TTL of 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_moved_out_of_the_history_outlives_its_clients_token() {
+    use etcd_informer::testing::etcd::ServerOptions;
+    let options = ServerOptions::default().with_extra_args(vec!["--auth-token-ttl=1".into()]);
+    let etcd = EtcdServer::start_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd (set ETCD_BIN or put etcd on PATH): {e}"));
+    let p = "/registry/moved/";
+    let admin = etcd.client().await;
+    let mut auth = admin.auth_client();
+    auth.user_add("root", "rootpw", None).await.expect("root");
+    auth.user_grant_role("root", "root").await.expect("root");
+    auth.role_add("reader").await.expect("role");
+    auth.role_grant_permission("reader", etcd_client::Permission::read(p).with_prefix())
+        .await
+        .expect("grant");
+    auth.user_add("reader", "readerpw", None)
+        .await
+        .expect("reader");
+    auth.user_grant_role("reader", "reader")
+        .await
+        .expect("grant");
+    auth.auth_enable().await.expect("auth enable");
+    let as_user = |name: &str, password: &str, endpoint: String| {
+        let options = etcd_client::ConnectOptions::new().with_user(name, password);
+        async move {
+            Client::connect([endpoint], Some(options))
+                .await
+                .expect("connect")
+        }
+    };
+    let root = as_user("root", "rootpw", etcd.endpoint()).await;
+    let options = CacheServerOptions::default()
+        .with_history_revisions(20)
+        .with_upstream_user("root", "rootpw");
+    let server = start_server_with(&root, etcd.endpoints(), p, options).await;
+    let value = "x".repeat(64 * 1024);
+    for (name, endpoint) in [
+        ("etcd", etcd.endpoint()),
+        ("the cache server", server.local_addr().to_string()),
+    ] {
+        let reader = as_user("reader", "readerpw", endpoint).await;
+        let (_requests, mut responses) = reader
+            .watch_client()
+            .max_decoding_message_size(64 << 20)
+            .watch(p, Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch")
+            .split();
+        assert!(next_response(name, &mut responses).await.created());
+        // More than the client's buffers and the server's 20 revisions of history hold,
+        // while the client reads nothing.
+        let mut written = Vec::new();
+        for i in 0..200 {
+            written.push(put(&root, &format!("{p}k{}", i % 10), &value).await);
+        }
+        caught_up(&server, *written.last().expect("writes")).await;
+        // The reader's token expires unused (TTL 1 s): a new request with it is refused.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let refused = outcome(reader.kv_client().get(p, None).await);
+        assert!(
+            refused.contains("invalid auth token"),
+            "{name}: the test needs an expired token: {refused}"
+        );
+        let mut delivered = Vec::new();
+        while delivered.len() < written.len() {
+            let r = next_response(name, &mut responses).await;
+            assert!(!r.canceled(), "{name}: cancelled: {r:?}");
+            delivered.extend(
+                r.events()
+                    .iter()
+                    .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
+            );
+        }
+        assert_eq!(delivered, written, "{name}: every revision once, in order");
+    }
+    assert_eq!(
+        server.stats().slow_watches_forwarded,
+        1,
+        "the watch fell out of the history"
+    );
+}

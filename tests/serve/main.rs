@@ -281,6 +281,18 @@ fn outcome<T: std::fmt::Debug>(result: Result<T, etcd_client::Error>) -> String 
     }
 }
 
+/// The next response of a watch stream.
+async fn next_response(
+    name: &str,
+    responses: &mut etcd_client::WatchResponseStream,
+) -> etcd_client::WatchResponse {
+    tokio::time::timeout(WITHIN, responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no answer"))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .unwrap_or_else(|| panic!("{name}: the stream ended"))
+}
+
 /// Waits until the server's cache reaches `revision`.
 async fn caught_up(server: &RunningServer, revision: i64) {
     eventually(

@@ -92,18 +92,6 @@ async fn a_catch_up_through_many_unmatched_revisions_does_not_stall() {
     }
 }
 
-/// The next response of a watch stream.
-async fn next_response(
-    name: &str,
-    responses: &mut etcd_client::WatchResponseStream,
-) -> etcd_client::WatchResponse {
-    tokio::time::timeout(WITHIN, responses.message())
-        .await
-        .unwrap_or_else(|_| panic!("{name}: no answer"))
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .unwrap_or_else(|| panic!("{name}: the stream ended"))
-}
-
 /// The fields a client reads of a refused create: (watch id, created, cancelled, reason).
 async fn refusal(
     name: &str,
