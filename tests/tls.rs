@@ -75,6 +75,11 @@ struct TlsEtcd {
 
 impl TlsEtcd {
     async fn start(client_cert_auth: bool) -> Self {
+        Self::start_with(client_cert_auth, &[]).await
+    }
+
+    /// [`Self::start`] with `extra` arguments for etcd.
+    async fn start_with(client_cert_auth: bool, extra: &[&str]) -> Self {
         let ca = Authority::new("etcd-informer test CA");
         let (cert, key) = ca.issue(ExtendedKeyUsagePurpose::ServerAuth);
         let dir = tempfile::tempdir().unwrap();
@@ -108,6 +113,7 @@ impl TlsEtcd {
             args.push(format!("--trusted-ca-file={ca_file}"));
             args.push("--client-cert-auth".to_string());
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         // The same etcd as the rest of the suite (ETCD_BIN), so TLS is tested on each version.
         let bin =
             etcd_informer::testing::etcd::find_etcd_binary().unwrap_or_else(|e| panic!("{e}"));
@@ -375,7 +381,12 @@ mod access {
     /// anything, `limited` (`limpw`, or CN=limited) may read `/public/` only. Returns it and a
     /// client authenticated by its CN=root certificate alone, as the issue's server is.
     async fn auth_etcd() -> (TlsEtcd, Client) {
-        let etcd = TlsEtcd::start(true).await;
+        auth_etcd_with(&[]).await
+    }
+
+    /// [`auth_etcd`] with `extra` arguments for etcd.
+    async fn auth_etcd_with(extra: &[&str]) -> (TlsEtcd, Client) {
+        let etcd = TlsEtcd::start_with(true, extra).await;
         let config = etcd.config_as("root");
         let mut root = connect(&config).await;
         root.user_add("root", "rootpw", None).await.unwrap();
@@ -778,5 +789,85 @@ mod access {
                 etcd.signal(libc::SIGCONT);
             }
         }
+    }
+
+    /// A watch that falls out of the history after its client's token expired goes on, as on
+    /// etcd, which checks a watch once: the server forwards the rest of it as its own
+    /// certificate's user (CN=root), with no token, not as its client's expired token.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_moved_out_of_the_history_runs_as_the_servers_certificate() {
+        let (etcd, root) = auth_etcd_with(&["--auth-token-ttl=1"]).await;
+        let mut auth = root.auth_client();
+        auth.role_add("secret-reader").await.unwrap();
+        auth.role_grant_permission("secret-reader", Permission::read("/secret/").with_prefix())
+            .await
+            .unwrap();
+        auth.user_add("reader", "readerpw", None).await.unwrap();
+        auth.user_grant_role("reader", "secret-reader")
+            .await
+            .unwrap();
+        let options = CacheServerOptions::default().with_history_revisions(20);
+        let server = cache_server(&etcd, &root, false, options).await;
+        let reader = Client::connect(
+            [server.local_addr().to_string()],
+            Some(etcd_client::ConnectOptions::new().with_user("reader", "readerpw")),
+        )
+        .await
+        .expect("reader through the server");
+        let (_requests, mut responses) = reader
+            .watch_client()
+            .max_decoding_message_size(64 << 20)
+            .watch("/secret/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch")
+            .split();
+        async fn next(
+            responses: &mut etcd_client::WatchResponseStream,
+        ) -> etcd_client::WatchResponse {
+            tokio::time::timeout(Duration::from_secs(20), responses.message())
+                .await
+                .expect("an answer")
+                .expect("the stream")
+                .expect("open")
+        }
+        assert!(next(&mut responses).await.created());
+        // Rounds of more than the 20 revisions of history, each unread, until the watch falls
+        // out of the history (what the stream buffers varies: see the same test in serve).
+        let value = "x".repeat(64 * 1024);
+        let (mut written, mut delivered) = (Vec::new(), Vec::new());
+        let mut kv = root.kv_client();
+        for round in 0.. {
+            for i in 0..200 {
+                let put = kv.put(format!("/secret/k{}", i % 10), value.as_str(), None);
+                written.push(put.await.unwrap().header().unwrap().revision());
+            }
+            let last = *written.last().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while server.stats().revision < last {
+                assert!(Instant::now() < deadline, "the cache reaches {last}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The reader's token expires unused (TTL 1 s): a new request with it is refused.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let refused = reader.kv_client().get("/secret/a", None).await;
+            assert!(
+                refused.is_err(),
+                "the test needs an expired token: {refused:?}"
+            );
+            while delivered.len() < written.len() {
+                let r = next(&mut responses).await;
+                assert!(!r.canceled(), "cancelled: {r:?}");
+                delivered.extend(
+                    r.events()
+                        .iter()
+                        .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
+                );
+            }
+            if server.stats().slow_watches_forwarded == 1 {
+                break;
+            }
+            assert!(round < 4, "the watch never fell out of the history");
+        }
+        assert_eq!(delivered, written, "every revision once, in order");
     }
 }
