@@ -36,16 +36,16 @@
 //! | `etcd_informer_shards_held` | gauge | `runner`, `member` | a sharded runner's replica gains or gives up a shard |
 //! | `etcd_informer_shard_handoffs_total` | counter | `runner`, `member`, `direction` (acquired, released, lost) | a shard changes hands: taken over, handed over after its reconciles ended, or dropped with the lease |
 //! | `etcd_informer_shard_handoff_seconds` | histogram | `runner`, `member`, `direction` (acquired, released) | a shard changes hands: from when this replica was assigned it (acquired) or told to give it up (released) until its owner record says so |
-//! | `etcd_informer_server_watch_streams` | gauge | `prefix` | a cache server's open watch streams (sampled every second) |
-//! | `etcd_informer_server_watches` | gauge | `prefix` | watches a cache server serves from its cache (sampled every second) |
-//! | `etcd_informer_server_events_sent_total` | counter | `prefix` | events a cache server sent to its watches (sampled every second) |
-//! | `etcd_informer_server_slow_watch_forwards_total` | counter | `prefix` | watches forwarded to etcd because the history no longer reached back to them (sampled every second) |
-//! | `etcd_informer_server_watches_taken_back_total` | counter | `prefix` | forwarded watches (slow ones, or created below the history) served from the cache again once etcd had caught them up (sampled every second) |
-//! | `etcd_informer_server_ranges_total` | counter | `prefix` | Ranges a cache server answered from its cache (sampled every second) |
-//! | `etcd_informer_server_forwarded_total` | counter | `prefix` | requests a cache server forwarded to etcd, passed-through Lease, Maintenance and Auth calls not counted (sampled every second) |
-//! | `etcd_informer_server_history_revisions` | gauge | `prefix` | revisions of history a cache server keeps (sampled every second) |
-//! | `etcd_informer_server_history_bytes` | gauge | `prefix` | bytes of history a cache server keeps (sampled every second) |
-//! | `etcd_informer_server_seconds_since_proven_fresh` | gauge | `prefix` | seconds since a cache server's list and watch last proved its cache fresh (sampled every second) |
+//! | `etcd_informer_server_watch_streams` | gauge | `prefix` (the server's prefixes, comma-separated) | a cache server's open watch streams (sampled every second) |
+//! | `etcd_informer_server_watches` | gauge | `prefix` (one served prefix) | watches a cache server serves from its cache (sampled every second) |
+//! | `etcd_informer_server_events_sent_total` | counter | `prefix` (one served prefix) | events a cache server sent to its watches (sampled every second) |
+//! | `etcd_informer_server_slow_watch_forwards_total` | counter | `prefix` (one served prefix) | watches forwarded to etcd because the history no longer reached back to them (sampled every second) |
+//! | `etcd_informer_server_watches_taken_back_total` | counter | `prefix` (one served prefix) | forwarded watches (slow ones, or created below the history) served from the cache again once etcd had caught them up (sampled every second) |
+//! | `etcd_informer_server_ranges_total` | counter | `prefix` (one served prefix) | Ranges a cache server answered from its cache (sampled every second) |
+//! | `etcd_informer_server_forwarded_total` | counter | `prefix` (the server's prefixes, comma-separated) | requests a cache server forwarded to etcd, passed-through Lease, Maintenance and Auth calls not counted (sampled every second) |
+//! | `etcd_informer_server_history_revisions` | gauge | `prefix` (one served prefix) | revisions of history a cache server keeps (sampled every second) |
+//! | `etcd_informer_server_history_bytes` | gauge | `prefix` (one served prefix) | bytes of history a cache server keeps (sampled every second) |
+//! | `etcd_informer_server_seconds_since_proven_fresh` | gauge | `prefix` (one served prefix) | seconds since a cache server's list and watch last proved its cache fresh (sampled every second) |
 //!
 //! Work-queue metrics are client-go's (`workqueue_*`), labelled by the queue's name; a
 //! [`Runner`](crate::runner::Runner)'s queue is named after the runner. Handlers are named
@@ -629,17 +629,23 @@ impl ShardMetrics {
     }
 }
 
-/// A cache server's metrics (`serve`), sampled from its counters.
+/// A cache server's metrics (`serve`), sampled from its counters: the server's own, labelled
+/// with its prefixes (comma-separated), and each served prefix's, labelled with that prefix.
 #[cfg(feature = "server")]
-#[derive(Clone)]
 pub(crate) struct ServerMetricHandles {
     streams: Gauge,
+    forwarded: Counter,
+    prefixes: Vec<PrefixMetricHandles>,
+}
+
+/// One served prefix's metrics.
+#[cfg(feature = "server")]
+struct PrefixMetricHandles {
     watches: Gauge,
     events: Counter,
     slow: Counter,
     taken_back: Counter,
     ranges: Counter,
-    forwarded: Counter,
     history_revisions: Gauge,
     history_bytes: Gauge,
     since_proven_fresh: Gauge,
@@ -668,42 +674,66 @@ impl ServerStage {
 
 #[cfg(feature = "server")]
 impl ServerMetricHandles {
-    pub(crate) fn new(prefix: &str) -> Self {
-        let _ = prefix;
+    /// The handles of a server of `prefixes`, registered now (with the recorder of this
+    /// thread, if it has its own).
+    pub(crate) fn new(prefixes: &[String]) -> Self {
+        let all = prefixes.join(",");
+        let _ = &all;
         ServerMetricHandles {
-            streams: handle!(gauge, "etcd_informer_server_watch_streams", "prefix" => prefix.to_owned()),
+            streams: handle!(gauge, "etcd_informer_server_watch_streams", "prefix" => all.clone()),
+            forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => all),
+            prefixes: prefixes
+                .iter()
+                .map(|p| PrefixMetricHandles::new(p))
+                .collect(),
+        }
+    }
+
+    /// Records the server's own counts: its open watch streams and its forwarded requests.
+    pub(crate) fn sample(&self, streams: u64, forwarded: u64) {
+        self.streams.set(streams as f64);
+        self.forwarded.absolute(forwarded);
+    }
+
+    /// Records the counts of the `i`th prefix: (watches, events, slow, taken_back, ranges),
+    /// its history's (revisions, bytes), and the seconds since its cache was proven fresh.
+    pub(crate) fn sample_prefix(
+        &self,
+        i: usize,
+        counts: [u64; 5],
+        history: (usize, usize),
+        since_proven_fresh: Option<f64>,
+    ) {
+        let Some(p) = self.prefixes.get(i) else {
+            return;
+        };
+        let [watches, events, slow, taken_back, ranges] = counts;
+        p.watches.set(watches as f64);
+        p.events.absolute(events);
+        p.slow.absolute(slow);
+        p.taken_back.absolute(taken_back);
+        p.ranges.absolute(ranges);
+        p.history_revisions.set(history.0 as f64);
+        p.history_bytes.set(history.1 as f64);
+        if let Some(seconds) = since_proven_fresh {
+            p.since_proven_fresh.set(seconds);
+        }
+    }
+}
+
+#[cfg(feature = "server")]
+impl PrefixMetricHandles {
+    fn new(prefix: &str) -> Self {
+        let _ = prefix;
+        PrefixMetricHandles {
             watches: handle!(gauge, "etcd_informer_server_watches", "prefix" => prefix.to_owned()),
             events: handle!(counter, "etcd_informer_server_events_sent_total", "prefix" => prefix.to_owned()),
             slow: handle!(counter, "etcd_informer_server_slow_watch_forwards_total", "prefix" => prefix.to_owned()),
             taken_back: handle!(counter, "etcd_informer_server_watches_taken_back_total", "prefix" => prefix.to_owned()),
             ranges: handle!(counter, "etcd_informer_server_ranges_total", "prefix" => prefix.to_owned()),
-            forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => prefix.to_owned()),
             history_revisions: handle!(gauge, "etcd_informer_server_history_revisions", "prefix" => prefix.to_owned()),
             history_bytes: handle!(gauge, "etcd_informer_server_history_bytes", "prefix" => prefix.to_owned()),
             since_proven_fresh: handle!(gauge, "etcd_informer_server_seconds_since_proven_fresh", "prefix" => prefix.to_owned()),
-        }
-    }
-
-    /// Records one sample: (streams, watches, events, slow, taken_back, ranges, forwarded), the
-    /// history's (revisions, bytes), and the seconds since the cache was proven fresh.
-    pub(crate) fn sample(
-        &self,
-        counts: [u64; 7],
-        history: (usize, usize),
-        since_proven_fresh: Option<f64>,
-    ) {
-        let [streams, watches, events, slow, taken_back, ranges, forwarded] = counts;
-        self.streams.set(streams as f64);
-        self.watches.set(watches as f64);
-        self.events.absolute(events);
-        self.slow.absolute(slow);
-        self.taken_back.absolute(taken_back);
-        self.ranges.absolute(ranges);
-        self.forwarded.absolute(forwarded);
-        self.history_revisions.set(history.0 as f64);
-        self.history_bytes.set(history.1 as f64);
-        if let Some(seconds) = since_proven_fresh {
-            self.since_proven_fresh.set(seconds);
         }
     }
 }

@@ -170,3 +170,89 @@ async fn the_cache_server_times_its_responses_to_each_watcher() {
     );
     server.shutdown().await;
 }
+
+/// A cache server's metrics of what its cache serves carry each served prefix as their own
+/// series: a range of one prefix and a watch of the other count each under its own prefix.
+#[cfg(feature = "server")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_server_counts_each_prefix_in_its_own_series() {
+    use etcd_client::WatchOptions;
+    let etcd = etcd_informer::testing::etcd::test_etcd()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = etcd.client().await;
+    let ranged = unique_prefix("server_prefix_ranged");
+    let watched = unique_prefix("server_prefix_watched");
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    // The handles are registered as the server binds, on this thread.
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let server =
+        etcd_informer::serve::CacheServer::new(client.clone(), etcd.endpoints.clone(), &*ranged)
+            .with_prefix(watched.as_str())
+            .bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("the cache server binds");
+    server.ready(Duration::from_secs(30)).await.expect("ready");
+    let via = etcd_informer::connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the server");
+    for _ in 0..3 {
+        via.kv_client()
+            .get(
+                ranged.as_str(),
+                Some(etcd_client::GetOptions::new().with_serializable()),
+            )
+            .await
+            .expect("a read through the server");
+    }
+    let (_watcher, mut stream) = via
+        .watch_client()
+        .watch(watched.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch through the server")
+        .split();
+    let created = stream.message().await.expect("stream").expect("created");
+    assert!(created.created());
+    client
+        .kv_client()
+        .put(format!("{watched}k"), "v", None)
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the event")
+        .expect("stream")
+        .expect("a response");
+    assert_eq!(event.events().len(), 1);
+    let series = |name: &str, prefix: &str| format!(r#"{name}{{prefix="{prefix}"}}"#);
+    // Sampled every second.
+    let want = [
+        (series("etcd_informer_server_ranges_total", &ranged), 3.0),
+        (series("etcd_informer_server_ranges_total", &watched), 0.0),
+        (series("etcd_informer_server_watches", &watched), 1.0),
+        (series("etcd_informer_server_watches", &ranged), 0.0),
+        (
+            series("etcd_informer_server_events_sent_total", &watched),
+            1.0,
+        ),
+        (
+            series("etcd_informer_server_events_sent_total", &ranged),
+            0.0,
+        ),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rendered = handle.render();
+        let got: Vec<Option<f64>> = want.iter().map(|(s, _)| value(&rendered, s)).collect();
+        if want.iter().zip(&got).all(|((_, w), g)| *g == Some(*w)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "per-prefix series {want:?}, got {got:?} in {rendered}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.shutdown().await;
+}

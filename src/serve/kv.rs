@@ -177,7 +177,7 @@ pub(crate) async fn range(
         Counted::Found(found) => answer(&r, found),
         Counted::Count(count) => (Vec::new(), false, count),
     };
-    served.metrics.ranged();
+    slice.counts.ranged();
     Ok(RangeAnswer::Cached {
         header: served.headers.header(revision.max(proven_at)),
         kvs,

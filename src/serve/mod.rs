@@ -77,8 +77,8 @@ use self::header::Headers;
 use self::health::Health as HealthService;
 use self::kv::{KvFront, KvService};
 use self::served::{OwnIdentity, Served, Slice, ACCESS_TTL};
-use self::stats::ServerMetrics;
 pub use self::stats::ServerStats;
+use self::stats::{PrefixSample, ServerMetrics};
 use self::watch::WatchService;
 use crate::codec::RawCodec;
 use crate::informer::audit::{AuditCounts, Audited};
@@ -526,8 +526,14 @@ impl CacheServer {
             draining: tokio::sync::watch::channel(false).0,
             own_identity: own_identity(&options),
         });
+        // Registered here, on the caller's thread (where a thread-local recorder would be).
+        let handles = ServerMetricHandles::new(
+            &(self.prefixes.iter())
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect::<Vec<_>>(),
+        );
         tasks.push(tokio::spawn(
-            sample_metrics(served.clone(), prefix_text.clone())
+            sample_metrics(served.clone(), handles)
                 .instrument(tracing::info_span!("cache_server_metrics", prefix = %prefix_text)),
         ));
         tasks.push(tokio::spawn(
@@ -855,9 +861,23 @@ fn stats_of(served: &Served) -> ServerStats {
         .slices
         .iter()
         .any(|s| s.incomplete.load(Ordering::Relaxed));
-    let mut stats = served
-        .metrics
-        .stats(served.revision(), keys, (revisions, bytes), incomplete);
+    let mut prefixes = PrefixSample::default();
+    for slice in &served.slices {
+        let s = slice.counts.sample();
+        prefixes.watches += s.watches;
+        prefixes.events_sent += s.events_sent;
+        prefixes.slow_forwarded += s.slow_forwarded;
+        prefixes.taken_back += s.taken_back;
+        prefixes.ranges += s.ranges;
+        prefixes.proofs += s.proofs;
+    }
+    let mut stats = served.metrics.stats(
+        served.revision(),
+        keys,
+        (revisions, bytes),
+        incomplete,
+        prefixes,
+    );
     for slice in &served.slices {
         let audits = slice.audits.get();
         stats.audits.completed += audits.completed;
@@ -868,9 +888,8 @@ fn stats_of(served: &Served) -> ServerStats {
     stats
 }
 
-/// Samples the server's counters into the crate's metrics every second.
-async fn sample_metrics(served: Arc<Served>, prefix: String) {
-    let handles = ServerMetricHandles::new(&prefix);
+/// Samples the server's counters into the crate's metrics (`handles`) every second.
+async fn sample_metrics(served: Arc<Served>, handles: ServerMetricHandles) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut refused = vec![false; served.slices.len()];
     loop {
@@ -894,25 +913,22 @@ async fn sample_metrics(served: Arc<Served>, prefix: String) {
             served.changed.send_modify(|n| *n = n.wrapping_add(1));
         }
         let stats = stats_of(&served);
-        // The stalest of the caches.
-        let since_proven_fresh = served
-            .slices
-            .iter()
-            .filter_map(|s| s.reflected.health().seconds_since_proven_fresh())
-            .reduce(f64::max);
-        handles.sample(
-            [
-                stats.watch_streams,
-                stats.watches,
-                stats.events_sent,
-                stats.slow_watches_forwarded,
-                stats.watches_taken_back,
-                stats.ranges_from_cache,
-                stats.forwarded,
-            ],
-            (stats.history_revisions, stats.history_bytes),
-            since_proven_fresh,
-        );
+        handles.sample(stats.watch_streams, stats.forwarded);
+        for (i, slice) in served.slices.iter().enumerate() {
+            let s = slice.counts.sample();
+            handles.sample_prefix(
+                i,
+                [
+                    s.watches,
+                    s.events_sent,
+                    s.slow_forwarded,
+                    s.taken_back,
+                    s.ranges,
+                ],
+                slice.cache.history_size(),
+                slice.reflected.health().seconds_since_proven_fresh(),
+            );
+        }
     }
 }
 
@@ -974,6 +990,7 @@ fn start_slice(
         incomplete,
         audits,
         proof: std::sync::Mutex::new(None),
+        counts: Default::default(),
     };
     Ok((slice, run))
 }

@@ -15,7 +15,7 @@ use tonic::{Code, Request, Status};
 use super::cache::ServedCache;
 use super::forward::{RunsAs, Upstream};
 use super::header::Headers;
-use super::stats::ServerMetrics;
+use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
 use crate::lock;
 use crate::reflector::RevisionHandle;
@@ -35,6 +35,8 @@ pub(crate) struct Slice {
     pub(crate) audits: Arc<AuditCounts>,
     /// The consistent-read proof under way, which reads that arrive meanwhile share.
     pub(crate) proof: Mutex<Option<Arc<Proof>>>,
+    /// What the server did with this prefix (its own metric series).
+    pub(crate) counts: PrefixCounts,
 }
 
 /// One consistent-read proof: that the cache's content at revision `since` (`len` keys) is
@@ -473,7 +475,7 @@ impl Served {
                 }
             }
         };
-        self.metrics.proved();
+        slice.counts.proved();
         let proven = matches!(self.prove(slice, since, len, target).await, Ok(true));
         if let Some(proving) = proving {
             proving

@@ -55,17 +55,66 @@ pub struct ServerStats {
     pub audits: AuditHealth,
 }
 
+/// What the whole server counts.
 #[derive(Default)]
 struct Counters {
     streams: AtomicI64,
+    forwarded: AtomicU64,
+    client_upstreams: AtomicI64,
+}
+
+/// What one served prefix counts: summed into [`ServerStats`], and sampled into the prefix's
+/// own metric series.
+#[derive(Default)]
+pub(crate) struct PrefixCounts {
     watches: AtomicI64,
     events_sent: AtomicU64,
     slow_forwarded: AtomicU64,
     taken_back: AtomicU64,
     ranges: AtomicU64,
-    forwarded: AtomicU64,
     proofs: AtomicU64,
-    client_upstreams: AtomicI64,
+}
+
+/// [`PrefixCounts`] read at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PrefixSample {
+    pub(crate) watches: u64,
+    pub(crate) events_sent: u64,
+    pub(crate) slow_forwarded: u64,
+    pub(crate) taken_back: u64,
+    pub(crate) ranges: u64,
+    pub(crate) proofs: u64,
+}
+
+impl PrefixCounts {
+    pub(crate) fn watches(&self, delta: i64) {
+        self.watches.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub(crate) fn sent(&self, events: usize) {
+        self.events_sent.fetch_add(events as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn ranged(&self) {
+        self.ranges.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn slow_forwarded(&self) {
+        self.slow_forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn taken_back(&self) {
+        self.taken_back.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn proved(&self) {
+        self.proofs.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn sample(&self) -> PrefixSample {
+        PrefixSample {
+            watches: self.watches.load(Ordering::Relaxed).max(0) as u64,
+            events_sent: self.events_sent.load(Ordering::Relaxed),
+            slow_forwarded: self.slow_forwarded.load(Ordering::Relaxed),
+            taken_back: self.taken_back.load(Ordering::Relaxed),
+            ranges: self.ranges.load(Ordering::Relaxed),
+            proofs: self.proofs.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The server's counters, shared by its services.
@@ -87,41 +136,23 @@ impl ServerMetrics {
         tracing::trace!(method, "forwarded");
         self.0.forwarded.fetch_add(1, Ordering::Relaxed);
     }
-    pub(crate) fn ranged(&self) {
-        self.0.ranges.fetch_add(1, Ordering::Relaxed);
-    }
     pub(crate) fn session(&self, delta: i64) {
         self.0.streams.fetch_add(delta, Ordering::Relaxed);
-    }
-    pub(crate) fn watches(&self, delta: i64) {
-        self.0.watches.fetch_add(delta, Ordering::Relaxed);
-    }
-    pub(crate) fn sent(&self, events: usize) {
-        self.0
-            .events_sent
-            .fetch_add(events as u64, Ordering::Relaxed);
     }
     pub(crate) fn client_upstreams(&self, delta: i64) {
         self.0.client_upstreams.fetch_add(delta, Ordering::Relaxed);
     }
-    pub(crate) fn taken_back(&self) {
-        self.0.taken_back.fetch_add(1, Ordering::Relaxed);
-    }
-    pub(crate) fn slow_forwarded(&self) {
-        self.0.slow_forwarded.fetch_add(1, Ordering::Relaxed);
-    }
-    pub(crate) fn proved(&self) {
-        self.0.proofs.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 impl ServerMetrics {
+    /// The server's stats, its prefixes' counts summed in `prefixes`.
     pub(crate) fn stats(
         &self,
         revision: i64,
         keys: usize,
         history: (usize, usize),
         forwarding_all: bool,
+        prefixes: PrefixSample,
     ) -> ServerStats {
         let m = &self.0;
         ServerStats {
@@ -130,13 +161,13 @@ impl ServerMetrics {
             history_revisions: history.0,
             history_bytes: history.1,
             watch_streams: m.streams.load(Ordering::Relaxed).max(0) as u64,
-            watches: m.watches.load(Ordering::Relaxed).max(0) as u64,
-            events_sent: m.events_sent.load(Ordering::Relaxed),
-            slow_watches_forwarded: m.slow_forwarded.load(Ordering::Relaxed),
-            watches_taken_back: m.taken_back.load(Ordering::Relaxed),
-            ranges_from_cache: m.ranges.load(Ordering::Relaxed),
+            watches: prefixes.watches,
+            events_sent: prefixes.events_sent,
+            slow_watches_forwarded: prefixes.slow_forwarded,
+            watches_taken_back: prefixes.taken_back,
+            ranges_from_cache: prefixes.ranges,
             forwarded: m.forwarded.load(Ordering::Relaxed),
-            proofs: m.proofs.load(Ordering::Relaxed),
+            proofs: prefixes.proofs,
             client_upstreams: m.client_upstreams.load(Ordering::Relaxed).max(0) as u64,
             forwarding_all,
             audits: AuditHealth::default(),

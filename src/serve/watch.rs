@@ -234,7 +234,9 @@ impl Drop for Session {
         for forwarded in self.forwarded.values() {
             forwarded.task.abort();
         }
-        self.served.metrics.watches(-(self.watches.len() as i64));
+        for watch in self.watches.values() {
+            self.served.slices[watch.slice].counts.watches(-1);
+        }
     }
 }
 
@@ -385,8 +387,8 @@ impl Session {
             }
             Some(PbWatchRequestUnion::CancelRequest(cancel)) => {
                 let id = cancel.watch_id;
-                let known = if self.watches.remove(&id).is_some() {
-                    self.served.metrics.watches(-1);
+                let known = if let Some(watch) = self.watches.remove(&id) {
+                    self.served.slices[watch.slice].counts.watches(-1);
                     true
                 } else if let Some(forwarded) = self.forwarded.remove(&id) {
                     // etcd keeps the id of a watch it cancelled itself (compacted) until the
@@ -514,9 +516,9 @@ impl Session {
         };
         let position = self.served.slices[watch.slice].cache.position();
         tracing::debug!(id, from = watch.next, "watch created");
+        self.served.slices[watch.slice].counts.watches(1);
         self.watches.insert(id, watch);
         self.maybe_behind = true;
-        self.served.metrics.watches(1);
         self.control.push_back(PbWatchResponse {
             header: self.header(position.revision),
             watch_id: id,
@@ -638,7 +640,7 @@ impl Session {
             if let Some(why) = stopped {
                 // The client watches again, and that watch is forwarded to etcd.
                 self.watches.remove(&id);
-                self.served.metrics.watches(-1);
+                slice.counts.watches(-1);
                 let cancel = PbWatchResponse {
                     header: self.header(position.revision),
                     watch_id: id,
@@ -673,6 +675,7 @@ impl Session {
         let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
         let cache = &served.slices[watch.slice].cache;
+        let counts = &served.slices[watch.slice].counts;
         let (groups, upto) =
             match cache.groups_from(watch.next, watch.epoch, MAX_REVISIONS_PER_RESPONSE) {
                 Ok(found) => found,
@@ -682,8 +685,8 @@ impl Session {
                     // too): it catches the watch up from where the client is.
                     tracing::info!(id, from = watch.next, "watch behind the history forwarded");
                     let watch = self.watches.remove(&id)?;
-                    self.served.metrics.watches(-1);
-                    self.served.metrics.slow_forwarded();
+                    counts.watches(-1);
+                    counts.slow_forwarded();
                     let mut create = PbWatchRequestUnion::CreateRequest(Default::default());
                     if let PbWatchRequestUnion::CreateRequest(create) = &mut create {
                         create.key = watch.key.clone();
@@ -707,7 +710,7 @@ impl Session {
                     // The store was replaced: the client lists again.
                     tracing::info!(id, from = watch.next, "watch of a replaced store cancelled");
                     self.watches.remove(&id);
-                    self.served.metrics.watches(-1);
+                    counts.watches(-1);
                     let cancel = PbWatchResponse {
                         header: self.header(cache.position().revision),
                         watch_id: id,
@@ -739,7 +742,7 @@ impl Session {
         if events.is_empty() {
             return None;
         }
-        self.served.metrics.sent(events.len());
+        counts.sent(events.len());
         let header_revision = if full { last } else { upto.max(last) };
         let response = PbWatchResponse {
             header: self.header(header_revision),
@@ -961,9 +964,10 @@ impl Session {
         };
         task.abort();
         watch.next = next;
+        let counts = &self.served.slices[watch.slice].counts;
+        counts.watches(1);
+        counts.taken_back();
         self.watches.insert(id, watch);
-        self.served.metrics.watches(1);
-        self.served.metrics.taken_back();
         self.maybe_behind = true;
     }
 }
