@@ -52,17 +52,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     // Forwarded requests reach etcd with etcdctl's TLS variables too (ETCDCTL_CACERT...), and
     // watches that fall out of the history run as ETCDCTL_USER, the server's own user.
-    let config = ConnectConfig::from_env()?;
-    let upstream_tls = match std::env::var_os("ETCD_ENDPOINTS") {
-        Some(_) => config.tls_options(),
+    let config = match std::env::var_os("ETCD_ENDPOINTS") {
+        Some(_) => Some(ConnectConfig::from_env()?),
         None => None,
     };
+    let upstream_tls = config.as_ref().and_then(ConnectConfig::tls_options);
     let trust = std::env::args().any(|a| a == "--trust-clients-as-server");
     let mut options = CacheServerOptions::default()
         .with_tls(tls)
         .with_upstream_tls(upstream_tls)
         .with_trust_clients_as_server(trust);
-    if let Some((name, password)) = config.credentials() {
+    if let Some((name, password)) = config.as_ref().and_then(ConnectConfig::credentials) {
         options = options.with_upstream_user(name, password);
     }
     // Several prefixes, comma-separated, each get their own cache.

@@ -10,6 +10,7 @@ use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
 use etcd_client::{Client, GetOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic::metadata::AsciiMetadataValue;
 use tonic::{Code, Request, Status};
 
 use super::cache::ServedCache;
@@ -196,8 +197,9 @@ pub(crate) enum OwnIdentity {
     User {
         name: String,
         password: String,
-        /// The last token etcd gave, and when.
-        token: tokio::sync::Mutex<Option<(tonic::metadata::AsciiMetadataValue, Instant)>>,
+        /// etcd's last answer to the server's login, and when it was asked: a token, or none
+        /// (auth is off, or etcd refused or did not answer).
+        token: tokio::sync::Mutex<Option<(Option<AsciiMetadataValue>, Instant)>>,
     },
 }
 
@@ -205,57 +207,76 @@ pub(crate) enum OwnIdentity {
 /// another: a burst of watches moved at once asks once, and a token this young has not
 /// expired (etcd's shortest TTL is a second).
 const OWN_TOKEN_REUSE: Duration = Duration::from_millis(500);
+/// How long a login that gave no token is not tried again.
+const NO_TOKEN_REMEMBERED: Duration = Duration::from_secs(5);
+/// How long the server's login may take.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl OwnIdentity {
     /// The metadata a watch moved out of the history is forwarded with, and whose it is: the
-    /// client's, with its token replaced by the server's identity when the server has one.
-    /// If etcd gives the server's user no token (auth is off), the client's token is kept.
+    /// client's, with its credentials replaced by the server's identity when the server has
+    /// one. Without a token for the server's user (auth is off, or etcd refused it), the
+    /// client's token is kept.
     pub(crate) async fn moved_watch_metadata(
         &self,
         client: &Client,
         metadata: &tonic::metadata::MetadataMap,
     ) -> (tonic::metadata::MetadataMap, RunsAs) {
         let mut moved = metadata.clone();
-        match self {
-            OwnIdentity::ClientsToken => (moved, RunsAs::Client),
-            OwnIdentity::Certificate => {
-                moved.remove("token");
-                (moved, RunsAs::Server)
-            }
+        let token = match self {
+            OwnIdentity::ClientsToken => return (moved, RunsAs::Client),
+            OwnIdentity::Certificate => None,
             OwnIdentity::User {
                 name,
                 password,
                 token,
             } => {
-                let mut token = token.lock().await;
-                let fresh = match &*token {
-                    Some((value, at)) if at.elapsed() < OWN_TOKEN_REUSE => Some(value.clone()),
+                let mut last = token.lock().await;
+                let reuse = match &*last {
+                    Some((Some(value), at)) if at.elapsed() < OWN_TOKEN_REUSE => Some(value),
+                    Some((None, at)) if at.elapsed() < NO_TOKEN_REMEMBERED => {
+                        return (moved, RunsAs::Client)
+                    }
                     _ => None,
                 };
-                let value = match fresh {
-                    Some(value) => Some(value),
-                    None => match client
-                        .auth_client()
-                        .authenticate(name.clone(), password.clone())
-                        .await
-                    {
-                        Ok(answer) => answer.token().parse().ok(),
-                        Err(error) => {
-                            tracing::debug!(user = %name, %error, "no token for the server's own user (is auth off?): a watch moved out of the history keeps its client's token");
-                            None
+                let value = match reuse {
+                    Some(value) => value.clone(),
+                    None => {
+                        let mut login = client.auth_client();
+                        let asked = Instant::now();
+                        let answer = tokio::time::timeout(
+                            LOGIN_TIMEOUT,
+                            login.authenticate(name.clone(), password.clone()),
+                        )
+                        .await;
+                        let value = match answer {
+                            Ok(Ok(answer)) => answer.token().parse().ok(),
+                            Ok(Err(error)) if error.to_string().contains("not enabled") => None,
+                            Ok(Err(error)) => {
+                                tracing::warn!(user = %name, %error, "etcd refused the server's own user: a watch moved out of the history keeps its client's token");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::warn!(user = %name, "etcd did not answer the server's login: a watch moved out of the history keeps its client's token");
+                                None
+                            }
+                        };
+                        *last = Some((value.clone(), asked));
+                        match value {
+                            Some(value) => value,
+                            None => return (moved, RunsAs::Client),
                         }
-                    },
-                };
-                match value {
-                    Some(value) => {
-                        *token = Some((value.clone(), Instant::now()));
-                        moved.insert("token", value);
-                        (moved, RunsAs::Server)
                     }
-                    None => (moved, RunsAs::Client),
-                }
+                };
+                Some(value)
             }
+        };
+        moved.remove("token");
+        moved.remove("authorization");
+        if let Some(token) = token {
+            moved.insert("token", token);
         }
+        (moved, RunsAs::Server)
     }
 }
 

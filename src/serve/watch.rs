@@ -32,7 +32,40 @@ use super::cache::{in_range, Position, RevisionError};
 use super::forward::{OwnUpstream, RunsAs, TOKENLESS_REFUSED};
 use super::served::Served;
 
-/// Responses waiting for the client, per stream. Past it the session waits: a client that
+/// What a session hands its client's stream: responses that go out back to back (one, or
+/// the fragments of one), or the end of the stream.
+type Group = Result<Vec<PbWatchResponse>, Status>;
+
+/// The client's side of a session: its groups, one response at a time. A group is one item of
+/// the channel, so the fragments of a response never have another watch's response between
+/// them, as etcd's one send loop never does (a client joins fragments of one watch id only).
+struct Outgoing {
+    rx: mpsc::Receiver<Group>,
+    group: VecDeque<PbWatchResponse>,
+}
+
+impl Stream for Outgoing {
+    type Item = Result<PbWatchResponse, Status>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(response) = this.group.pop_front() {
+                return std::task::Poll::Ready(Some(Ok(response)));
+            }
+            match std::task::ready!(this.rx.poll_recv(cx)) {
+                Some(Ok(group)) => this.group.extend(group),
+                Some(Err(status)) => return std::task::Poll::Ready(Some(Err(status))),
+                None => return std::task::Poll::Ready(None),
+            }
+        }
+    }
+}
+
+/// Groups of responses waiting for the client, per stream. Past it the session waits: a client that
 /// does not read stalls only itself.
 const STREAM_BUFFER: usize = 16;
 /// Control responses (created, canceled, progress) waiting for the client, per stream. Past
@@ -112,7 +145,10 @@ impl PbWatchService for WatchService {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(Outgoing {
+            rx,
+            group: Default::default(),
+        })))
     }
 }
 
@@ -138,7 +174,7 @@ struct Session {
     metadata: tonic::metadata::MetadataMap,
     /// The client connection's own upstream connection, for its forwarded watches.
     own_upstream: Option<OwnUpstream>,
-    tx: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    tx: mpsc::Sender<Group>,
     watches: BTreeMap<i64, Watch>,
     /// Watches forwarded to the upstream.
     forwarded: BTreeMap<i64, Forwarded>,
@@ -292,8 +328,8 @@ impl Session {
                 }
                 permit = tx.reserve(), if work => match permit {
                     Ok(permit) => {
-                        if let Some((response, applied)) = self.next_response() {
-                            permit.send(Ok(response));
+                        if let Some((group, applied)) = self.next_response() {
+                            permit.send(Ok(group));
                             if let Some(applied) = applied {
                                 self.served.metrics.response_sent(applied);
                             }
@@ -609,9 +645,9 @@ impl Session {
     /// next watch (in turn) that is behind the cache. Watches with nothing that matches move
     /// on; a whole round without a response clears `maybe_behind` until the cache moves again,
     /// unless a watch read a batch of revisions with nothing for it and has more to read.
-    fn next_response(&mut self) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
+    fn next_response(&mut self) -> Option<(Vec<PbWatchResponse>, Option<std::time::Instant>)> {
         if let Some(response) = self.control.pop_front() {
-            return Some((response, None));
+            return Some((vec![response], None));
         }
         let mut still_behind = false;
         for _ in 0..self.watches.len() {
@@ -650,7 +686,7 @@ impl Session {
                     ),
                     ..Default::default()
                 };
-                return Some((cancel, None));
+                return Some((vec![cancel], None));
             }
             if behind {
                 if let Some(found) = self.catch_up(id) {
@@ -671,7 +707,7 @@ impl Session {
     /// The events owed to watch `id`, as one response (whole revisions only). A watch the
     /// history no longer reaches back to is forwarded from its position, or cancelled when
     /// the store it watched was replaced.
-    fn catch_up(&mut self, id: i64) -> Option<(PbWatchResponse, Option<std::time::Instant>)> {
+    fn catch_up(&mut self, id: i64) -> Option<(Vec<PbWatchResponse>, Option<std::time::Instant>)> {
         let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
         let cache = &served.slices[watch.slice].cache;
@@ -718,7 +754,7 @@ impl Session {
                         compact_revision,
                         ..Default::default()
                     };
-                    return Some((cancel, None));
+                    return Some((vec![cancel], None));
                 }
             };
         let full = groups.len() == MAX_REVISIONS_PER_RESPONSE;
@@ -751,14 +787,9 @@ impl Session {
             ..Default::default()
         };
         if !fragment {
-            return Some((response, applied));
+            return Some((vec![response], applied));
         }
-        // The rest go before anything else the stream sends: `control` is empty, or this
-        // would not have been asked for.
-        let mut fragments = fragments(response, self.fragment_bytes).into_iter();
-        let first = fragments.next()?;
-        self.control.extend(fragments);
-        Some((first, applied))
+        Some((fragments(response, self.fragment_bytes), applied))
     }
 
     /// Forwards a watch on its own upstream stream, relaying its responses under the id `id`.
@@ -822,7 +853,7 @@ impl Session {
                 // An upstream failure cancels this watch alone, as etcd cancels one watch of a
                 // stream: the client's other watches go on.
                 let cancel = |created: bool, status: Status| {
-                    Ok(PbWatchResponse {
+                    Ok(vec![PbWatchResponse {
                         header: Some(served.headers.header(served.revision())),
                         watch_id: id,
                         created,
@@ -833,7 +864,7 @@ impl Session {
                             status.message()
                         ),
                         ..Default::default()
-                    })
+                    }])
                 };
                 let mut responses = match opened {
                     Ok(responses) => responses.into_inner(),
@@ -843,6 +874,7 @@ impl Session {
                     }
                 };
                 let mut created = announced;
+                let mut fragments = Vec::new();
                 let mut wait = CACHE_CATCH_UP;
                 // etcd's revision when it created the watch: the end of its catch-up.
                 let mut created_at = i64::MAX;
@@ -897,7 +929,13 @@ impl Session {
                                 None if !response.created && !canceled => Some(now),
                                 None => None,
                             };
-                            if tx.send(Ok(response)).await.is_err() {
+                            // A response's fragments go to the client back to back.
+                            let whole = !response.fragment;
+                            fragments.push(response);
+                            if !whole {
+                                continue;
+                            }
+                            if tx.send(Ok(std::mem::take(&mut fragments))).await.is_err() {
                                 return;
                             }
                             if let Some(received) = received {

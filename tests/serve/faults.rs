@@ -1136,11 +1136,13 @@ async fn a_client_that_never_reads_its_forwarded_watches_stalls_no_one_else() {
 /// A watch that falls out of the history after its stream's token expired goes on, as it goes
 /// on straight on etcd, which checks a watch's permission once, when it is created: the
 /// server forwards the rest of it as its own user (`upstream_user`), not with the client's
-/// expired token (simple tokens, here with a TTL of 1 s).
+/// expired token (simple tokens, here with a TTL of 2 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_moved_out_of_the_history_outlives_its_clients_token() {
     use etcd_informer::testing::etcd::ServerOptions;
-    let options = ServerOptions::default().with_extra_args(vec!["--auth-token-ttl=1".into()]);
+    // Tokens last 2 s unused: the server's own watch stream, which probes itself after 1 s of
+    // silence, keeps its token; the reader's, unused, expires.
+    let options = ServerOptions::default().with_extra_args(vec!["--auth-token-ttl=2".into()]);
     let etcd = EtcdServer::start_with(options)
         .await
         .unwrap_or_else(|e| panic!("cannot start etcd (set ETCD_BIN or put etcd on PATH): {e}"));
@@ -1161,7 +1163,8 @@ async fn a_watch_moved_out_of_the_history_outlives_its_clients_token() {
         .expect("grant");
     auth.auth_enable().await.expect("auth enable");
     let as_user = |name: &str, password: &str, endpoint: String| {
-        // Tokens last a second here: the writer and the server's own client get new ones.
+        // Tokens expire within seconds here: the writer and the server's own client get new
+        // ones.
         let options = etcd_client::ConnectOptions::new()
             .with_user(name, password)
             .with_auto_token_refresh(name == "root");
@@ -1173,7 +1176,7 @@ async fn a_watch_moved_out_of_the_history_outlives_its_clients_token() {
     };
     let root = as_user("root", "rootpw", etcd.endpoint()).await;
     let options = CacheServerOptions::default()
-        .with_history_revisions(20)
+        .with_history_bytes(256 << 10)
         .with_upstream_user("root", "rootpw");
     let server = start_server_with(&root, etcd.endpoints(), p, options).await;
     let value = "x".repeat(64 * 1024);
@@ -1190,35 +1193,35 @@ async fn a_watch_moved_out_of_the_history_outlives_its_clients_token() {
             .expect("watch")
             .split();
         assert!(next_response(name, &mut responses).await.created());
-        // Rounds of more than the server's 20 revisions of history, each while the client
-        // reads nothing, until the watch falls out of the history: a session that lags the
-        // cache sends many revisions per response, so what its stream buffers varies.
-        let (mut written, mut delivered) = (Vec::new(), Vec::new());
-        for round in 0.. {
-            for i in 0..200 {
-                written.push(put(&root, &format!("{p}k{}", i % 10), &value).await);
-            }
-            caught_up(&server, *written.last().expect("writes")).await;
-            // The reader's token expires unused (TTL 1 s): a new request with it is refused.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let refused = outcome(reader.kv_client().get(p, None).await);
-            assert!(
-                refused.contains("invalid auth token"),
-                "{name}: the test needs an expired token: {refused}"
+        // The reader's token expires unused (TTL 2 s): a new request with it is refused.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let refused = outcome(reader.kv_client().get(p, None).await);
+        assert!(
+            refused.contains("invalid auth token"),
+            "{name}: the test needs an expired token: {refused}"
+        );
+        // Then 12.8 MB while the client reads nothing: more than its stream's buffers take
+        // (2 MiB of window, 16 responses), and responses that batch revisions past the
+        // history's 256 KiB put the watch out of it at once.
+        let moved = server.stats().slow_watches_forwarded;
+        let mut written = Vec::new();
+        for i in 0..200 {
+            written.push(put(&root, &format!("{p}k{}", i % 10), &value).await);
+        }
+        caught_up(&server, *written.last().expect("writes")).await;
+        let mut delivered = Vec::new();
+        while delivered.len() < written.len() {
+            let r = next_response(name, &mut responses).await;
+            assert!(!r.canceled(), "{name}: cancelled: {r:?}");
+            delivered.extend(
+                r.events()
+                    .iter()
+                    .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
             );
-            while delivered.len() < written.len() {
-                let r = next_response(name, &mut responses).await;
-                assert!(!r.canceled(), "{name}: cancelled: {r:?}");
-                delivered.extend(
-                    r.events()
-                        .iter()
-                        .filter_map(|e| e.kv().map(|kv| kv.mod_revision())),
-                );
-            }
-            if name == "etcd" || server.stats().slow_watches_forwarded == 1 {
-                break;
-            }
-            assert!(round < 4, "the watch never fell out of the history");
+        }
+        if name != "etcd" {
+            let now = server.stats().slow_watches_forwarded;
+            assert!(now > moved, "the watch never fell out of the history");
         }
         assert_eq!(delivered, written, "{name}: every revision once, in order");
     }
