@@ -991,6 +991,7 @@ fn start_slice(
         audits,
         proof: std::sync::Mutex::new(None),
         counts: Default::default(),
+        refused_since: Default::default(),
     };
     Ok((slice, run))
 }

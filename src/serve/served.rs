@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
 use etcd_client::{Client, GetOptions};
@@ -38,6 +38,8 @@ pub(crate) struct Slice {
     pub(crate) proof: Mutex<Option<Arc<Proof>>>,
     /// What the server did with this prefix (its own metric series).
     pub(crate) counts: PrefixCounts,
+    /// When a refusal a renewed token may end was first seen (see [`RENEWABLE`]).
+    pub(crate) refused_since: Mutex<Option<SystemTime>>,
 }
 
 /// One consistent-read proof: that the cache's content at revision `since` (`len` keys) is
@@ -93,6 +95,46 @@ const REFUSALS: [&str; 5] = [
     "etcdserver: authentication failed",
 ];
 
+/// Refusals a renewed token may end: etcd forgets simple tokens after their TTL and when it
+/// restarts, JWTs expire, and etcd answers a watch with a forgotten token "invalid auth token"
+/// (3.4) or "permission denied" (3.5). The reflector authenticates again before it retries
+/// (`TokenRenewal`), so these stand only once a later attempt is refused too, with nothing
+/// proving the cache fresh in between.
+const RENEWABLE: [&str; 2] = [
+    "etcdserver: invalid auth token",
+    "etcdserver: permission denied",
+];
+
+/// The refusal in `health` that stands (see [`Slice::refused`]), given `first`: when the
+/// renewable refusal that may be retried was first seen (kept by the caller).
+fn refusal(health: crate::Health, first: &mut Option<SystemTime>) -> Option<String> {
+    let (error, at) = match health.last_error {
+        Some((error, at)) if !health.connected => (error, at),
+        _ => {
+            *first = None;
+            return None;
+        }
+    };
+    if !REFUSALS.iter().any(|refusal| error.contains(refusal)) {
+        *first = None;
+        return None;
+    }
+    if !RENEWABLE.iter().any(|renewable| error.contains(renewable)) {
+        return Some(error);
+    }
+    match *first {
+        // Refused again since, and never proven fresh in between.
+        Some(since) if at > since && health.proven_fresh_at.is_none_or(|p| p < since) => {
+            Some(error)
+        }
+        Some(since) if health.proven_fresh_at.is_none_or(|p| p < since) => None,
+        _ => {
+            *first = Some(at);
+            None
+        }
+    }
+}
+
 impl Slice {
     /// Whether etcd's range `[key, end)` lies within the prefix, and the cache has listed and
     /// holds every key of it, and still follows etcd (not [refused](Self::refused)).
@@ -129,15 +171,7 @@ impl Slice {
     /// kind (etcd unreachable, a watch broken) is retried with the cache still served, as a
     /// member cut off from its cluster still answers serializable reads.
     pub(crate) fn refused(&self) -> Option<String> {
-        let health = self.reflected.health();
-        if health.connected {
-            return None;
-        }
-        let (error, _) = health.last_error?;
-        REFUSALS
-            .iter()
-            .any(|refusal| error.contains(refusal))
-            .then_some(error)
+        refusal(self.reflected.health(), &mut lock(&self.refused_since))
     }
 
     /// Listed, and its watch connected and proven fresh within the source's liveness bound.
@@ -625,3 +659,55 @@ fn is_refusal(status: &Status) -> bool {
 /// Remembered access answers: (token, key, range end) -> (when, answer).
 pub(crate) type Access = Mutex<HashMap<(Option<Vec<u8>>, Vec<u8>, Vec<u8>), AccessAnswer>>;
 type AccessAnswer = (std::time::Instant, Result<(), Status>);
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    /// A reflector's health after a failure with `error` at `at`.
+    fn failed(error: &str, at: SystemTime) -> crate::Health {
+        crate::Health {
+            disconnected_since: Some(at),
+            last_error: Some((error.to_owned(), at)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_refusal_a_renewed_token_may_end_stands_once_refused_again() {
+        let t0 = SystemTime::now();
+        let t1 = t0 + Duration::from_millis(800);
+        for forgotten in [
+            "etcd canceled the watch: etcdserver: invalid auth token",
+            "etcd canceled the watch: etcdserver: permission denied",
+        ] {
+            let mut first = None;
+            assert_eq!(refusal(failed(forgotten, t0), &mut first), None);
+            // Seen again, the same failure: still none.
+            assert_eq!(refusal(failed(forgotten, t0), &mut first), None);
+            // Refused again after the renewal: it stands.
+            let again = refusal(failed(forgotten, t1), &mut first);
+            assert_eq!(again.as_deref(), Some(forgotten));
+            // Proven fresh in between (the renewed retry worked): a new first refusal.
+            let mut first = Some(t0);
+            let mut fresh = failed(forgotten, t1);
+            fresh.proven_fresh_at = Some(t0 + Duration::from_millis(400));
+            assert_eq!(refusal(fresh, &mut first), None);
+            assert_eq!(first, Some(t1));
+        }
+        // No renewal helps a client without credentials: it stands at once.
+        let no_user = "etcdserver: user name is empty";
+        let mut first = None;
+        assert_eq!(
+            refusal(failed(no_user, t0), &mut first).as_deref(),
+            Some(no_user)
+        );
+        // Other failures are no refusal, and connected is none.
+        assert_eq!(refusal(failed("connection refused", t1), &mut first), None);
+        let mut connected = failed(no_user, t1);
+        connected.connected = true;
+        assert_eq!(refusal(connected, &mut first), None);
+    }
+}

@@ -1118,3 +1118,53 @@ pub(crate) fn stopped() -> Status {
 pub(crate) fn no_leader() -> Status {
     Status::unavailable("etcdserver: no leader")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::proto::{PbEvent, PbKeyValue};
+
+    /// A response of watch 7 with one put of `bytes` bytes per entry of `sizes`.
+    fn response(sizes: &[usize]) -> PbWatchResponse {
+        let event = |bytes: usize| PbEvent {
+            kv: Some(PbKeyValue {
+                key: b"k".to_vec(),
+                value: vec![b'v'; bytes],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        PbWatchResponse {
+            watch_id: 7,
+            events: sizes.iter().map(|&b| event(b)).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// (fragment, events) of each response.
+    fn shape(responses: &[PbWatchResponse]) -> Vec<(bool, usize)> {
+        responses
+            .iter()
+            .map(|r| (r.fragment, r.events.len()))
+            .collect()
+    }
+
+    #[test]
+    fn a_response_is_split_as_etcd_splits_it() {
+        // Under the limit, or one event alone: as it is.
+        assert_eq!(shape(&fragments(response(&[100, 100]), 1000)), [(false, 2)]);
+        assert_eq!(shape(&fragments(response(&[5000]), 1000)), [(false, 1)]);
+        // Each fragment under the limit but an event that alone exceeds it; the last is
+        // not marked.
+        let split = fragments(response(&[400, 400, 400, 5000, 100]), 1000);
+        assert_eq!(shape(&split), [(true, 2), (true, 1), (true, 1), (false, 1)]);
+        for r in &split {
+            assert_eq!(r.watch_id, 7);
+            assert!(
+                r.events.len() == 1 || r.encoded_len() < 1000,
+                "{}",
+                r.encoded_len()
+            );
+        }
+    }
+}

@@ -1226,3 +1226,45 @@ async fn a_watch_moved_out_of_the_history_outlives_its_clients_token() {
         assert_eq!(delivered, written, "{name}: every revision once, in order");
     }
 }
+
+/// etcd forgets its simple tokens when it restarts: the server's own watch, opened again with
+/// its old token, is refused once. The server renews its token and goes on with its served
+/// watches, rather than taking that for a refusal of its credentials and ending them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_etcd_forgot_is_renewed_and_served_watches_go_on() {
+    let etcd = private_etcd().await;
+    let p = "/registry/forgotten/";
+    let mut auth = etcd.client().await.auth_client();
+    auth.user_add("root", "rootpw", None).await.expect("root");
+    auth.user_grant_role("root", "root").await.expect("root");
+    auth.auth_enable().await.expect("auth enable");
+    let as_root = |endpoints: Vec<String>| async move {
+        let options = etcd_client::ConnectOptions::new()
+            .with_user("root", "rootpw")
+            .with_auto_token_refresh(true);
+        Client::connect(endpoints, Some(options))
+            .await
+            .expect("connect as root")
+    };
+    let root = as_root(etcd.endpoints()).await;
+    let options = CacheServerOptions::default().with_upstream_user("root", "rootpw");
+    let server = start_server_with(&root, etcd.endpoints(), p, options).await;
+    let via = as_root(vec![server.local_addr().to_string()]).await;
+    let (_requests, mut responses) = watch_prefix(&via, p).await;
+    let name = "the served watch";
+    let first = put(&root, &format!("{p}a"), "before").await;
+    assert_eq!(
+        event_revisions(&next_response(name, &mut responses).await),
+        [first]
+    );
+    etcd.restart().await.expect("restart etcd");
+    for i in 0..5 {
+        let written = put(&root, &format!("{p}a"), &i.to_string()).await;
+        let r = next_response(name, &mut responses).await;
+        assert!(
+            !r.canceled(),
+            "cancelled after etcd forgot the tokens: {r:?}"
+        );
+        assert_eq!(event_revisions(&r), [written]);
+    }
+}
