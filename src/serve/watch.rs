@@ -3,7 +3,8 @@
 //! A session (one client stream) keeps, per watch, the next revision it owes the client, and
 //! pulls the history's groups from there whenever the client's stream has room: nothing is
 //! copied per watcher ahead of time, so a client that does not read holds no memory but its
-//! position and its stream's buffer (`STREAM_BUFFER` responses), and never holds back other
+//! position and its stream's buffer (`STREAM_BUFFER` responses, each of up to 1,000 revisions
+//! of the history, or a response's fragments), and never holds back other
 //! clients or the cache. A watch whose position falls out of the history is forwarded to the
 //! upstream from that position, as etcd would catch it up from its own store (or cancel it,
 //! if etcd compacted it too). Watches of ranges outside the prefix, or from below the
@@ -65,8 +66,8 @@ impl Stream for Outgoing {
     }
 }
 
-/// Groups of responses waiting for the client, per stream. Past it the session waits: a client that
-/// does not read stalls only itself.
+/// Groups of responses waiting for the client, per stream. Past it the session waits: a
+/// client that does not read stalls only itself.
 const STREAM_BUFFER: usize = 16;
 /// Control responses (created, canceled, progress) waiting for the client, per stream. Past
 /// it the session stops reading the client's requests and skips progress notifications until
@@ -704,9 +705,9 @@ impl Session {
         None
     }
 
-    /// The events owed to watch `id`, as one response (whole revisions only). A watch the
-    /// history no longer reaches back to is forwarded from its position, or cancelled when
-    /// the store it watched was replaced.
+    /// The events owed to watch `id`, as one response (whole revisions only), or its fragments
+    /// if the watch asked for them. A watch the history no longer reaches back to is forwarded
+    /// from its position, or cancelled when the store it watched was replaced.
     fn catch_up(&mut self, id: i64) -> Option<(Vec<PbWatchResponse>, Option<std::time::Instant>)> {
         let served = self.served.clone();
         let watch = self.watches.get_mut(&id)?;
