@@ -108,12 +108,11 @@ const RENEWABLE: [&str; 2] = [
 /// The refusal in `health` that stands (see [`Slice::refused`]), given `first`: when the
 /// renewable refusal that may be retried was first seen (kept by the caller).
 fn refusal(health: crate::Health, first: &mut Option<SystemTime>) -> Option<String> {
+    // A watch stream that opens counts as connected before etcd has answered its create,
+    // so `first` is forgotten only once the cache is proven fresh after it (below).
     let (error, at) = match health.last_error {
         Some((error, at)) if !health.connected => (error, at),
-        _ => {
-            *first = None;
-            return None;
-        }
+        _ => return None,
     };
     if !REFUSALS.iter().any(|refusal| error.contains(refusal)) {
         *first = None;
@@ -709,5 +708,16 @@ mod tests {
         let mut connected = failed(no_user, t1);
         connected.connected = true;
         assert_eq!(refusal(connected, &mut first), None);
+        // A stream that reopened (connected) between two refusals keeps the first.
+        let denied = "etcdserver: permission denied";
+        let mut first = None;
+        assert_eq!(refusal(failed(denied, t0), &mut first), None);
+        let mut reopened = failed(denied, t0);
+        reopened.connected = true;
+        assert_eq!(refusal(reopened, &mut first), None);
+        assert_eq!(
+            refusal(failed(denied, t1), &mut first).as_deref(),
+            Some(denied)
+        );
     }
 }
