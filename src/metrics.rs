@@ -358,10 +358,15 @@ impl InformerMetrics {
     }
 
     pub(crate) fn event(&self, kind: EventKind) {
+        self.events(kind, 1);
+    }
+
+    /// `n` events of one kind.
+    pub(crate) fn events(&self, kind: EventKind, n: u64) {
         match kind {
-            EventKind::Added => self.added.increment(1),
-            EventKind::Updated => self.updated.increment(1),
-            EventKind::Deleted => self.deleted.increment(1),
+            EventKind::Added => self.added.increment(n),
+            EventKind::Updated => self.updated.increment(n),
+            EventKind::Deleted => self.deleted.increment(n),
         }
     }
 

@@ -315,27 +315,19 @@ fn apply_replace<T>(
             }
         }
         Replaced::Count(metrics) => {
-            let retired_first = if store_replaced { old.len() } else { 0 };
-            for _ in 0..retired_first {
-                metrics.event(EventKind::Deleted);
+            if store_replaced || old.is_empty() {
+                // Every key is retired, every listed one added: counted without visiting
+                // each (a million keys read back at random cost a warm start 0.2 s).
+                metrics.events(EventKind::Deleted, old.len() as u64);
+                metrics.events(EventKind::Added, txn.len() as u64);
+                return;
             }
-            txn.for_each_revision(&mut |key, revision| {
-                let previous = if store_replaced || old.is_empty() {
-                    None
-                } else {
-                    old.take(key, false)
-                };
-                match previous {
-                    Some((old_revision, _)) if old_revision == revision => {}
-                    Some(_) => metrics.event(EventKind::Updated),
-                    None => metrics.event(EventKind::Added),
-                }
+            txn.for_each_revision(&mut |key, revision| match old.take(key, false) {
+                Some((old_revision, _)) if old_revision == revision => {}
+                Some(_) => metrics.event(EventKind::Updated),
+                None => metrics.event(EventKind::Added),
             });
-            if !store_replaced {
-                for _ in 0..old.len() {
-                    metrics.event(EventKind::Deleted);
-                }
-            }
+            metrics.events(EventKind::Deleted, old.len() as u64);
         }
     }
 }

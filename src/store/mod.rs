@@ -3,6 +3,7 @@
 mod compact;
 mod index;
 mod indexer;
+mod slot_set;
 mod table;
 
 pub use index::{

@@ -8,6 +8,8 @@
 use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
+
+use super::slot_set::{hash_key, SlotSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -206,15 +208,15 @@ pub(super) trait Storage<T>: Send + Sync {
 /// Objects by key and the indexes over them, every one of them holding `R::Slot`s.
 pub(super) struct Table<T, R: Repr<T>> {
     repr: R,
-    items: HashSet<R::Slot>,
-    indices: HashMap<String, HashMap<String, HashSet<R::Slot>>>,
+    items: SlotSet<R::Slot>,
+    indices: HashMap<String, HashMap<String, SlotSet<R::Slot>>>,
 }
 
 impl<T, R: Repr<T>> Table<T, R> {
     pub(super) fn new(repr: R) -> Self {
         Table {
             repr,
-            items: HashSet::new(),
+            items: SlotSet::default(),
             indices: HashMap::new(),
         }
     }
@@ -404,27 +406,37 @@ where
             .map(|name| sorted.iter().position(|s| *s == name).unwrap_or(usize::MAX))
             .collect();
         let names: Vec<&String> = indexers.keys().collect();
-        for (slot, o) in slots.into_iter().zip(objs) {
-            if let Some(replaced) = self.items.replace(slot.clone()) {
-                // A key twice in one list, which a snapshot never holds: as any replacement.
-                self.unindex_everywhere(slot.borrow());
-                self.repr.release(&replaced);
-            }
-            for (name, &i) in names.iter().zip(&order) {
-                let Some(index) = self.indices.get_mut(name.as_str()) else {
-                    continue;
-                };
-                for &value in o.index.get(i).map_or(&[][..], Vec::as_slice) {
-                    // A value already indexed costs no allocation.
-                    match index.get_mut(value) {
-                        Some(set) => {
-                            set.replace(slot.clone());
-                        }
-                        None => {
-                            index.insert(value.to_owned(), HashSet::from([slot.clone()]));
+        // Each key is hashed once, for the items and for each of its index sets, and each set
+        // is filled in the order of its buckets (see `SlotSet`).
+        let hashed: Vec<(u64, R::Slot)> = slots
+            .into_iter()
+            .map(|slot| (hash_key(slot.borrow()), slot))
+            .collect();
+        let replaced = self.items.replace_all(hashed.clone());
+        index_encoded(&mut self.indices, &names, &order, &hashed, objs);
+        if !replaced.is_empty() {
+            // A key already held, or twice in this page (which a snapshot never holds): as any
+            // replacement; the page's last record of the key is the one kept.
+            let last: HashMap<&str, usize> =
+                objs.iter().enumerate().map(|(i, o)| (o.key, i)).collect();
+            for old in replaced {
+                let key: &str = old.borrow();
+                self.unindex_everywhere(key);
+                let kept = self.items.get(key).cloned();
+                if let (Some(kept), Some(&at)) = (kept, last.get(key)) {
+                    for (name, &i) in names.iter().zip(&order) {
+                        let Some(index) = self.indices.get_mut(name.as_str()) else {
+                            continue;
+                        };
+                        for &value in objs[at].index.get(i).map_or(&[][..], Vec::as_slice) {
+                            index
+                                .entry(value.to_owned())
+                                .or_default()
+                                .replace(kept.clone());
                         }
                     }
                 }
+                self.repr.release(&old);
             }
         }
         self.repack_if_needed();
@@ -504,7 +516,7 @@ where
     }
 
     fn build_index(&mut self, name: &str, func: &IndexFunc<T>) {
-        let mut index: HashMap<String, HashSet<R::Slot>> = HashMap::new();
+        let mut index: HashMap<String, SlotSet<R::Slot>> = HashMap::new();
         for slot in &self.items {
             let Some(obj) = self.repr.unpack(slot) else {
                 continue;
@@ -568,6 +580,54 @@ where
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// Puts each of `hashed` (the slots of `objs`, in order) into the sets of its index values:
+/// index `names[n]`'s values are `objs[_].index[order[n]]`.
+fn index_encoded<S: Clone + Borrow<str>>(
+    indices: &mut HashMap<String, HashMap<String, SlotSet<S>>>,
+    names: &[&String],
+    order: &[usize],
+    hashed: &[(u64, S)],
+    objs: &[EncodedObject<'_>],
+) {
+    for (name, &i) in names.iter().zip(order) {
+        let Some(index) = indices.get_mut(name.as_str()) else {
+            continue;
+        };
+        // Records come sorted by key, and neighbours mostly share their values (a
+        // namespace): the previous value's group is tried before the map.
+        let mut groups: Vec<(&str, Vec<(u64, S)>)> = Vec::new();
+        let mut group_of: HashMap<&str, usize> = HashMap::new();
+        let mut previous: Option<(&str, usize)> = None;
+        for ((hash, slot), o) in hashed.iter().zip(objs) {
+            for &value in o.index.get(i).map_or(&[][..], Vec::as_slice) {
+                let group = match previous {
+                    Some((v, group)) if v == value => group,
+                    _ => {
+                        let group = *group_of.entry(value).or_insert_with(|| {
+                            groups.push((value, Vec::new()));
+                            groups.len() - 1
+                        });
+                        previous = Some((value, group));
+                        group
+                    }
+                };
+                groups[group].1.push((*hash, slot.clone()));
+            }
+        }
+        for (value, slots) in groups {
+            // A value already indexed costs no allocation.
+            match index.get_mut(value) {
+                Some(set) => drop(set.replace_all(slots)),
+                None => {
+                    let mut set = SlotSet::default();
+                    set.replace_all(slots);
+                    index.insert(value.to_owned(), set);
+                }
+            }
+        }
     }
 }
 
@@ -637,6 +697,39 @@ mod tests {
             .count();
         assert!(together > 50, "only {together} of 100 share a chunk");
         assert_eq!(table.by_index("parity", "0").len(), 25 + 50);
+    }
+
+    #[test]
+    fn encoded_pages_keep_the_last_record_of_a_key_in_the_items_and_indexes() {
+        let (indexers, mut table) = packed_by_parity();
+        let values: Vec<String> = (0..20u32).map(|i| i.to_string()).collect();
+        let record = |key: &'static str, value: usize| EncodedObject {
+            key,
+            value: values[value].as_bytes(),
+            revisions: [value as i64 + 1, 1, 1, 0],
+            digest: 0,
+            index: vec![vec![if value % 2 == 0 { "0" } else { "1" }]],
+        };
+        // Twice in one page, then again in the next, each time under the other parity.
+        let first = [record("ns/a", 1), record("ns/b", 2), record("ns/a", 4)];
+        assert!(table.add_encoded(&indexers, &first));
+        assert_eq!(table.get("ns/a").map(|o| o.value), Some(4));
+        assert_eq!(
+            table.index_keys("parity", "1").len(),
+            0,
+            "a's odd record went"
+        );
+        assert!(table.add_encoded(&indexers, &[record("ns/a", 7)]));
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.get("ns/a").map(|o| o.value), Some(7));
+        let keys = |value| {
+            let mut keys = table.index_keys("parity", value);
+            keys.sort();
+            keys
+        };
+        assert_eq!(keys("1"), vec![Arc::from("ns/a")]);
+        assert_eq!(keys("0"), vec![Arc::from("ns/b")]);
+        assert_eq!(table.by_index("parity", "1")[0].value, 7);
     }
 
     #[test]

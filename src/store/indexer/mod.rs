@@ -621,6 +621,11 @@ impl<T> Retired<T> {
 }
 
 impl<T> Txn<'_, T> {
+    /// How many objects the store holds.
+    pub(crate) fn len(&self) -> usize {
+        self.0.table.len()
+    }
+
     pub(crate) fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
         self.0.add(obj)
     }
