@@ -1,9 +1,9 @@
 //! The hash set a table keeps its slots in (the items, and each index value's keys): a slot
 //! is hashed by its key, and every set of the process hashes a key alike, so that a key hashed
-//! once serves the items and each of its index sets. A snapshot's million keys are hashed as
-//! they are read, in order, and inserted in the order of their buckets: inserting them as they
-//! come touches the table at random, a page fault or a TLB miss per key (most of a warm start,
-//! measured: 0.53 s against 0.14 s for a million keys and one index, in one invocation).
+//! once serves the items and each of its index sets. A snapshot's keys are hashed as they are
+//! read, in order, and inserted in the order of their buckets: inserted as they come, each
+//! touched the table at random, a TLB miss or a page fault per key, most of a warm start's
+//! time (BENCHMARKS.md, "hash sets filled in bucket order").
 
 use std::borrow::Borrow;
 use std::hash::BuildHasher;
