@@ -861,16 +861,7 @@ fn stats_of(served: &Served) -> ServerStats {
         .slices
         .iter()
         .any(|s| s.incomplete.load(Ordering::Relaxed));
-    let mut prefixes = PrefixSample::default();
-    for slice in &served.slices {
-        let s = slice.counts.sample();
-        prefixes.watches += s.watches;
-        prefixes.events_sent += s.events_sent;
-        prefixes.slow_forwarded += s.slow_forwarded;
-        prefixes.taken_back += s.taken_back;
-        prefixes.ranges += s.ranges;
-        prefixes.proofs += s.proofs;
-    }
+    let prefixes: PrefixSample = served.slices.iter().map(|s| s.counts.sample()).sum();
     let mut stats = served.metrics.stats(
         served.revision(),
         keys,

@@ -86,6 +86,20 @@ pub(crate) struct PrefixSample {
     pub(crate) proofs: u64,
 }
 
+impl std::iter::Sum for PrefixSample {
+    /// The server's counts: its prefixes' summed.
+    fn sum<I: Iterator<Item = PrefixSample>>(samples: I) -> Self {
+        samples.fold(PrefixSample::default(), |total, s| PrefixSample {
+            watches: total.watches + s.watches,
+            events_sent: total.events_sent + s.events_sent,
+            slow_forwarded: total.slow_forwarded + s.slow_forwarded,
+            taken_back: total.taken_back + s.taken_back,
+            ranges: total.ranges + s.ranges,
+            proofs: total.proofs + s.proofs,
+        })
+    }
+}
+
 impl PrefixCounts {
     pub(crate) fn watches(&self, delta: i64) {
         self.watches.fetch_add(delta, Ordering::Relaxed);

@@ -4,7 +4,8 @@
 //! pulls the history's groups from there whenever the client's stream has room: nothing is
 //! copied per watcher ahead of time, so a client that does not read holds no memory but its
 //! position and its stream's buffer (`STREAM_BUFFER` responses, each of up to 1,000 revisions
-//! of the history, or a response's fragments), and never holds back other
+//! and taking no further revision past `MAX_RESPONSE_BYTES`, or a response's fragments), and
+//! never holds back other
 //! clients or the cache. A watch whose position falls out of the history is forwarded to the
 //! upstream from that position, as etcd would catch it up from its own store (or cancel it,
 //! if etcd compacted it too). Watches of ranges outside the prefix, or from below the
@@ -77,6 +78,14 @@ const MAX_CONTROL: usize = 1024;
 /// The most revisions one response carries when a watch catches up (etcd's
 /// `watchBatchMaxRevs`); a revision is never split.
 const MAX_REVISIONS_PER_RESPONSE: usize = 1000;
+/// The encoded events past which a catch-up response takes no further revision (it ends with
+/// the revision that crossed it): what a stream's buffer holds is then bounded by this, not by
+/// the history (a client that does not read kept `STREAM_BUFFER` responses of up to 1,000
+/// revisions, each as large as the history allowed). etcd puts up to 1,000 revisions in one
+/// catch-up response whatever their size, which a client's default 4 MiB message limit
+/// (tonic's, so etcd-client's) refuses; revisions sent in more responses are what etcd sends
+/// a watch that keeps up.
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
 const WATCH_PATH: &str = "/etcdserverpb.Watch/Watch";
 // etcd's WatchCreateRequest.FilterType.
 const FILTER_NOPUT: i32 = 0;
@@ -758,11 +767,12 @@ impl Session {
                     return Some((vec![cancel], None));
                 }
             };
-        let full = groups.len() == MAX_REVISIONS_PER_RESPONSE;
+        let mut full = groups.len() == MAX_REVISIONS_PER_RESPONSE;
         let mut events = Vec::new();
+        let mut bytes = 0;
         let mut last = watch.next - 1;
         let mut applied = None;
-        for group in &groups {
+        for (n, group) in groups.iter().enumerate() {
             last = group.revision;
             for event in &group.events {
                 let wanted = in_range(&event.key, &watch.key, &watch.end)
@@ -770,8 +780,15 @@ impl Session {
                     && !(event.kv.is_none() && watch.no_delete);
                 if wanted {
                     applied = applied.or(group.applied);
-                    events.push(event.to_pb(watch.prev_kv));
+                    let event = event.to_pb(watch.prev_kv);
+                    bytes += event.encoded_len();
+                    events.push(event);
                 }
+            }
+            if bytes >= MAX_RESPONSE_BYTES && n + 1 < groups.len() {
+                // The rest of the revisions go in the next response.
+                full = true;
+                break;
             }
         }
         watch.next = if full { last + 1 } else { upto.max(last) + 1 };

@@ -3,7 +3,7 @@
 //! a catch-up through unmatched revisions; item 10: duplicate watch ids and empty ranges; item 1:
 //! a revision below the history; item 2: a compaction made straight on etcd; item 10 too: a
 //! forwarded watch's id, an upstream failure of one forwarded watch, durations too long for a
-//! clock; a large response to a watch that asked for fragments).
+//! clock; a large response to a watch that asked for fragments; a catch-up over large values).
 
 use super::*;
 
@@ -692,5 +692,68 @@ async fn a_large_response_to_a_fragmenting_watch_comes_in_etcds_fragments() {
     assert_eq!(
         shapes[1], shapes[0],
         "the cache server's fragments, against etcd's"
+    );
+}
+
+/// A catch-up over large values: etcd sends up to 1,000 revisions in one response whatever
+/// their size (here 7 MB, past the 4 MiB a client takes by default, so etcd's side raises its
+/// limit); the server sends the same events, in order, in responses that stop taking revisions
+/// past 1 MiB, so that what an unread stream buffers is bounded by that, not by the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_over_large_values_comes_in_responses_of_about_a_mebibyte() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_catch_up_bytes");
+    let server = start_server(&client, etcd.endpoints.clone(), &p).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let value = "v".repeat(300_000);
+    let mut written = Vec::new();
+    for i in 0..24 {
+        written.push(put(&client, &format!("{p}{i}"), &value).await);
+    }
+    let last = *written.last().expect("written");
+    caught_up(&server, last).await;
+    let mut seen = Vec::new();
+    for (name, watcher) in [
+        (
+            "etcd",
+            client.watch_client().max_decoding_message_size(16 << 20),
+        ),
+        ("the cache server", via.watch_client()),
+    ] {
+        let mut watcher = watcher;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(written[0]);
+        let (_requests, mut responses) = watcher
+            .watch(p.as_str(), Some(options))
+            .await
+            .expect("watch")
+            .split();
+        assert!(next_response(name, &mut responses).await.created());
+        let (mut revisions, mut sizes) = (Vec::new(), Vec::new());
+        while revisions.last() != Some(&last) {
+            let r = next_response(name, &mut responses).await;
+            assert!(!r.canceled(), "{name}: {r:?}");
+            let bytes: usize = r
+                .events()
+                .iter()
+                .filter_map(|e| e.kv())
+                .map(|kv| kv.key().len() + kv.value().len())
+                .sum();
+            sizes.push(bytes);
+            revisions.extend(event_revisions(&r));
+        }
+        println!("{name}: responses of {sizes:?} bytes of keys and values");
+        assert_eq!(revisions, written, "{name}: every write once, in order");
+        seen.push(sizes);
+    }
+    assert_eq!(seen[0].len(), 1, "etcd's one response");
+    assert!(
+        seen[1].len() >= 6 && seen[1].iter().all(|&s| s < (1 << 20) + value.len() + 100),
+        "the cache server's responses: {:?}",
+        seen[1]
     );
 }
