@@ -1,38 +1,32 @@
-//! The hash set a table keeps its slots in (the items, and each index value's keys): a slot
-//! is hashed by its key, and every set of the process hashes a key alike, so that a key hashed
-//! once serves the items and each of its index sets. A snapshot's keys are hashed as they are
-//! read, in order, and inserted in the order of their buckets: inserted as they come, each
-//! touched the table at random, a TLB miss or a page fault per key, most of a warm start's
-//! time (BENCHMARKS.md, "hash sets filled in bucket order").
+//! The hash set a table keeps its slots in (the items, and each index value's keys), hashed by
+//! key. Many keys at once (a snapshot's page) are hashed first and inserted in the order of
+//! their buckets: inserted as they come, each touched the table at random, a TLB miss or a
+//! page fault per key, most of a warm start's time (BENCHMARKS.md, "hash sets filled in bucket
+//! order").
+//!
+//! Each set hashes with a seed of its own, as std's `HashSet` does: under one seed, a set
+//! iterated (in bucket order) into another that grows as it fills would crowd the front of
+//! each smaller table, each insert probing further (rust-lang/rust#36481). So a key is hashed
+//! once per set it goes into.
 
 use std::borrow::Borrow;
-use std::hash::BuildHasher;
-use std::sync::OnceLock;
+use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::hash_table::{Entry, HashTable};
-
-/// The hash of `key`, as every set of the process hashes it: SipHash (std's) under one random
-/// seed per process, so that keys chosen by whoever writes the prefix cannot collide on
-/// purpose.
-pub(super) fn hash_key(key: &str) -> u64 {
-    static SEED: OnceLock<std::hash::RandomState> = OnceLock::new();
-    SEED.get_or_init(std::hash::RandomState::new).hash_one(key)
-}
-
-fn hash_slot<S: Borrow<str>>(slot: &S) -> u64 {
-    hash_key(slot.borrow())
-}
 
 /// Slots by key.
 #[derive(Clone)]
 pub(super) struct SlotSet<S> {
     table: HashTable<S>,
+    /// SipHash keys of this set's own: keys written to the prefix cannot be chosen to collide.
+    seed: RandomState,
 }
 
 impl<S> Default for SlotSet<S> {
     fn default() -> Self {
         SlotSet {
             table: HashTable::new(),
+            seed: RandomState::new(),
         }
     }
 }
@@ -47,27 +41,32 @@ impl<S: Borrow<str>> SlotSet<S> {
     }
 
     pub(super) fn reserve(&mut self, additional: usize) {
-        self.table.reserve(additional, hash_slot);
+        let seed = &self.seed;
+        self.table
+            .reserve(additional, |s| seed.hash_one(Borrow::<str>::borrow(s)));
     }
 
     pub(super) fn get(&self, key: &str) -> Option<&S> {
-        self.table.find(hash_key(key), |s| s.borrow() == key)
+        self.table
+            .find(self.seed.hash_one(key), |s| s.borrow() == key)
     }
 
     /// Puts `slot` in, in place of the slot of its key if there is one, which it returns.
     pub(super) fn replace(&mut self, slot: S) -> Option<S> {
-        let hash = hash_slot(&slot);
+        let hash = self.seed.hash_one(Borrow::<str>::borrow(&slot));
         self.replace_hashed(hash, slot)
     }
 
-    /// [`replace`](Self::replace) with the key's [`hash_key`] already known.
+    /// [`replace`](Self::replace), with the hash of the slot's key under this set's seed.
     fn replace_hashed(&mut self, hash: u64, slot: S) -> Option<S> {
+        let seed = &self.seed;
         // The key is read only to tell slots with equal hash tags apart: read at once, it would
         // cost a fetch from wherever the record is, for every slot.
-        match self
-            .table
-            .entry(hash, |s| s.borrow() == slot.borrow(), hash_slot)
-        {
+        match self.table.entry(
+            hash,
+            |s| s.borrow() == slot.borrow(),
+            |s| seed.hash_one(Borrow::<str>::borrow(s)),
+        ) {
             Entry::Occupied(mut held) => Some(std::mem::replace(held.get_mut(), slot)),
             Entry::Vacant(vacant) => {
                 vacant.insert(slot);
@@ -76,24 +75,30 @@ impl<S: Borrow<str>> SlotSet<S> {
         }
     }
 
-    /// [`replace`](Self::replace) for each of `slots` in turn, given with their keys' hashes,
-    /// done in the order of the buckets they land in (after making room for all of them);
-    /// returns the slots replaced.
-    pub(super) fn replace_all(&mut self, mut slots: Vec<(u64, S)>) -> Vec<S> {
-        self.table.reserve(slots.len(), hash_slot);
-        // hashbrown holds `capacity` = 7/8 of its buckets, a power of two, and a hash's home
-        // bucket is its low bits.
-        let buckets = (self.table.capacity() / 7 * 8).max(1).next_power_of_two() as u64;
+    /// [`replace`](Self::replace) for each of `slots` in turn, done in the order of the buckets
+    /// they land in (after making room for all of them); returns the slots replaced.
+    pub(super) fn replace_all(&mut self, slots: Vec<S>) -> Vec<S> {
+        self.reserve(slots.len());
+        let mut hashed: Vec<(u64, S)> = slots
+            .into_iter()
+            .map(|slot| (self.seed.hash_one(Borrow::<str>::borrow(&slot)), slot))
+            .collect();
+        // A hash's home bucket is its low bits, and hashbrown's buckets are a power of two of
+        // which `capacity` is 7/8 (above 8 buckets): the order only matters for speed.
+        let buckets = (self.table.capacity() / 7 * 8).next_power_of_two().max(1) as u64;
         // Stable: of two slots of one key, the later one is kept.
-        slots.sort_by_key(|(hash, _)| hash & (buckets - 1));
-        slots
+        hashed.sort_by_key(|(hash, _)| hash & (buckets - 1));
+        hashed
             .into_iter()
             .filter_map(|(hash, slot)| self.replace_hashed(hash, slot))
             .collect()
     }
 
     pub(super) fn take(&mut self, key: &str) -> Option<S> {
-        match self.table.find_entry(hash_key(key), |s| s.borrow() == key) {
+        match self
+            .table
+            .find_entry(self.seed.hash_one(key), |s| s.borrow() == key)
+        {
             Ok(held) => Some(held.remove().0),
             Err(_) => None,
         }
@@ -115,8 +120,7 @@ impl<S: Borrow<str>> SlotSet<S> {
 impl<S: Borrow<str>> FromIterator<S> for SlotSet<S> {
     fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
         let mut set = SlotSet::default();
-        let slots: Vec<(u64, S)> = iter.into_iter().map(|s| (hash_slot(&s), s)).collect();
-        set.replace_all(slots);
+        set.replace_all(iter.into_iter().collect());
         set
     }
 }
@@ -141,10 +145,7 @@ mod tests {
         assert_eq!(set.get("k7").map(String::as_str), Some("k7"));
         assert_eq!(set.replace("k7".to_owned()).as_deref(), Some("k7"));
         assert_eq!(set.len(), 1000);
-        let again: Vec<(u64, String)> = ["k1", "new"]
-            .iter()
-            .map(|k| (hash_key(k), (*k).to_owned()))
-            .collect();
+        let again = vec!["k1".to_owned(), "new".to_owned()];
         assert_eq!(set.replace_all(again), vec!["k1".to_owned()]);
         assert_eq!(set.len(), 1001);
         assert_eq!(set.take("new").as_deref(), Some("new"));
@@ -152,5 +153,16 @@ mod tests {
         assert!(set.get("missing").is_none());
         assert_eq!(set.drain().count(), 1000);
         assert!(set.is_empty());
+    }
+
+    #[test]
+    fn each_set_hashes_with_its_own_seed() {
+        // One seed for all would make a set iterated into another crowd its buckets.
+        let (a, b) = (SlotSet::<String>::default(), SlotSet::<String>::default());
+        let differ = (0..4).any(|i| {
+            let key = format!("k{i}");
+            a.seed.hash_one(&key) != b.seed.hash_one(&key)
+        });
+        assert!(differ, "two sets hash keys alike");
     }
 }

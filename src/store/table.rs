@@ -9,7 +9,7 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 
-use super::slot_set::{hash_key, SlotSet};
+use super::slot_set::SlotSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -406,14 +406,9 @@ where
             .map(|name| sorted.iter().position(|s| *s == name).unwrap_or(usize::MAX))
             .collect();
         let names: Vec<&String> = indexers.keys().collect();
-        // Each key is hashed once, for the items and for each of its index sets, and each set
-        // is filled in the order of its buckets (see `SlotSet`).
-        let hashed: Vec<(u64, R::Slot)> = slots
-            .into_iter()
-            .map(|slot| (hash_key(slot.borrow()), slot))
-            .collect();
-        let replaced = self.items.replace_all(hashed.clone());
-        index_encoded(&mut self.indices, &names, &order, &hashed, objs);
+        // Each set is filled a page at a time, in the order of its buckets (see `SlotSet`).
+        let replaced = self.items.replace_all(slots.clone());
+        index_encoded(&mut self.indices, &names, &order, &slots, objs);
         if !replaced.is_empty() {
             // A key already held, or twice in this page (which a snapshot never holds): as any
             // replacement; the page's last record of the key is the one kept.
@@ -583,13 +578,13 @@ where
     }
 }
 
-/// Puts each of `hashed` (the slots of `objs`, in order) into the sets of its index values:
+/// Puts each of `slots` (those of `objs`, in order) into the sets of its index values:
 /// index `names[n]`'s values are `objs[_].index[order[n]]`.
 fn index_encoded<S: Clone + Borrow<str>>(
     indices: &mut HashMap<String, HashMap<String, SlotSet<S>>>,
     names: &[&String],
     order: &[usize],
-    hashed: &[(u64, S)],
+    slots: &[S],
     objs: &[EncodedObject<'_>],
 ) {
     for (name, &i) in names.iter().zip(order) {
@@ -598,10 +593,10 @@ fn index_encoded<S: Clone + Borrow<str>>(
         };
         // Records come sorted by key, and neighbours mostly share their values (a
         // namespace): the previous value's group is tried before the map.
-        let mut groups: Vec<(&str, Vec<(u64, S)>)> = Vec::new();
+        let mut groups: Vec<(&str, Vec<S>)> = Vec::new();
         let mut group_of: HashMap<&str, usize> = HashMap::new();
         let mut previous: Option<(&str, usize)> = None;
-        for ((hash, slot), o) in hashed.iter().zip(objs) {
+        for (slot, o) in slots.iter().zip(objs) {
             for &value in o.index.get(i).map_or(&[][..], Vec::as_slice) {
                 let group = match previous {
                     Some((v, group)) if v == value => group,
@@ -614,7 +609,7 @@ fn index_encoded<S: Clone + Borrow<str>>(
                         group
                     }
                 };
-                groups[group].1.push((*hash, slot.clone()));
+                groups[group].1.push(slot.clone());
             }
         }
         for (value, slots) in groups {
