@@ -181,6 +181,9 @@ pub struct Reflector<T, L> {
     revision_at: Option<std::time::Instant>,
     /// Notified when the informer's audit asks for a relist.
     relist: Option<Arc<tokio::sync::Notify>>,
+    /// Notified when the next attempt can succeed before the backoff ends (see
+    /// [`with_retry_trigger`](Self::with_retry_trigger)).
+    retry: Option<Arc<tokio::sync::Notify>>,
     /// The current run of failures, logged as one story rather than a line per retry.
     outage: OutageLog,
 }
@@ -381,6 +384,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             response_at: None,
             revision_at: None,
             relist: None,
+            retry: None,
         }
     }
 
@@ -389,6 +393,25 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
     pub(crate) fn with_relist_trigger(mut self, relist: Arc<tokio::sync::Notify>) -> Self {
         self.relist = Some(relist);
         self
+    }
+
+    /// Cuts a wait between failed attempts short when `retry` is notified (`notify_waiters`):
+    /// its owner saw that the next attempt can succeed (the cache server: etcd turned its auth
+    /// off, after refusing the server's credentials long enough to stretch the backoff).
+    pub(crate) fn with_retry_trigger(mut self, retry: Arc<tokio::sync::Notify>) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// Waits `delay` after a failed attempt, or until the retry trigger fires.
+    async fn pause(&self, delay: Duration) {
+        let Some(retry) = &self.retry else {
+            return tokio::time::sleep(delay).await;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = retry.notified() => tracing::info!("retrying before the backoff ends: the next attempt can succeed"),
+        }
     }
 
     /// Records when each committed revision was received, for the consumer's latency metric.
@@ -501,7 +524,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     } else {
                         backoff.next_delay()
                     };
-                    tokio::time::sleep(delay).await;
+                    self.pause(delay).await;
                     continue;
                 }
             };
@@ -601,7 +624,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                         break;
                     }
                     WatchEnd::Unavailable => tokio::time::sleep(reconnect.next_delay()).await,
-                    WatchEnd::Failed => tokio::time::sleep(backoff.next_delay()).await,
+                    WatchEnd::Failed => self.pause(backoff.next_delay()).await,
                 }
             }
             highest_seen = highest_seen.max(revision);

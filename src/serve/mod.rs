@@ -903,6 +903,19 @@ async fn sample_metrics(served: Arc<Served>, handles: ServerMetricHandles) {
             // Watch sessions look again: their watches of the prefix end.
             served.changed.send_modify(|n| *n = n.wrapping_add(1));
         }
+        for (i, was) in refused.iter().enumerate() {
+            if *was {
+                // etcd may have turned its auth off again: then its reflector need not wait
+                // out the backoff its refusals stretched (up to 30 s, every read forwarded).
+                let served = served.clone();
+                tokio::spawn(async move {
+                    let slice = &served.slices[i];
+                    if served.answers_tokenless(slice).await {
+                        slice.retry.notify_waiters();
+                    }
+                });
+            }
+        }
         let stats = stats_of(&served);
         handles.sample(stats.watch_streams, stats.forwarded);
         for (i, slice) in served.slices.iter().enumerate() {
@@ -967,7 +980,7 @@ fn start_slice(
         .with_changed(changed.clone())
         .with_identity(source.identity_handle(), headers.clone()),
     );
-    let (reflected, audits, run) = reflect(
+    let (reflected, audits, retry, run) = reflect(
         Arc::new(source),
         cache.clone(),
         format!("cache-server {prefix_text}"),
@@ -983,14 +996,15 @@ fn start_slice(
         proof: std::sync::Mutex::new(None),
         counts: Default::default(),
         refused_since: Default::default(),
+        retry,
     };
     Ok((slice, run))
 }
 
 /// The reflector that fills `cache` from `source`, and the audit beside it (every
 /// `audit_period`, as an informer's: an event etcd's watch lost is found and repaired by a
-/// relist): the task to spawn, the reflector's handle and the audit's counts. `name` labels
-/// the logs and metrics of both.
+/// relist): the task to spawn, the reflector's handle, the audit's counts and the trigger that
+/// cuts the reflector's backoff short. `name` labels the logs and metrics of both.
 fn reflect(
     source: Arc<dyn ListerWatcher<Vec<u8>>>,
     cache: Arc<ServedCache>,
@@ -999,16 +1013,19 @@ fn reflect(
 ) -> (
     RevisionHandle,
     Arc<AuditCounts>,
+    Arc<tokio::sync::Notify>,
     impl std::future::Future<Output = ()>,
 ) {
     let relist = Arc::new(tokio::sync::Notify::new());
+    let retry = Arc::new(tokio::sync::Notify::new());
     let queue: Arc<dyn Queue<Vec<u8>>> = cache.clone();
     let reflector = Reflector::new(
         source.clone(),
         queue,
         ReflectorOptions::default().with_name(name.clone()),
     )
-    .with_relist_trigger(relist.clone());
+    .with_relist_trigger(relist.clone())
+    .with_retry_trigger(retry.clone());
     let handle = reflector.revision();
     let counts = Arc::new(AuditCounts::default());
     let ready = {
@@ -1039,7 +1056,7 @@ fn reflect(
         });
         reflector.run().await
     };
-    (handle, counts, run)
+    (handle, counts, retry, run)
 }
 
 #[cfg(all(test, feature = "tls"))]
@@ -1134,7 +1151,7 @@ mod audit_tests {
                 bytes: 1 << 20,
             },
         ));
-        let (handle, audits, run) = reflect(
+        let (handle, audits, _retry, run) = reflect(
             Arc::new(source.clone()),
             cache.clone(),
             "cache-server /p/".into(),

@@ -40,6 +40,8 @@ pub(crate) struct Slice {
     pub(crate) counts: PrefixCounts,
     /// When a refusal a renewed token may end was first seen (see [`RENEWABLE`]).
     pub(crate) refused_since: Mutex<Option<SystemTime>>,
+    /// Cuts the reflector's backoff short (`notify_waiters`): its next list can succeed.
+    pub(crate) retry: Arc<tokio::sync::Notify>,
 }
 
 /// One consistent-read proof: that the cache's content at revision `since` (`len` keys) is
@@ -565,6 +567,27 @@ impl Served {
             .get(slice.first_key(), Some(options))
             .await?;
         Ok(resp.kvs().is_empty() && usize::try_from(resp.count()) == Ok(len))
+    }
+
+    /// Whether etcd answers a read of `slice`'s first key that carries no token, as it does
+    /// with its auth off (with auth on, etcd refuses it: "user name is empty"; and a server
+    /// whose upstream connection has a certificate refuses it itself). Asked every second while
+    /// etcd refuses the server's own list.
+    pub(crate) async fn answers_tokenless(&self, slice: &Slice) -> bool {
+        let probe = PbRangeRequest {
+            key: slice.first_key(),
+            limit: 1,
+            count_only: true,
+            serializable: true,
+            ..Default::default()
+        };
+        let asked = self
+            .upstream
+            .unary::<_, PbRangeResponse>(Request::new(probe), "/etcdserverpb.KV/Range");
+        matches!(
+            tokio::time::timeout(ACCESS_PROBE_TIMEOUT, asked).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Whether the client with `metadata` may read `[key, end)`: the upstream is asked once per

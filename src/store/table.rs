@@ -8,11 +8,10 @@
 use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
-
-use super::slot_set::SlotSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use super::slot_set::SlotSet;
 use super::{IndexFunc, Indexers};
 use crate::{EncodedObject, Object, Stamp};
 

@@ -841,6 +841,74 @@ async fn auth_turned_on_while_serving() {
     assert!(server.stats().ranges_from_cache > before);
 }
 
+/// etcd's auth turned off again after refusing the server for 20 s (its reflector's backoff
+/// stretched past 6 s by then): the server serves from its cache again within 3 s, since a
+/// token-less read etcd answers cuts the backoff short. Before, it forwarded every read until
+/// the backoff ran out (up to 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_turned_off_again_is_served_from_the_cache_within_seconds() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = "/registry/auth-off/";
+    put(&client, &format!("{p}a"), "1").await;
+    let mut auth = client.auth_client();
+    auth.user_add("root", "rootpwd", None)
+        .await
+        .expect("user add");
+    auth.user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    assert_eq!(grpc_health(&server).await, 1);
+    auth.auth_enable().await.expect("auth enable");
+    let mut health = 0;
+    for _ in 0..200 {
+        health = grpc_health(&server).await;
+        if health == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(health, 2, "NOT_SERVING while etcd refuses the server");
+    // The refusals go on long enough for the backoff between attempts to grow past 6 s.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let root = etcd_client::ConnectOptions::new().with_user("root", "rootpwd");
+    Client::connect(etcd.endpoints(), Some(root))
+        .await
+        .expect("root on etcd")
+        .auth_client()
+        .auth_disable()
+        .await
+        .expect("auth disable");
+    let off = std::time::Instant::now();
+    while grpc_health(&server).await != 1 {
+        assert!(
+            off.elapsed() < Duration::from_secs(3),
+            "still not serving from its cache {:?} after auth was turned off",
+            off.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "served from the cache again {:?} after auth was turned off",
+        off.elapsed()
+    );
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect");
+    let before = server.stats().ranges_from_cache;
+    let got = via
+        .kv_client()
+        .get(format!("{p}a"), Some(GetOptions::new().with_serializable()))
+        .await
+        .expect("get");
+    assert_eq!(got.kvs()[0].value(), b"1");
+    assert!(
+        server.stats().ranges_from_cache > before,
+        "answered from the cache"
+    );
+}
+
 /// Issue 34, item 10: a watch's creation waits for etcd's answer on the client's access
 /// without holding back the stream's other watches. With etcd unreachable for the server's
 /// checks (a partition in front of its upstream channel, its cache still following etcd),
