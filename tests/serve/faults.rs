@@ -710,16 +710,11 @@ async fn watch_outcome(client: &Client, key: &str) -> String {
     }
 }
 
-/// etcd's auth turned on while a server without credentials of its own runs (issue 34, item
-/// 13): etcd cancels the server's own watch and refuses its lists. The server then says so in
-/// its health check, ends the watches it served from the cache (their clients watch again,
-/// through etcd), and forwards every read, so that root's reads see root's writes; token-less
-/// clients get etcd's answers. Once auth is off again it serves from its cache again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auth_turned_on_while_serving() {
+/// A private etcd with `{p}a` = "1" and a user root (password "rootpwd", role root), auth
+/// still off; and a client of it.
+async fn etcd_with_root(p: &str) -> (EtcdServer, Client) {
     let etcd = private_etcd().await;
     let client = etcd.client().await;
-    let p = "/registry/auth/";
     put(&client, &format!("{p}a"), "1").await;
     let mut auth = client.auth_client();
     auth.user_add("root", "rootpwd", None)
@@ -728,6 +723,37 @@ async fn auth_turned_on_while_serving() {
     auth.user_grant_role("root", "root")
         .await
         .expect("grant root");
+    (etcd, client)
+}
+
+/// Waits until the server's gRPC health check says `want` (1 SERVING, 2 NOT_SERVING), at most
+/// `within` (then fails with `what`); returns how long it took.
+async fn until_health(server: &RunningServer, want: i32, within: Duration, what: &str) -> Duration {
+    let started = std::time::Instant::now();
+    loop {
+        let health = grpc_health(server).await;
+        if health == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what}: still {health} after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// etcd's auth turned on while a server without credentials of its own runs (issue 34, item
+/// 13): etcd cancels the server's own watch and refuses its lists. The server then says so in
+/// its health check, ends the watches it served from the cache (their clients watch again,
+/// through etcd), and forwards every read, so that root's reads see root's writes; token-less
+/// clients get etcd's answers. Once auth is off again it serves from its cache again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_turned_on_while_serving() {
+    let p = "/registry/auth/";
+    let (etcd, client) = etcd_with_root(p).await;
+    let mut auth = client.auth_client();
     let server = start_server(&client, etcd.endpoints(), p).await;
     let via_addr = server.local_addr().to_string();
     let via = connect([via_addr.clone()]).await.expect("connect");
@@ -756,15 +782,13 @@ async fn auth_turned_on_while_serving() {
     .await
     .expect("the served watch ends once etcd refuses the server's own watch");
     assert!(ended.contains("refuses"), "{ended}");
-    let mut health = 0;
-    for _ in 0..200 {
-        health = grpc_health(&server).await;
-        if health == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(health, 2, "NOT_SERVING while etcd refuses the server");
+    until_health(
+        &server,
+        2,
+        Duration::from_secs(10),
+        "NOT_SERVING while etcd refuses the server",
+    )
+    .await;
 
     // root writes and reads through the server as on etcd.
     root_via
@@ -820,15 +844,13 @@ async fn auth_turned_on_while_serving() {
         .auth_disable()
         .await
         .expect("auth disable");
-    let mut health = 0;
-    for _ in 0..400 {
-        health = grpc_health(&server).await;
-        if health == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(health, 1, "SERVING once etcd accepts the server again");
+    until_health(
+        &server,
+        1,
+        Duration::from_secs(20),
+        "SERVING once etcd accepts the server again",
+    )
+    .await;
     let rev = put(&client, &format!("{p}a"), "3").await;
     caught_up(&server, rev).await;
     let before = server.stats().ranges_from_cache;
@@ -847,29 +869,19 @@ async fn auth_turned_on_while_serving() {
 /// the backoff ran out (up to 30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_turned_off_again_is_served_from_the_cache_within_seconds() {
-    let etcd = private_etcd().await;
-    let client = etcd.client().await;
     let p = "/registry/auth-off/";
-    put(&client, &format!("{p}a"), "1").await;
+    let (etcd, client) = etcd_with_root(p).await;
     let mut auth = client.auth_client();
-    auth.user_add("root", "rootpwd", None)
-        .await
-        .expect("user add");
-    auth.user_grant_role("root", "root")
-        .await
-        .expect("grant root");
     let server = start_server(&client, etcd.endpoints(), p).await;
     assert_eq!(grpc_health(&server).await, 1);
     auth.auth_enable().await.expect("auth enable");
-    let mut health = 0;
-    for _ in 0..200 {
-        health = grpc_health(&server).await;
-        if health == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(health, 2, "NOT_SERVING while etcd refuses the server");
+    until_health(
+        &server,
+        2,
+        Duration::from_secs(10),
+        "NOT_SERVING while etcd refuses the server",
+    )
+    .await;
     // The refusals go on long enough for the backoff between attempts to grow past 6 s.
     tokio::time::sleep(Duration::from_secs(20)).await;
     let root = etcd_client::ConnectOptions::new().with_user("root", "rootpwd");
@@ -880,19 +892,14 @@ async fn auth_turned_off_again_is_served_from_the_cache_within_seconds() {
         .auth_disable()
         .await
         .expect("auth disable");
-    let off = std::time::Instant::now();
-    while grpc_health(&server).await != 1 {
-        assert!(
-            off.elapsed() < Duration::from_secs(3),
-            "still not serving from its cache {:?} after auth was turned off",
-            off.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    println!(
-        "served from the cache again {:?} after auth was turned off",
-        off.elapsed()
-    );
+    let took = until_health(
+        &server,
+        1,
+        Duration::from_secs(3),
+        "serving from its cache within 3 s after auth was turned off",
+    )
+    .await;
+    println!("served from the cache again {took:?} after auth was turned off");
     let via = connect([server.local_addr().to_string()])
         .await
         .expect("connect");
