@@ -397,20 +397,26 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
 
     /// Cuts a wait between failed attempts short when `retry` is notified (`notify_waiters`):
     /// its owner saw that the next attempt can succeed (the cache server: etcd turned its auth
-    /// off, after refusing the server's credentials long enough to stretch the backoff).
+    /// off, after refusing the server's credentials long enough to stretch the backoff). The
+    /// backoff then starts over.
     pub(crate) fn with_retry_trigger(mut self, retry: Arc<tokio::sync::Notify>) -> Self {
         self.retry = Some(retry);
         self
     }
 
-    /// Waits `delay` after a failed attempt, or until the retry trigger fires.
-    async fn pause(&self, delay: Duration) {
+    /// Waits `delay` after a failed attempt, or until the retry trigger fires; whether it
+    /// fired.
+    async fn pause(&self, delay: Duration) -> bool {
         let Some(retry) = &self.retry else {
-            return tokio::time::sleep(delay).await;
+            tokio::time::sleep(delay).await;
+            return false;
         };
         tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = retry.notified() => tracing::info!("retrying before the backoff ends: the next attempt can succeed"),
+            _ = tokio::time::sleep(delay) => false,
+            _ = retry.notified() => {
+                tracing::info!("retrying before the backoff ends: the next attempt can succeed");
+                true
+            }
         }
     }
 
@@ -524,7 +530,10 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     } else {
                         backoff.next_delay()
                     };
-                    self.pause(delay).await;
+                    if self.pause(delay).await {
+                        // What stretched the backoff is over (etcd's refusals).
+                        backoff.reset();
+                    }
                     continue;
                 }
             };
@@ -624,7 +633,15 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                         break;
                     }
                     WatchEnd::Unavailable => tokio::time::sleep(reconnect.next_delay()).await,
-                    WatchEnd::Failed => self.pause(backoff.next_delay()).await,
+                    WatchEnd::Failed => {
+                        if self.pause(backoff.next_delay()).await {
+                            // What stretched the backoff is over (etcd's refusals): a relist
+                            // that follows (the revision compacted meanwhile) is a recovery,
+                            // not a storm, and must not wait out the stretched backoff.
+                            backoff.reset();
+                            watch_stayed_up = true;
+                        }
+                    }
                 }
             }
             highest_seen = highest_seen.max(revision);
