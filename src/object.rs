@@ -54,6 +54,32 @@ pub struct EncodedObject<'a> {
     pub digest: u64,
     /// Its values for each index, in the order of the sorted index names.
     pub index: Vec<Vec<&'a str>>,
+    /// Its whole record, where the compact cache can keep it without a copy (a warm start's
+    /// file); `None` from anyone but this crate.
+    pub record: Option<SharedRecord<'a>>,
+}
+
+/// Where an [`EncodedObject`]'s record lies in a buffer the compact cache can share: a warm
+/// start's file holds its records in the compact cache's own layout, so the cache keeps the
+/// file's bytes instead of copying them. Only this crate makes one: it vouches that the bytes
+/// are that object's record, and that the buffer holds records only.
+#[derive(Clone, Copy)]
+pub struct SharedRecord<'a> {
+    pub(crate) buffer: &'a Arc<Box<[u8]>>,
+    pub(crate) at: u32,
+    pub(crate) len: u32,
+    /// The key's hash for the store's sets (`store::key_hash`), taken as the file was parsed.
+    pub(crate) key_hash: u64,
+}
+
+impl std::fmt::Debug for SharedRecord<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the buffer: it is a whole file's records.
+        f.debug_struct("SharedRecord")
+            .field("at", &self.at)
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 /// What tells whether a cached object is the state of its key a list found, without decoding

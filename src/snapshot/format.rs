@@ -6,39 +6,50 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic b"EISNAP\r\n" (a CR/LF pair, as PNG's: a transfer in text mode breaks it)
-//! 8       4     format version (2; 1 had no digests)
+//! 8       4     format version (3; 2 had its own record layout, 1 no digests)
 //! 12      4     reserved, 0
 //! 16      8     length of the whole file, checksum included (tells truncated from corrupt)
 //! 24      8     the upstream's cluster id
 //! 32      8     the revision the content is etcd's at
 //! 40      8     key count
-//! 48      4+n   the prefix (source identity), length then UTF-8 bytes
+//! 48      8     where the records start (R)
+//! 56      4+n   the prefix (source identity), length then UTF-8 bytes
 //! ..      4+n   the codec id, length then UTF-8 bytes
 //! ..            u32 index count, then each index's name (length, UTF-8 bytes), sorted
-//! ..            per key: u32 key length, key (relative to the prefix), u32 value length,
-//!               value (as the codec encodes it), i64 mod_revision, i64 create_revision,
-//!               i64 version, i64 lease, u64 digest of the value as etcd stored it
-//!               (0: unknown; see `Object::stamp`), then per index (in the header's order)
-//!               u32 value count and each value (length, UTF-8 bytes)
-//! end-8   8     checksum of everything before it
+//! ..            per key: u32 length of its record
+//! ..            per key: its index values, per index (in the header's order) u32 value count
+//!               and each value (length, UTF-8 bytes)
+//! R             per key: its record, in the compact cache's layout (`store::compact`): the
+//!               key relative to the prefix, mod_revision, create_revision, version, lease,
+//!               the digest of the value as etcd stored it (0: unknown; see `Object::stamp`),
+//!               and the value as the codec encodes it
+//! end-8   8     checksum: value_digest of the two checksums of [0, R) and [R, end-8)
 //! ```
+//!
+//! The records come last and in the compact cache's own layout, so that a compact cache takes
+//! them as they are read, without a copy: at a million keys, copying them into the cache's
+//! chunks was a third of a warm start. A change to that layout is a new format version.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{SnapshotError, SnapshotErrorKind};
+use crate::store::compact::{parse_record, write_record};
 use crate::value_digest;
 
 /// The file's first 8 bytes.
 pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";
 /// The layout this build writes and reads.
-pub(super) const VERSION: u32 = 2;
+pub(super) const VERSION: u32 = 3;
 /// Bytes before the prefix's length.
-const FIXED_HEADER: usize = 48;
-/// Bytes of one key's fixed fields: two lengths and four revisions.
-const ENTRY_FIXED: usize = 4 + 4 + 5 * 8;
+const FIXED_HEADER: usize = 56;
+/// The fewest bytes a key takes: its record's length and index value counts in the head...
+const KEY_HEAD: usize = 4;
+/// ...and its record: flags, key length, four revisions and the digest.
+const MIN_RECORD: usize = 1 + 1 + 4 + 8;
 
 /// What a snapshot says about itself, besides its keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +62,11 @@ pub(super) struct Header {
     pub(super) indexes: Vec<String>,
 }
 
-/// One key as stored: its value still encoded, as a range of the file's bytes (values are
-/// decoded only once the source agreed to resume).
+/// One key as stored: its value still encoded. `record`, `key` and `value` are ranges of the
+/// records (values are decoded only once the source agreed to resume), `index` of the head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Entry {
+    pub(super) record: Range<usize>,
     pub(super) key: Range<usize>,
     pub(super) value: Range<usize>,
     pub(super) mod_revision: i64,
@@ -64,26 +76,37 @@ pub(super) struct Entry {
     pub(super) digest: u64,
     /// The key's index values (see [`Loaded::index_values`]).
     pub(super) index: Range<usize>,
+    /// The key's hash for the store's sets (`store::key_hash`), taken while the key's bytes
+    /// are at hand: a compact cache reads no key again to fill its sets.
+    pub(super) key_hash: u64,
 }
 
 /// A verified snapshot file: header, entries, and the bytes they point into.
 pub(super) struct Loaded {
     pub(super) header: Header,
     pub(super) entries: Vec<Entry>,
-    pub(super) bytes: Vec<u8>,
+    /// Everything before the records.
+    pub(super) head: Vec<u8>,
+    /// The records, in one allocation a compact cache can keep.
+    pub(super) records: Arc<Box<[u8]>>,
 }
 
 impl Loaded {
     /// The key of `entry` (checked to be UTF-8 when the file was read).
     pub(super) fn key(&self, entry: &Entry) -> &str {
-        std::str::from_utf8(&self.bytes[entry.key.clone()]).unwrap_or_default()
+        std::str::from_utf8(&self.records[entry.key.clone()]).unwrap_or_default()
+    }
+
+    /// The encoded value of `entry`.
+    pub(super) fn value(&self, entry: &Entry) -> &[u8] {
+        &self.records[entry.value.clone()]
     }
 
     /// The index values of `entry`, one list per index of the header (checked when the file
     /// was read).
     pub(super) fn index_values(&self, entry: &Entry) -> Vec<Vec<&str>> {
         let mut r = Reader {
-            bytes: &self.bytes[..entry.index.end],
+            bytes: &self.head[..entry.index.end],
             at: entry.index.start,
         };
         (0..self.header.indexes.len())
@@ -92,7 +115,7 @@ impl Loaded {
                 (0..n)
                     .filter_map(|_| {
                         let range = r.field()?;
-                        std::str::from_utf8(&self.bytes[range]).ok()
+                        std::str::from_utf8(&self.head[range]).ok()
                     })
                     .collect()
             })
@@ -100,34 +123,49 @@ impl Loaded {
     }
 }
 
-/// The file's checksum: [`value_digest`] (FNV-1a a word at a time) over its bytes.
-pub(super) fn checksum(bytes: &[u8]) -> u64 {
-    value_digest(bytes)
+/// The file's checksum, from its head (`[0, R)`) and its records: [`value_digest`] (FNV-1a a
+/// word at a time) of the two parts' own.
+fn checksum(head: &[u8], records: &[u8]) -> u64 {
+    let mut both = [0u8; 16];
+    both[..8].copy_from_slice(&value_digest(head).to_le_bytes());
+    both[8..].copy_from_slice(&value_digest(records).to_le_bytes());
+    value_digest(&both)
 }
 
 /// Builds a snapshot file's bytes, key by key.
 pub(super) struct Encoder {
-    buf: Vec<u8>,
+    head: Vec<u8>,
+    lengths: Vec<u8>,
+    index: Vec<u8>,
+    records: Vec<u8>,
     keys: u64,
 }
 
 impl Encoder {
+    /// `capacity`: the records' expected size.
     pub(super) fn new(header: &Header, capacity: usize) -> Self {
-        let mut buf = Vec::with_capacity(capacity);
-        buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&VERSION.to_le_bytes());
-        buf.extend_from_slice(&0u32.to_le_bytes());
-        buf.extend_from_slice(&0u64.to_le_bytes()); // length, set by `finish`
-        buf.extend_from_slice(&header.cluster_id.to_le_bytes());
-        buf.extend_from_slice(&header.revision.to_le_bytes());
-        buf.extend_from_slice(&0u64.to_le_bytes()); // key count, set by `finish`
-        put_bytes(&mut buf, header.prefix.as_bytes());
-        put_bytes(&mut buf, header.codec_id.as_bytes());
-        buf.extend_from_slice(&(header.indexes.len() as u32).to_le_bytes());
+        let mut head = Vec::new();
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&0u64.to_le_bytes()); // length, set by `finish`
+        head.extend_from_slice(&header.cluster_id.to_le_bytes());
+        head.extend_from_slice(&header.revision.to_le_bytes());
+        head.extend_from_slice(&0u64.to_le_bytes()); // key count, set by `finish`
+        head.extend_from_slice(&0u64.to_le_bytes()); // where the records start, by `finish`
+        put_bytes(&mut head, header.prefix.as_bytes());
+        put_bytes(&mut head, header.codec_id.as_bytes());
+        head.extend_from_slice(&(header.indexes.len() as u32).to_le_bytes());
         for name in &header.indexes {
-            put_bytes(&mut buf, name.as_bytes());
+            put_bytes(&mut head, name.as_bytes());
         }
-        Encoder { buf, keys: 0 }
+        Encoder {
+            head,
+            lengths: Vec::new(),
+            index: Vec::new(),
+            records: Vec::with_capacity(capacity),
+            keys: 0,
+        }
     }
 
     /// Appends a key; `index` holds its values for each index of the header, in order.
@@ -139,29 +177,40 @@ impl Encoder {
         digest: u64,
         index: &[Vec<String>],
     ) {
-        put_bytes(&mut self.buf, key.as_bytes());
-        put_bytes(&mut self.buf, value);
-        for r in revisions {
-            self.buf.extend_from_slice(&r.to_le_bytes());
-        }
-        self.buf.extend_from_slice(&digest.to_le_bytes());
+        let start = self.records.len();
+        write_record(&mut self.records, key, revisions, digest, 0, value);
+        // Keys and values longer than 4 GiB cannot exist in etcd (1.5 MiB requests).
+        let len = (self.records.len() - start) as u32;
+        self.lengths.extend_from_slice(&len.to_le_bytes());
         for values in index {
-            self.buf
+            self.index
                 .extend_from_slice(&(values.len() as u32).to_le_bytes());
             for v in values {
-                put_bytes(&mut self.buf, v.as_bytes());
+                put_bytes(&mut self.index, v.as_bytes());
             }
         }
         self.keys += 1;
     }
 
-    pub(super) fn finish(mut self) -> Vec<u8> {
-        let len = (self.buf.len() + 8) as u64;
-        self.buf[16..24].copy_from_slice(&len.to_le_bytes());
-        self.buf[40..48].copy_from_slice(&self.keys.to_le_bytes());
-        let sum = checksum(&self.buf);
-        self.buf.extend_from_slice(&sum.to_le_bytes());
-        self.buf
+    /// The file's bytes, in three parts to write one after the other: the head, the records
+    /// and the checksum (not copied into one buffer: at a million keys that is 200 MB).
+    pub(super) fn finish(self) -> [Vec<u8>; 3] {
+        let Encoder {
+            mut head,
+            lengths,
+            index,
+            records,
+            keys,
+        } = self;
+        head.extend_from_slice(&lengths);
+        head.extend_from_slice(&index);
+        let records_at = head.len() as u64;
+        let len = records_at + records.len() as u64 + 8;
+        head[16..24].copy_from_slice(&len.to_le_bytes());
+        head[40..48].copy_from_slice(&keys.to_le_bytes());
+        head[48..56].copy_from_slice(&records_at.to_le_bytes());
+        let sum = checksum(&head, &records);
+        [head, records, sum.to_le_bytes().to_vec()]
     }
 }
 
@@ -176,7 +225,6 @@ fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
 /// alone and unverified (so that etcd can be asked about them while the whole file is read
 /// and checked, which must then agree); `None` if it is not a snapshot of this format.
 pub(super) fn peek(path: &Path) -> Option<(u64, i64, u64)> {
-    use std::io::Read;
     let mut head = [0u8; FIXED_HEADER];
     File::open(path).ok()?.read_exact(&mut head).ok()?;
     let mut r = Reader {
@@ -190,52 +238,96 @@ pub(super) fn peek(path: &Path) -> Option<(u64, i64, u64)> {
     Some((r.u64()?, r.i64()?, r.u64()?))
 }
 
-/// Reads and verifies the snapshot at `path`: layout, length, checksum, and every field in
-/// bounds. Nothing in it is trusted before the checksum matched.
-pub(super) fn read(path: &Path) -> Result<Loaded, SnapshotError> {
-    let bytes = std::fs::read(path).map_err(|e| SnapshotError::new(path, e.into()))?;
-    parse(bytes).map_err(|kind| SnapshotError::new(path, kind))
-}
-
-fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
+/// Where the records start in a file of `len` bytes that begins with `fixed` (its first
+/// [`FIXED_HEADER`] bytes, or all of it if shorter), if magic, version, declared length and
+/// that offset agree with the file's length. Nothing else is trusted before the checksum.
+fn records_at(fixed: &[u8], len: usize) -> Result<usize, SnapshotErrorKind> {
     use SnapshotErrorKind as K;
-    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-        if bytes.len() < MAGIC.len() && MAGIC.starts_with(&bytes) {
+    if fixed.len() < MAGIC.len() || &fixed[..MAGIC.len()] != MAGIC {
+        if fixed.len() < MAGIC.len() && MAGIC.starts_with(fixed) {
             return Err(K::Truncated {
-                len: bytes.len() as u64,
+                len: len as u64,
                 expected: None,
             });
         }
         return Err(K::NotASnapshot);
     }
     let mut r = Reader {
-        bytes: &bytes,
+        bytes: fixed,
         at: MAGIC.len(),
     };
-    let truncated = |len: usize, expected: Option<u64>| K::Truncated {
+    let truncated = || K::Truncated {
         len: len as u64,
-        expected,
+        expected: None,
     };
-    let version = r.u32().ok_or(truncated(bytes.len(), None))?;
+    let version = r.u32().ok_or_else(truncated)?;
     if version != VERSION {
         return Err(K::Version(version));
     }
-    let _reserved = r.u32().ok_or(truncated(bytes.len(), None))?;
-    let declared = r.u64().ok_or(truncated(bytes.len(), None))?;
-    if (bytes.len() as u64) < declared {
-        return Err(truncated(bytes.len(), Some(declared)));
+    let _reserved = r.u32().ok_or_else(truncated)?;
+    let declared = r.u64().ok_or_else(truncated)?;
+    if (len as u64) < declared {
+        return Err(K::Truncated {
+            len: len as u64,
+            expected: Some(declared),
+        });
     }
-    if bytes.len() as u64 != declared || declared < (FIXED_HEADER + 8 + 8) as u64 {
+    if len as u64 != declared || declared < (FIXED_HEADER + 8 + 8) as u64 {
         return Err(K::Corrupt(format!(
-            "the file is {} bytes, its header says {declared}",
-            bytes.len()
+            "the file is {len} bytes, its header says {declared}"
         )));
     }
-    let body = bytes.len() - 8;
+    r.at = 48;
+    let at = r.u64().ok_or_else(truncated)?;
+    if at < FIXED_HEADER as u64 || at > (len - 8) as u64 {
+        return Err(K::Corrupt(format!(
+            "its records start at byte {at}, outside its {len} bytes"
+        )));
+    }
+    Ok(at as usize)
+}
+
+/// Reads and verifies the snapshot at `path`: layout, length, checksum, and every field in
+/// bounds. Nothing in it is trusted before the checksum matched. The records are read
+/// straight into their own allocation.
+pub(super) fn read(path: &Path) -> Result<Loaded, SnapshotError> {
+    let fail = |kind: SnapshotErrorKind| SnapshotError::new(path, kind);
+    let io = |e: std::io::Error| SnapshotError::new(path, e.into());
+    let mut file = File::open(path).map_err(io)?;
+    let len = usize::try_from(file.metadata().map_err(io)?.len())
+        .map_err(|_| fail(SnapshotErrorKind::Corrupt("larger than memory".into())))?;
+    let mut head = vec![0u8; FIXED_HEADER.min(len)];
+    file.read_exact(&mut head).map_err(io)?;
+    let at = records_at(&head, len).map_err(fail)?;
+    head.resize(at, 0);
+    file.read_exact(&mut head[FIXED_HEADER..]).map_err(io)?;
+    // Zeroed pages cost nothing until written; the exact size keeps the boxing copy-free.
+    let mut records = vec![0u8; len - 8 - at];
+    file.read_exact(&mut records).map_err(io)?;
     let mut stored = [0u8; 8];
-    stored.copy_from_slice(&bytes[body..]);
-    let stored = u64::from_le_bytes(stored);
-    let computed = checksum(&bytes[..body]);
+    file.read_exact(&mut stored).map_err(io)?;
+    parse_parts(head, records.into_boxed_slice(), u64::from_le_bytes(stored)).map_err(fail)
+}
+
+/// Parses a whole file's bytes (the tests' way in; [`read`] reads the parts apart).
+#[cfg(test)]
+fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
+    let fixed = &bytes[..FIXED_HEADER.min(bytes.len())];
+    let at = records_at(fixed, bytes.len())?;
+    let body = bytes.len() - 8;
+    let stored = u64::from_le_bytes(bytes[body..].try_into().unwrap_or_default());
+    let records = bytes[at..body].to_vec().into_boxed_slice();
+    parse_parts(bytes[..at].to_vec(), records, stored)
+}
+
+/// Checks the checksum, then parses the head and every record.
+fn parse_parts(
+    head: Vec<u8>,
+    records: Box<[u8]>,
+    stored: u64,
+) -> Result<Loaded, SnapshotErrorKind> {
+    use SnapshotErrorKind as K;
+    let computed = checksum(&head, &records);
     if stored != computed {
         return Err(K::Checksum { stored, computed });
     }
@@ -243,64 +335,75 @@ fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
     // written by a buggy or hostile program can carry a matching checksum.
     let corrupt = |what: &str| K::Corrupt(format!("{what} runs past the end of the file"));
     let r = &mut Reader {
-        bytes: &bytes[..body],
+        bytes: &head,
         at: 24,
     };
     let cluster_id = r.u64().ok_or_else(|| corrupt("the header"))?;
     let revision = r.i64().ok_or_else(|| corrupt("the header"))?;
     let keys = r.u64().ok_or_else(|| corrupt("the header"))?;
+    r.at = FIXED_HEADER;
     let prefix = r.string().ok_or_else(|| corrupt("the prefix"))?;
     let codec_id = r.string().ok_or_else(|| corrupt("the codec id"))?;
     let indexes = (|| {
         let n = r.u32()?;
         // Each name takes at least its length's 4 bytes.
-        if n as usize > body / 4 {
+        if n as usize > head.len() / 4 {
             return None;
         }
         (0..n).map(|_| r.string()).collect::<Option<Vec<_>>>()
     })()
     .ok_or_else(|| corrupt("the index names"))?;
-    // Each key takes at least ENTRY_FIXED bytes: a count the file cannot hold is refused
-    // before anything is allocated for it.
-    if keys > (body / ENTRY_FIXED) as u64 {
+    // A count the file cannot hold is refused before anything is allocated for it.
+    let fits = (head.len() / (KEY_HEAD + 4 * indexes.len())).min(records.len() / MIN_RECORD);
+    if keys > fits as u64 {
         return Err(K::Corrupt(format!(
-            "{keys} keys cannot fit in {body} bytes"
+            "{keys} keys cannot fit in {} bytes",
+            head.len() + records.len()
         )));
     }
+    let lengths = r
+        .take(keys as usize * 4)
+        .ok_or_else(|| corrupt("the record lengths"))?;
     let mut entries = Vec::with_capacity(keys as usize);
-    for i in 0..keys {
+    let mut at = 0usize;
+    for (i, len) in head[lengths].chunks_exact(4).enumerate() {
+        let len = u32::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
         let entry = (|| {
-            let key = r.field()?;
-            std::str::from_utf8(&r.bytes[key.clone()]).ok()?;
-            let value = r.field()?;
-            Some(Entry {
-                key,
-                value,
-                mod_revision: r.i64()?,
-                create_revision: r.i64()?,
-                version: r.i64()?,
-                lease: r.i64()?,
-                digest: r.array().map(u64::from_le_bytes)?,
-                index: {
-                    let start = r.at;
-                    for _ in 0..indexes.len() {
-                        let n = r.u32()?;
-                        for _ in 0..n {
-                            let value = r.field()?;
-                            std::str::from_utf8(&r.bytes[value]).ok()?;
-                        }
+            let record = at..at.checked_add(len)?;
+            let fields = parse_record(records.get(record.clone())?)?;
+            let index = {
+                let start = r.at;
+                for _ in 0..indexes.len() {
+                    let n = r.u32()?;
+                    for _ in 0..n {
+                        let value = r.field()?;
+                        std::str::from_utf8(&r.bytes[value]).ok()?;
                     }
-                    start..r.at
-                },
+                }
+                start..r.at
+            };
+            let [mod_revision, create_revision, version, lease] = fields.revisions;
+            Some(Entry {
+                key_hash: fields.key_hash,
+                key: at + fields.key.start..at + fields.key.end,
+                value: at + fields.value.start..at + fields.value.end,
+                record,
+                mod_revision,
+                create_revision,
+                version,
+                lease,
+                digest: fields.digest,
+                index,
             })
         })()
         .ok_or_else(|| K::Corrupt(format!("key {i} of {keys} is cut short or not UTF-8")))?;
+        at = entry.record.end;
         entries.push(entry);
     }
-    if r.at != body {
+    if r.at != head.len() || at != records.len() {
         return Err(K::Corrupt(format!(
             "{} bytes follow the last of {keys} keys",
-            body - r.at
+            (head.len() - r.at) + (records.len() - at)
         )));
     }
     Ok(Loaded {
@@ -312,7 +415,8 @@ fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
             indexes,
         },
         entries,
-        bytes,
+        head,
+        records: Arc::new(records),
     })
 }
 
@@ -362,11 +466,11 @@ pub(super) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Writes `bytes` to `path` so that a crash at any point leaves either the previous file or
+/// Writes `parts`, one after the other, to `path` so that a crash at any point leaves either the previous file or
 /// the new one, whole: a temporary file in the same directory, synced, renamed over `path`,
 /// then the directory synced so that the rename itself survives a power loss. The file is
 /// readable and writable by its owner only (0600).
-pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
+pub(super) fn write_atomic(path: &Path, parts: &[Vec<u8>]) -> Result<(), SnapshotError> {
     let temp = temp_path(path);
     let result = (|| {
         let mut options = OpenOptions::new();
@@ -378,7 +482,9 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SnapshotErro
         // `mode` applies only to a file it creates: a temporary file left behind keeps its own.
         #[cfg(unix)]
         file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-        file.write_all(bytes)?;
+        for part in parts {
+            file.write_all(part)?;
+        }
         file.sync_all()?;
         drop(file);
         std::fs::rename(&temp, path)?;
@@ -411,7 +517,7 @@ mod tests {
         e.key("ns/a", b"1", [40, 30, 2, 0], 0, &no_values);
         let values = [vec!["ns".to_owned()], vec!["a".to_owned(), "b".to_owned()]];
         e.key("ns/b", b"22", [41, 41, 1, 7], u64::MAX, &values);
-        e.finish()
+        e.finish().concat()
     }
 
     #[cfg(unix)]
@@ -424,7 +530,7 @@ mod tests {
         std::fs::write(temp_path(&path), b"old").expect("write");
         std::fs::set_permissions(temp_path(&path), std::fs::Permissions::from_mode(0o644))
             .expect("chmod");
-        write_atomic(&path, &sample()).expect("written");
+        write_atomic(&path, &[sample()]).expect("written");
         let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{mode:o}");
     }
@@ -438,7 +544,7 @@ mod tests {
         assert_eq!(loaded.entries.len(), 2);
         let b = &loaded.entries[1];
         assert_eq!(loaded.key(b), "ns/b");
-        assert_eq!(&loaded.bytes[b.value.clone()], b"22");
+        assert_eq!(loaded.value(b), b"22");
         assert_eq!(
             (
                 b.mod_revision,

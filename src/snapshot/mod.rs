@@ -20,8 +20,9 @@
 //! - **resumable**: the snapshot is the first list: handlers get its objects as adds (as
 //!   after a list), the watch opens from its revision + 1, and no list is read. A compact
 //!   cache whose codec has the snapshot codec's [name](crate::codec::Codec::name), with the
-//!   same index names, takes the records undecoded (a sample of them is decoded, to check the
-//!   codec and the index functions still agree with the file), while etcd is asked;
+//!   same index names, takes the records undecoded and uncopied (the file holds them in its
+//!   own layout; a sample of them is decoded, to check the codec and the index functions
+//!   still agree with the file), while etcd is asked;
 //! - **compacted** (its revision gone): etcd can neither count the keys at it nor show the
 //!   changes since, so nothing proves the snapshot is this store: a cold start, and no object
 //!   of the snapshot reaches a handler or a reader (a watch from it could also open at the

@@ -9,7 +9,7 @@ use crate::listwatch::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
     Resume, SourceIdentity, WatchStream,
 };
-use crate::{EncodedObject, Object};
+use crate::{EncodedObject, Object, SharedRecord};
 
 /// Wraps the informer's source: the first `list`/`list_into` may be answered from the
 /// snapshot; every other call, and every later list, goes to the source.
@@ -300,9 +300,19 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 
 /// The record of `entry`, as it is in the file.
 fn record<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
+    // A compact cache keeps the record itself, where its 32-bit offsets reach it.
+    let record = (|| {
+        Some(SharedRecord {
+            buffer: &loaded.records,
+            at: u32::try_from(entry.record.start).ok()?,
+            len: u32::try_from(entry.record.len()).ok()?,
+            key_hash: entry.key_hash,
+        })
+    })();
     EncodedObject {
         key: loaded.key(entry),
-        value: &loaded.bytes[entry.value.clone()],
+        value: loaded.value(entry),
+        record,
         revisions: [
             entry.mod_revision,
             entry.create_revision,
@@ -365,7 +375,7 @@ fn decode<T: 'static>(
     for e in entries {
         let key = loaded.key(e);
         let value = codec
-            .decode(&loaded.bytes[e.value.clone()])
+            .decode(loaded.value(e))
             .map_err(|error| SnapshotErrorKind::Value {
                 key: key.to_owned(),
                 error,

@@ -161,6 +161,50 @@ fn read_varint(bytes: &[u8], mut at: usize) -> (u64, usize) {
     (n, at)
 }
 
+/// The varint at `at` and the position after it, or `None` if it runs past the end or past
+/// ten bytes (read as [`read_varint`] reads it).
+fn strict_varint(bytes: &[u8], at: usize) -> Option<(u64, usize)> {
+    let end = bytes.iter().skip(at).take(10).position(|b| b & 0x80 == 0)?;
+    Some(read_varint(&bytes[..at + end + 1], at))
+}
+
+/// The fields of a record read from outside (a snapshot file): ranges within the record.
+pub(crate) struct RecordFields {
+    pub(crate) key: std::ops::Range<usize>,
+    pub(crate) revisions: [i64; 4],
+    pub(crate) digest: u64,
+    pub(crate) value: std::ops::Range<usize>,
+    /// The key's [`key_hash`](super::key_hash).
+    pub(crate) key_hash: u64,
+}
+
+/// Reads a record as [`write_record`] wrote it with no flags (a `WHOLE` record's id means
+/// nothing outside its table); `None` if it does not hold together or its key is not UTF-8.
+/// A record that passes reads the same through [`Packed`].
+pub(crate) fn parse_record(bytes: &[u8]) -> Option<RecordFields> {
+    if *bytes.first()? != 0 {
+        return None;
+    }
+    let (len, at) = strict_varint(bytes, 1)?;
+    let key = at..at.checked_add(usize::try_from(len).ok()?)?;
+    let key_hash = super::key_hash(std::str::from_utf8(bytes.get(key.clone())?).ok()?);
+    let mut at = key.end;
+    let mut revisions = [0; 4];
+    for r in &mut revisions {
+        let (n, next) = strict_varint(bytes, at)?;
+        *r = n as i64;
+        at = next;
+    }
+    let digest = u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
+    Some(RecordFields {
+        key,
+        revisions,
+        digest,
+        value: at + 8..bytes.len(),
+        key_hash,
+    })
+}
+
 /// Records written into one buffer, then frozen into a chunk.
 #[derive(Default)]
 struct ChunkWriter {
@@ -333,7 +377,8 @@ fn record_len(key_len: usize, revisions: [i64; 4], value_len: usize) -> usize {
     1 + varint_len(key_len as u64) + key_len + revisions + 8 + value_len
 }
 
-fn write_record(
+/// Writes a record in the layout above (a snapshot file holds its records so too).
+pub(crate) fn write_record(
     out: &mut Vec<u8>,
     key: &str,
     revisions: [i64; 4],
@@ -534,6 +579,26 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
     }
 
     fn pack_encoded(&mut self, objs: &[EncodedObject<'_>]) -> Option<Vec<Packed>> {
+        if let Some(shared) = objs.iter().map(|o| o.record).collect::<Option<Vec<_>>>() {
+            // Already records of this layout, in a buffer the table can keep (a snapshot
+            // file's): shared, not copied. The buffer holds nothing but records, which come a
+            // page at a time: each counts as its own bytes of a chunk (counting the whole
+            // buffer with the first page would make every page look mostly dead, and repack).
+            return Some(
+                shared
+                    .into_iter()
+                    .map(|r| {
+                        self.chunk_bytes += r.len as usize;
+                        self.chunk_live += r.len as usize;
+                        Packed {
+                            chunk: r.buffer.clone(),
+                            at: r.at,
+                            len: r.len,
+                        }
+                    })
+                    .collect(),
+            );
+        }
         Some(self.pack_records(
             objs.len(),
             |i| record_len(objs[i].key.len(), objs[i].revisions, objs[i].value.len()),
@@ -557,6 +622,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
 mod tests {
     use super::*;
     use crate::codec::CodecError;
+    use crate::SharedRecord;
 
     /// Encodes `u32`s as decimal text; refuses to encode 13 and to decode "7".
     struct Picky;
@@ -673,5 +739,85 @@ mod tests {
             repr.release(&slot);
             assert!(repr.whole.is_empty());
         }
+    }
+
+    #[test]
+    fn a_record_read_from_outside_reads_as_the_table_reads_it() {
+        let mut bytes = Vec::new();
+        write_record(&mut bytes, "ns/a", [7, -3, 2, 1 << 40], 0xfeed, 0, b"value");
+        let fields = parse_record(&bytes).expect("parses");
+        let slot = Packed {
+            chunk: Arc::new(bytes.clone().into_boxed_slice()),
+            at: 0,
+            len: bytes.len() as u32,
+        };
+        assert_eq!(&bytes[fields.key.clone()], slot.key().as_bytes());
+        let (revisions, digest, value_at) = slot.revisions();
+        assert_eq!(
+            (fields.revisions, fields.digest, fields.value.start),
+            (revisions, digest, value_at)
+        );
+        assert_eq!(&bytes[fields.value], b"value");
+        // Cut anywhere before the value, it does not hold together.
+        for len in 0..value_at {
+            assert!(parse_record(&bytes[..len]).is_none(), "cut at {len}");
+        }
+        // A record kept decoded by its table has no value to read.
+        let mut whole = bytes.clone();
+        whole[0] = WHOLE;
+        assert!(parse_record(&whole).is_none());
+        // A key that is not UTF-8.
+        let mut bad = bytes;
+        bad[fields.key.start] = 0xff;
+        assert!(parse_record(&bad).is_none());
+    }
+
+    #[test]
+    fn shared_records_are_kept_without_a_copy_and_counted_as_they_come() {
+        let mut bytes = Vec::new();
+        let mut spans = Vec::new();
+        let keys: Vec<String> = (0..1000).map(|i| format!("ns/{i}")).collect();
+        let values: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+        for (key, value) in keys.iter().zip(&values) {
+            let at = bytes.len();
+            write_record(&mut bytes, key, [5, 5, 1, 0], 0, 0, value.as_bytes());
+            spans.push((key, value, at, bytes.len() - at));
+        }
+        let buffer = Arc::new(bytes.into_boxed_slice());
+        let objs: Vec<_> = spans
+            .iter()
+            .map(|&(key, value, at, len)| EncodedObject {
+                key,
+                value: value.as_bytes(),
+                revisions: [5, 5, 1, 0],
+                digest: 0,
+                index: Vec::new(),
+                record: Some(SharedRecord {
+                    buffer: &buffer,
+                    at: at as u32,
+                    len: len as u32,
+                    key_hash: crate::store::key_hash(key),
+                }),
+            })
+            .collect();
+        let mut repr = PackedRepr::<u32>::new(Arc::new(Picky));
+        // The first page of the buffer is no reason to repack, however much of it is to come.
+        let first = repr.pack_encoded(&objs[..10]).expect("packed");
+        assert!(!repr.needs_repack());
+        let rest = repr.pack_encoded(&objs[10..]).expect("packed");
+        assert!(first
+            .iter()
+            .chain(&rest)
+            .all(|s| Arc::ptr_eq(&s.chunk, &buffer)));
+        let values: Vec<_> = rest[..2]
+            .iter()
+            .map(|s| repr.unpack(s).map(|o| o.value))
+            .collect();
+        assert_eq!(values, [Some(10), Some(11)]);
+        assert_eq!(
+            (repr.chunk_bytes, repr.chunk_live),
+            (buffer.len(), buffer.len())
+        );
+        assert!(!repr.needs_repack());
     }
 }

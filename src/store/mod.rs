@@ -1,9 +1,10 @@
 //! The thread-safe store and its indexes: client-go's `Store`, `ThreadSafeStore` and `Indexer`.
 
-mod compact;
+pub(crate) mod compact;
 mod index;
 mod indexer;
 mod slot_set;
+pub(crate) use slot_set::key_hash;
 mod table;
 
 pub use index::{

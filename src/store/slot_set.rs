@@ -4,29 +4,49 @@
 //! page fault per key, most of a warm start's time (BENCHMARKS.md, "hash sets filled in bucket
 //! order").
 //!
-//! Each set hashes with a seed of its own, as std's `HashSet` does: under one seed, a set
-//! iterated (in bucket order) into another that grows as it fills would crowd the front of
-//! each smaller table, each insert probing further (rust-lang/rust#36481). So a key is hashed
-//! once per set it goes into.
+//! A key is hashed once ([`key_hash`]: SipHash under keys drawn once per process, so that keys
+//! written to the prefix cannot be chosen to collide), wherever its bytes are at hand (a
+//! snapshot's records as the file is parsed), and that hash serves every set the key goes
+//! into: reading each key again for each set was a cache miss per key and set, a third of a
+//! warm start. Each set mixes it with a seed of its own, as std's `HashSet` seeds each set:
+//! under one seed, a set iterated (in bucket order) into another that grows as it fills would
+//! crowd the front of each smaller table, each insert probing further (rust-lang/rust#36481).
+//! The mix is a bijection, so two keys collide in a set exactly when their SipHashes do.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
 
 use hashbrown::hash_table::{Entry, HashTable};
+
+/// The hash of `key` every set starts from (see the module docs).
+pub(crate) fn key_hash(key: &str) -> u64 {
+    static HASHER: OnceLock<RandomState> = OnceLock::new();
+    HASHER.get_or_init(RandomState::new).hash_one(key)
+}
+
+/// SplitMix64's finalizer: a bijection of `u64` whose every output bit depends on every input
+/// bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 /// Slots by key.
 #[derive(Clone)]
 pub(super) struct SlotSet<S> {
     table: HashTable<S>,
-    /// SipHash keys of this set's own: keys written to the prefix cannot be chosen to collide.
-    seed: RandomState,
+    /// Mixed into each [`key_hash`]: this set's own bucket order.
+    seed: u64,
 }
 
 impl<S> Default for SlotSet<S> {
     fn default() -> Self {
         SlotSet {
             table: HashTable::new(),
-            seed: RandomState::new(),
+            // A fresh `RandomState` has keys of its own (the thread's, advanced).
+            seed: RandomState::new().hash_one(()),
         }
     }
 }
@@ -40,32 +60,41 @@ impl<S: Borrow<str>> SlotSet<S> {
         self.table.is_empty()
     }
 
+    /// The hash in this set of a key whose [`key_hash`] is `key_hash`.
+    fn hash_of(&self, key_hash: u64) -> u64 {
+        mix(key_hash ^ self.seed)
+    }
+
+    fn hash(&self, key: &str) -> u64 {
+        self.hash_of(key_hash(key))
+    }
+
     pub(super) fn reserve(&mut self, additional: usize) {
-        let seed = &self.seed;
-        self.table
-            .reserve(additional, |s| seed.hash_one(Borrow::<str>::borrow(s)));
+        let seed = self.seed;
+        self.table.reserve(additional, |s| {
+            mix(key_hash(Borrow::<str>::borrow(s)) ^ seed)
+        });
     }
 
     pub(super) fn get(&self, key: &str) -> Option<&S> {
-        self.table
-            .find(self.seed.hash_one(key), |s| s.borrow() == key)
+        self.table.find(self.hash(key), |s| s.borrow() == key)
     }
 
     /// Puts `slot` in, in place of the slot of its key if there is one, which it returns.
     pub(super) fn replace(&mut self, slot: S) -> Option<S> {
-        let hash = self.seed.hash_one(Borrow::<str>::borrow(&slot));
+        let hash = self.hash(Borrow::<str>::borrow(&slot));
         self.replace_hashed(hash, slot)
     }
 
-    /// [`replace`](Self::replace), with the hash of the slot's key under this set's seed.
+    /// [`replace`](Self::replace), with the hash of the slot's key in this set.
     fn replace_hashed(&mut self, hash: u64, slot: S) -> Option<S> {
-        let seed = &self.seed;
+        let seed = self.seed;
         // The key is read only to tell slots with equal hash tags apart: read at once, it would
         // cost a fetch from wherever the record is, for every slot.
         match self.table.entry(
             hash,
             |s| s.borrow() == slot.borrow(),
-            |s| seed.hash_one(Borrow::<str>::borrow(s)),
+            |s| mix(key_hash(Borrow::<str>::borrow(s)) ^ seed),
         ) {
             Entry::Occupied(mut held) => Some(std::mem::replace(held.get_mut(), slot)),
             Entry::Vacant(vacant) => {
@@ -78,27 +107,49 @@ impl<S: Borrow<str>> SlotSet<S> {
     /// [`replace`](Self::replace) for each of `slots` in turn, done in the order of the buckets
     /// they land in (after making room for all of them); returns the slots replaced.
     pub(super) fn replace_all(&mut self, slots: Vec<S>) -> Vec<S> {
-        self.reserve(slots.len());
-        let mut hashed: Vec<(u64, S)> = slots
+        let hashed = slots
             .into_iter()
-            .map(|slot| (self.seed.hash_one(Borrow::<str>::borrow(&slot)), slot))
+            .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
             .collect();
+        self.replace_all_hashed(hashed)
+    }
+
+    /// [`replace_all`](Self::replace_all), each slot with its key's [`key_hash`].
+    pub(super) fn replace_all_hashed(&mut self, mut hashed: Vec<(u64, S)>) -> Vec<S> {
+        self.reserve(hashed.len());
+        for (hash, _) in &mut hashed {
+            *hash = self.hash_of(*hash);
+        }
         // A hash's home bucket is its low bits, and hashbrown's buckets are a power of two of
         // which `capacity` is 7/8 (above 8 buckets): the order only matters for speed.
         let buckets = (self.table.capacity() / 7 * 8).next_power_of_two().max(1) as u64;
-        // Stable: of two slots of one key, the later one is kept.
-        hashed.sort_by_key(|(hash, _)| hash & (buckets - 1));
-        hashed
+        let mask = buckets - 1;
+        if buckets > 1 << 32 || hashed.len() as u64 > 1 << 32 {
+            // Stable: of two slots of one key, the later one is kept.
+            hashed.sort_by_key(|(hash, _)| hash & mask);
+            return hashed
+                .into_iter()
+                .filter_map(|(hash, slot)| self.replace_hashed(hash, slot))
+                .collect();
+        }
+        // The same order, sorting words (bucket, then position: of two slots of one key, the
+        // later one is kept) rather than moving the slots themselves around.
+        let mut order: Vec<u64> = hashed
+            .iter()
+            .enumerate()
+            .map(|(i, (hash, _))| (hash & mask) << 32 | i as u64)
+            .collect();
+        order.sort_unstable();
+        let mut hashed: Vec<Option<(u64, S)>> = hashed.into_iter().map(Some).collect();
+        order
             .into_iter()
+            .filter_map(|o| hashed[(o & u64::from(u32::MAX)) as usize].take())
             .filter_map(|(hash, slot)| self.replace_hashed(hash, slot))
             .collect()
     }
 
     pub(super) fn take(&mut self, key: &str) -> Option<S> {
-        match self
-            .table
-            .find_entry(self.seed.hash_one(key), |s| s.borrow() == key)
-        {
+        match self.table.find_entry(self.hash(key), |s| s.borrow() == key) {
             Ok(held) => Some(held.remove().0),
             Err(_) => None,
         }
@@ -161,7 +212,7 @@ mod tests {
         let (a, b) = (SlotSet::<String>::default(), SlotSet::<String>::default());
         let differ = (0..4).any(|i| {
             let key = format!("k{i}");
-            a.seed.hash_one(&key) != b.seed.hash_one(&key)
+            a.hash(&key) != b.hash(&key)
         });
         assert!(differ, "two sets hash keys alike");
     }

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::slot_set::SlotSet;
+use super::slot_set::{key_hash, SlotSet};
 use super::{IndexFunc, Indexers};
 use crate::{EncodedObject, Object, Stamp};
 
@@ -405,9 +405,16 @@ where
             .map(|name| sorted.iter().position(|s| *s == name).unwrap_or(usize::MAX))
             .collect();
         let names: Vec<&String> = indexers.keys().collect();
+        // Each key hashed once for all its sets, where the file's parse did not already.
+        let hashes: Vec<u64> = objs
+            .iter()
+            .map(|o| o.record.map_or_else(|| key_hash(o.key), |r| r.key_hash))
+            .collect();
         // Each set is filled a page at a time, in the order of its buckets (see `SlotSet`).
-        let replaced = self.items.replace_all(slots.clone());
-        index_encoded(&mut self.indices, &names, &order, &slots, objs);
+        let replaced = self
+            .items
+            .replace_all_hashed(hashes.iter().copied().zip(slots.iter().cloned()).collect());
+        index_encoded(&mut self.indices, &names, &order, &slots, &hashes, objs);
         if !replaced.is_empty() {
             // A key already held, or twice in this page (which a snapshot never holds): as any
             // replacement; the page's last record of the key is the one kept.
@@ -584,6 +591,7 @@ fn index_encoded<S: Clone + Borrow<str>>(
     names: &[&String],
     order: &[usize],
     slots: &[S],
+    hashes: &[u64],
     objs: &[EncodedObject<'_>],
 ) {
     for (name, &i) in names.iter().zip(order) {
@@ -592,10 +600,10 @@ fn index_encoded<S: Clone + Borrow<str>>(
         };
         // Records come sorted by key, and neighbours mostly share their values (a
         // namespace): the previous value's group is tried before the map.
-        let mut groups: Vec<(&str, Vec<S>)> = Vec::new();
+        let mut groups: Vec<(&str, Vec<(u64, S)>)> = Vec::new();
         let mut group_of: HashMap<&str, usize> = HashMap::new();
         let mut previous: Option<(&str, usize)> = None;
-        for (slot, o) in slots.iter().zip(objs) {
+        for ((slot, &hash), o) in slots.iter().zip(hashes).zip(objs) {
             for &value in o.index.get(i).map_or(&[][..], Vec::as_slice) {
                 let group = match previous {
                     Some((v, group)) if v == value => group,
@@ -608,16 +616,16 @@ fn index_encoded<S: Clone + Borrow<str>>(
                         group
                     }
                 };
-                groups[group].1.push(slot.clone());
+                groups[group].1.push((hash, slot.clone()));
             }
         }
         for (value, slots) in groups {
             // A value already indexed costs no allocation.
             match index.get_mut(value) {
-                Some(set) => drop(set.replace_all(slots)),
+                Some(set) => drop(set.replace_all_hashed(slots)),
                 None => {
                     let mut set = SlotSet::default();
-                    set.replace_all(slots);
+                    set.replace_all_hashed(slots);
                     index.insert(value.to_owned(), set);
                 }
             }
@@ -703,6 +711,7 @@ mod tests {
             revisions: [value as i64 + 1, 1, 1, 0],
             digest: 0,
             index: vec![vec![if value % 2 == 0 { "0" } else { "1" }]],
+            record: None,
         };
         // Twice in one page, then again in the next, each time under the other parity.
         let first = [record("ns/a", 1), record("ns/b", 2), record("ns/a", 4)];
