@@ -296,17 +296,46 @@ pub(super) fn read(path: &Path) -> Result<Loaded, SnapshotError> {
     let mut file = File::open(path).map_err(io)?;
     let len = usize::try_from(file.metadata().map_err(io)?.len())
         .map_err(|_| fail(SnapshotErrorKind::Corrupt("larger than memory".into())))?;
-    let mut head = vec![0u8; FIXED_HEADER.min(len)];
-    file.read_exact(&mut head).map_err(io)?;
+    let mut head = Vec::new();
+    read_more(&mut file, &mut head, FIXED_HEADER.min(len), len).map_err(fail)?;
     let at = records_at(&head, len).map_err(fail)?;
-    head.resize(at, 0);
-    file.read_exact(&mut head[FIXED_HEADER..]).map_err(io)?;
-    // Zeroed pages cost nothing until written; the exact size keeps the boxing copy-free.
-    let mut records = vec![0u8; len - 8 - at];
-    file.read_exact(&mut records).map_err(io)?;
-    let mut stored = [0u8; 8];
-    file.read_exact(&mut stored).map_err(io)?;
-    parse_parts(head, records.into_boxed_slice(), u64::from_le_bytes(stored)).map_err(fail)
+    read_more(&mut file, &mut head, at - FIXED_HEADER, len).map_err(fail)?;
+    let mut records = Vec::new();
+    read_more(&mut file, &mut records, len - 8 - at, len).map_err(fail)?;
+    let mut stored = Vec::new();
+    read_more(&mut file, &mut stored, 8, len).map_err(fail)?;
+    // The file is replaced by a rename, never written in place: more bytes mean another writer.
+    if file.read(&mut [0u8; 1]).map_err(io)? != 0 {
+        return Err(fail(SnapshotErrorKind::Corrupt(format!(
+            "it grew past its {len} bytes while it was read"
+        ))));
+    }
+    let stored = u64::from_le_bytes(stored.try_into().unwrap_or_default());
+    parse_parts(head, records.into_boxed_slice(), stored).map_err(fail)
+}
+
+/// Appends the file's next `n` bytes to `buf`, allocated exactly (so that boxing it copies
+/// nothing), and refused rather than aborting the process when it cannot be: a file's length
+/// is not trusted before its checksum is checked. `len`: the file's length, for the error.
+fn read_more(
+    file: &mut File,
+    buf: &mut Vec<u8>,
+    n: usize,
+    len: usize,
+) -> Result<(), SnapshotErrorKind> {
+    buf.try_reserve_exact(n).map_err(|e| {
+        SnapshotErrorKind::Corrupt(format!("{n} bytes of it cannot be allocated: {e}"))
+    })?;
+    let before = buf.len();
+    // `read_to_end` fills the reserved room without zeroing it first.
+    file.take(n as u64).read_to_end(buf)?;
+    if buf.len() - before < n {
+        return Err(SnapshotErrorKind::Truncated {
+            len: len as u64,
+            expected: None,
+        });
+    }
+    Ok(())
 }
 
 /// Parses a whole file's bytes (the tests' way in; [`read`] reads the parts apart).
@@ -533,6 +562,23 @@ mod tests {
         write_atomic(&path, &[sample()]).expect("written");
         let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{mode:o}");
+    }
+
+    #[test]
+    fn a_huge_length_is_refused_not_allocated() {
+        // A sparse file of 1 TiB whose header agrees with its length: reading it must fail
+        // (its checksum cannot be checked without reading it), never abort on allocation.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("huge.snapshot");
+        let len: u64 = 1 << 40;
+        let mut head = sample()[..FIXED_HEADER].to_vec();
+        head[16..24].copy_from_slice(&len.to_le_bytes());
+        head[48..56].copy_from_slice(&(FIXED_HEADER as u64).to_le_bytes());
+        let file = File::create(&path).expect("create");
+        (&file).write_all(&head).expect("write");
+        file.set_len(len).expect("sparse");
+        let error = read(&path).err().expect("refused");
+        assert!(error.to_string().contains("cannot be allocated"), "{error}");
     }
 
     #[test]

@@ -300,15 +300,16 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 
 /// The record of `entry`, as it is in the file.
 fn record<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
-    // A compact cache keeps the record itself, where its 32-bit offsets reach it.
-    let record = (|| {
-        Some(SharedRecord {
+    // A compact cache keeps the record itself, if its 32-bit offsets reach every record of
+    // the buffer (one shared in part would be held whole, counted in part).
+    let record = u32::try_from(loaded.records.len())
+        .is_ok()
+        .then(|| SharedRecord {
             buffer: &loaded.records,
-            at: u32::try_from(entry.record.start).ok()?,
-            len: u32::try_from(entry.record.len()).ok()?,
+            at: entry.record.start as u32,
+            len: entry.record.len() as u32,
             key_hash: entry.key_hash,
-        })
-    })();
+        });
     EncodedObject {
         key: loaded.key(entry),
         value: loaded.value(entry),

@@ -588,13 +588,21 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
                 shared
                     .into_iter()
                     .map(|r| {
-                        self.chunk_bytes += r.len as usize;
-                        self.chunk_live += r.len as usize;
-                        Packed {
+                        let slot = Packed {
                             chunk: r.buffer.clone(),
                             at: r.at,
                             len: r.len,
+                        };
+                        // As `release` will take it back: a buffer of one small record is
+                        // loose.
+                        let len = r.len as usize;
+                        if !slot.shares_chunk() && loose(len) {
+                            self.loose += len;
+                        } else {
+                            self.chunk_bytes += len;
+                            self.chunk_live += len;
                         }
+                        slot
                     })
                     .collect(),
             );

@@ -598,8 +598,9 @@ fn index_encoded<S: Clone + Borrow<str>>(
         let Some(index) = indices.get_mut(name.as_str()) else {
             continue;
         };
-        // Records come sorted by key, and neighbours mostly share their values (a
-        // namespace): the previous value's group is tried before the map.
+        // A list's pages come in key order, where neighbours mostly share their values (a
+        // namespace): the previous value's group is tried before the map. (A snapshot's
+        // records come in the store's hash order, sorting them cost its write 0.6 s at 1M.)
         let mut groups: Vec<(&str, Vec<(u64, S)>)> = Vec::new();
         let mut group_of: HashMap<&str, usize> = HashMap::new();
         let mut previous: Option<(&str, usize)> = None;
