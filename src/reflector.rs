@@ -598,6 +598,8 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             }
             // Whether a watch after this list stayed up (see `RELIST_STORM_WINDOW`).
             let mut watch_stayed_up = false;
+            // Whether a failed watch after this list already waited a backoff delay.
+            let mut paused = false;
             let mut revision = list.revision;
             highest_seen = revision;
             self.handle.revision.store(revision, Ordering::Release);
@@ -625,15 +627,19 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                         reason = why;
                         if watch_stayed_up {
                             backoff.reset();
-                        } else if why != ListReason::Audit {
+                        } else if why != ListReason::Audit && !paused {
                             // The audit asks at most once per period, and only once its last
-                            // repair is done: never a storm, and a repair should not wait.
+                            // repair is done: never a storm, and a repair should not wait. A
+                            // failed watch's pause since the list was this relist's wait (the
+                            // backoff goes on growing): waiting again would only add to it, as
+                            // when etcd refused the watch and compacted meanwhile.
                             tokio::time::sleep(backoff.next_delay()).await;
                         }
                         break;
                     }
                     WatchEnd::Unavailable => tokio::time::sleep(reconnect.next_delay()).await,
                     WatchEnd::Failed => {
+                        paused = true;
                         if self.pause(backoff.next_delay()).await {
                             // What stretched the backoff is over (etcd's refusals): a relist
                             // that follows (the revision compacted meanwhile) is a recovery,
@@ -947,5 +953,34 @@ mod tests {
         // The next outage warns at once again.
         log.failed(&refused);
         assert_eq!(captured.lines("WARN").len(), warns.len() + 1);
+    }
+
+    /// A relist after failed watches waits no second backoff: four refused watches pause 0.8-1.6,
+    /// 1.6-3.2, 3.2-6.4 and 6.4-12.8 s (24 s at most), and the compacted one after them relists
+    /// at once, not after another 12.8 s or more. (The cache server saw that wait when etcd
+    /// turned its auth off and compacted before the server's probe cut the pause short.)
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_after_failed_watches_waits_no_second_backoff() {
+        use crate::testing::FakeSource;
+        use std::time::Duration;
+        let source: FakeSource<String> = FakeSource::new();
+        source.put("ns/a", "1".into());
+        for _ in 0..4 {
+            source.fail_next_watch(Error::transient("etcdserver: user name is empty"));
+        }
+        source.fail_next_watch(Error::expired(1, "compacted"));
+        let informer =
+            crate::SharedIndexInformer::new(source.clone(), crate::InformerOptions::default());
+        let started = tokio::time::Instant::now();
+        let run = tokio::spawn(informer.clone().run());
+        while source.list_count() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(24_500),
+            "relisted after {took:?}"
+        );
+        run.abort();
     }
 }
