@@ -381,6 +381,20 @@ async fn a_truncated_or_corrupt_snapshot_starts_cold() {
     assert_cold(&run, &client, &prefix, "checksum").await;
     run.informer.stop();
     let _ = run.run.await;
+
+    // A value garbled so that it no longer decodes: values are decoded as the file is read,
+    // before its checksum is known, yet the checksum is what the start line names.
+    let mut garbled = whole.clone();
+    let at = garbled
+        .windows(3)
+        .position(|w| w == b"v19")
+        .expect("a value in the file");
+    garbled[at] = 0xff;
+    std::fs::write(&path, &garbled).unwrap();
+    let run = start(&client, &prefix, options(&path), TextCodec).await;
+    assert_cold(&run, &client, &prefix, "checksum").await;
+    run.informer.stop();
+    let _ = run.run.await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -724,6 +738,48 @@ async fn stop(informer: SharedIndexInformer<String>, run: tokio::task::JoinHandl
         .await
         .expect("run ended")
         .expect("run did not panic");
+}
+
+/// A compact cache takes a snapshot's pages as they are read, before the file's checksum is
+/// known: a file garbled in a value that still decodes is installed, then dropped once the
+/// checksum fails, and the informer starts cold with etcd's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_cache_drops_a_snapshot_whose_checksum_fails_after_taking_it() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_compact_garbled");
+    let path = snapshot_path("compact_garbled");
+    let revision = put_keys(&client, &prefix, 50).await;
+    let indexers = etcd_informer::namespace_indexers();
+    let codec = CountingText::default();
+    let (first, run) = start_compact(&client, &prefix, &path, codec, indexers.clone()).await;
+    eventually("the cache at the last put", WITHIN, || {
+        first.revision() >= revision
+    })
+    .await;
+    stop(first, run).await;
+
+    // "v17" becomes "w17": still a value the codec decodes.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes
+        .windows(3)
+        .position(|w| w == b"v17")
+        .expect("the value is in the file");
+    bytes[at] = b'w';
+    std::fs::write(&path, &bytes).unwrap();
+
+    let decodes = CountingText::default();
+    let (second, run) = start_compact(&client, &prefix, &path, decodes.clone(), indexers).await;
+    match second.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => {
+            assert!(reason.contains("checksum"), "{reason}")
+        }
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+    converges(&second, &client, &prefix, WITHIN).await;
+    assert_eq!(second.indexer().len(), 50);
+    let kept = second.indexer().get_by_key("ns/k017").expect("cached");
+    assert_eq!(kept.value.as_str(), "v17", "the garbled record was dropped");
+    stop(second, run).await;
 }
 
 /// Issue 35: a compact cache takes the snapshot's records as they are (the lever for a warm

@@ -46,6 +46,11 @@ pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";
 pub(super) const VERSION: u32 = 3;
 /// Bytes before the prefix's length.
 const FIXED_HEADER: usize = 56;
+/// The most indexes a snapshot may name.
+const MAX_INDEXES: usize = 4096;
+/// The most bytes read past a garbled field to tell whether the checksum matches (see
+/// [`PageReader::refused`]): beyond it the field's own error is given at once.
+const MAX_DRAIN: usize = 256 << 20;
 /// The fewest bytes a key takes: its record's length and index value counts in the head...
 const KEY_HEAD: usize = 4;
 /// ...and its record: flags, key length, four revisions and the digest.
@@ -74,25 +79,25 @@ pub(super) struct Entry {
     pub(super) version: i64,
     pub(super) lease: i64,
     pub(super) digest: u64,
-    /// The key's index values (see [`Loaded::index_values`]).
+    /// The key's index values (see [`Page::index_values`]).
     pub(super) index: Range<usize>,
     /// The key's hash for the store's sets (`store::key_hash`), taken while the key's bytes
     /// are at hand: a compact cache reads no key again to fill its sets.
     pub(super) key_hash: u64,
 }
 
-/// A verified snapshot file: header, entries, and the bytes they point into.
-pub(super) struct Loaded {
-    pub(super) header: Header,
+/// A page of a snapshot's keys: its records, read into their own allocation (which a compact
+/// cache can keep), and an entry per key pointing into them.
+pub(super) struct Page {
     pub(super) entries: Vec<Entry>,
-    /// Everything before the records.
-    pub(super) head: Vec<u8>,
-    /// The records, in one allocation a compact cache can keep.
     pub(super) records: Arc<Box<[u8]>>,
+    /// The file's head, where the entries' index values are.
+    head: Arc<Vec<u8>>,
+    indexes: usize,
 }
 
-impl Loaded {
-    /// The key of `entry` (checked to be UTF-8 when the file was read).
+impl Page {
+    /// The key of `entry` (checked to be UTF-8 when the page was read).
     pub(super) fn key(&self, entry: &Entry) -> &str {
         std::str::from_utf8(&self.records[entry.key.clone()]).unwrap_or_default()
     }
@@ -102,14 +107,14 @@ impl Loaded {
         &self.records[entry.value.clone()]
     }
 
-    /// The index values of `entry`, one list per index of the header (checked when the file
+    /// The index values of `entry`, one list per index of the header (checked when the page
     /// was read).
     pub(super) fn index_values(&self, entry: &Entry) -> Vec<Vec<&str>> {
         let mut r = Reader {
             bytes: &self.head[..entry.index.end],
             at: entry.index.start,
         };
-        (0..self.header.indexes.len())
+        (0..self.indexes)
             .map(|_| {
                 let n = r.u32().unwrap_or(0);
                 (0..n)
@@ -126,9 +131,14 @@ impl Loaded {
 /// The file's checksum, from its head (`[0, R)`) and its records: [`value_digest`] (FNV-1a a
 /// word at a time) of the two parts' own.
 fn checksum(head: &[u8], records: &[u8]) -> u64 {
+    combine(value_digest(head), value_digest(records))
+}
+
+/// The checksum from the digests of the head and of the records.
+fn combine(head: u64, records: u64) -> u64 {
     let mut both = [0u8; 16];
-    both[..8].copy_from_slice(&value_digest(head).to_le_bytes());
-    both[8..].copy_from_slice(&value_digest(records).to_le_bytes());
+    both[..8].copy_from_slice(&head.to_le_bytes());
+    both[8..].copy_from_slice(&records.to_le_bytes());
     value_digest(&both)
 }
 
@@ -240,7 +250,8 @@ pub(super) fn peek(path: &Path) -> Option<(u64, i64, u64)> {
 
 /// Where the records start in a file of `len` bytes that begins with `fixed` (its first
 /// [`FIXED_HEADER`] bytes, or all of it if shorter), if magic, version, declared length and
-/// that offset agree with the file's length. Nothing else is trusted before the checksum.
+/// that offset agree with the file's length. Nothing else is trusted before the checksum (see
+/// [`PageReader`]).
 fn records_at(fixed: &[u8], len: usize) -> Result<usize, SnapshotErrorKind> {
     use SnapshotErrorKind as K;
     if fixed.len() < MAGIC.len() || &fixed[..MAGIC.len()] != MAGIC {
@@ -287,38 +298,314 @@ fn records_at(fixed: &[u8], len: usize) -> Result<usize, SnapshotErrorKind> {
     Ok(at as usize)
 }
 
-/// Reads and verifies the snapshot at `path`: layout, length, checksum, and every field in
-/// bounds. Nothing in it is trusted before the checksum matched. The records are read
-/// straight into their own allocation.
-pub(super) fn read(path: &Path) -> Result<Loaded, SnapshotError> {
-    let fail = |kind: SnapshotErrorKind| SnapshotError::new(path, kind);
-    let io = |e: std::io::Error| SnapshotError::new(path, e.into());
-    let mut file = File::open(path).map_err(io)?;
-    let len = usize::try_from(file.metadata().map_err(io)?.len())
-        .map_err(|_| fail(SnapshotErrorKind::Corrupt("larger than memory".into())))?;
-    let mut head = Vec::new();
-    read_more(&mut file, &mut head, FIXED_HEADER.min(len), len).map_err(fail)?;
-    let at = records_at(&head, len).map_err(fail)?;
-    read_more(&mut file, &mut head, at - FIXED_HEADER, len).map_err(fail)?;
-    let mut records = Vec::new();
-    read_more(&mut file, &mut records, len - 8 - at, len).map_err(fail)?;
-    let mut stored = Vec::new();
-    read_more(&mut file, &mut stored, 8, len).map_err(fail)?;
-    // The file is replaced by a rename, never written in place: more bytes mean another writer.
-    if file.read(&mut [0u8; 1]).map_err(io)? != 0 {
-        return Err(fail(SnapshotErrorKind::Corrupt(format!(
-            "it grew past its {len} bytes while it was read"
-        ))));
-    }
-    let stored = u64::from_le_bytes(stored.try_into().unwrap_or_default());
-    parse_parts(head, records.into_boxed_slice(), stored).map_err(fail)
+/// A snapshot read a page of keys at a time, so that a warm start installs one page while
+/// the next is read. Every field is checked to lie in bounds as it is read, but nothing is
+/// trusted before [`PageReader::finish`] matched the checksum: a page handed out before then
+/// is taken on approval, and dropped if the file turns out not to be the one written.
+pub(super) struct PageReader<R> {
+    input: R,
+    /// The file's length, for errors.
+    len: usize,
+    header: Header,
+    keys: usize,
+    head: Arc<Vec<u8>>,
+    /// Where the next key's record length is in the head...
+    next_length: usize,
+    /// ...and its index values.
+    next_index: usize,
+    /// Keys read so far.
+    done: usize,
+    /// Bytes of records not read yet.
+    records_left: usize,
+    head_sum: u64,
+    records_sum: StreamingDigest,
 }
 
-/// Appends the file's next `n` bytes to `buf`, allocated exactly (so that boxing it copies
+impl PageReader<File> {
+    /// Opens the snapshot at `path` and reads its head.
+    pub(super) fn open(path: &Path) -> Result<Self, SnapshotError> {
+        let fail = |kind: SnapshotErrorKind| SnapshotError::new(path, kind);
+        let io = |e: std::io::Error| SnapshotError::new(path, e.into());
+        let file = File::open(path).map_err(io)?;
+        let len = usize::try_from(file.metadata().map_err(io)?.len())
+            .map_err(|_| fail(SnapshotErrorKind::Corrupt("larger than memory".into())))?;
+        PageReader::new(file, len).map_err(fail)
+    }
+}
+
+impl<R: Read> PageReader<R> {
+    /// Reads the head of a snapshot of `len` bytes from `input`.
+    fn new(mut input: R, len: usize) -> Result<Self, SnapshotErrorKind> {
+        use SnapshotErrorKind as K;
+        let mut head = Vec::new();
+        read_more(&mut input, &mut head, FIXED_HEADER.min(len), len)?;
+        let at = records_at(&head, len)?;
+        read_more(&mut input, &mut head, at - FIXED_HEADER, len)?;
+        let corrupt = |what: &str| K::Corrupt(format!("{what} runs past the end of the file"));
+        let r = &mut Reader {
+            bytes: &head,
+            at: 24,
+        };
+        let cluster_id = r.u64().ok_or_else(|| corrupt("the header"))?;
+        let revision = r.i64().ok_or_else(|| corrupt("the header"))?;
+        let keys = r.u64().ok_or_else(|| corrupt("the header"))?;
+        r.at = FIXED_HEADER;
+        let prefix = r.string().ok_or_else(|| corrupt("the prefix"))?;
+        let codec_id = r.string().ok_or_else(|| corrupt("the codec id"))?;
+        let indexes = (|| {
+            let n = r.u32()?;
+            // Each name takes at least its length's 4 bytes; and no informer has thousands
+            // of indexes (names are collected before the checksum is known).
+            if n as usize > (head.len() / 4).min(MAX_INDEXES) {
+                return None;
+            }
+            (0..n).map(|_| r.string()).collect::<Option<Vec<_>>>()
+        })()
+        .ok_or_else(|| corrupt("the index names"))?;
+        let records_left = len - 8 - at;
+        // A count the file cannot hold is refused before anything is allocated for it.
+        let fits = (head.len() / (KEY_HEAD + 4 * indexes.len())).min(records_left / MIN_RECORD);
+        if keys > fits as u64 {
+            return Err(K::Corrupt(format!(
+                "{keys} keys cannot fit in {} bytes",
+                head.len() + records_left
+            )));
+        }
+        let lengths = r
+            .take(keys as usize * 4)
+            .ok_or_else(|| corrupt("the record lengths"))?;
+        let head_sum = value_digest(&head);
+        Ok(PageReader {
+            input,
+            len,
+            header: Header {
+                cluster_id,
+                revision,
+                prefix,
+                codec_id,
+                indexes,
+            },
+            keys: keys as usize,
+            head: Arc::new(head),
+            next_length: lengths.start,
+            next_index: lengths.end,
+            done: 0,
+            records_left,
+            head_sum,
+            records_sum: StreamingDigest::default(),
+        })
+    }
+
+    /// What the snapshot says about itself (checked only once it is read to the end).
+    pub(super) fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// How many keys the header counts.
+    pub(super) fn keys(&self) -> usize {
+        self.keys
+    }
+
+    /// Reads the next `max` keys or fewer; `None` after the last.
+    pub(super) fn next_page(&mut self, max: usize) -> Result<Option<Page>, SnapshotErrorKind> {
+        use SnapshotErrorKind as K;
+        let n = (self.keys - self.done).min(max);
+        if n == 0 {
+            return Ok(None);
+        }
+        let head = self.head.clone();
+        let corrupt = |what: String| K::Corrupt(format!("{what} runs past the end of the file"));
+        let lengths = self.next_length..self.next_length + 4 * n;
+        let lengths: Vec<usize> = head[lengths]
+            .chunks_exact(4)
+            .map(|len| u32::from_le_bytes(len.try_into().unwrap_or_default()) as usize)
+            .collect();
+        let Some(size) = lengths
+            .iter()
+            .try_fold(0usize, |sum, len| sum.checked_add(*len))
+            .filter(|size| *size <= self.records_left)
+        else {
+            let records = format!("the records of keys {}..{}", self.done, self.done + n);
+            return Err(self.refused(corrupt(records)));
+        };
+        let mut records = Vec::new();
+        read_more(&mut self.input, &mut records, size, self.len)?;
+        self.records_sum.update(&records);
+        self.records_left -= size;
+        let r = &mut Reader {
+            bytes: &head,
+            at: self.next_index,
+        };
+        let mut entries = Vec::with_capacity(n);
+        let mut at = 0usize;
+        for (i, len) in lengths.into_iter().enumerate() {
+            let entry = (|| {
+                let record = at..at + len;
+                let fields = parse_record(&records[record.clone()])?;
+                let index = {
+                    let start = r.at;
+                    for _ in 0..self.header.indexes.len() {
+                        let n = r.u32()?;
+                        for _ in 0..n {
+                            let value = r.field()?;
+                            std::str::from_utf8(&r.bytes[value]).ok()?;
+                        }
+                    }
+                    start..r.at
+                };
+                let [mod_revision, create_revision, version, lease] = fields.revisions;
+                Some(Entry {
+                    key_hash: fields.key_hash,
+                    key: at + fields.key.start..at + fields.key.end,
+                    value: at + fields.value.start..at + fields.value.end,
+                    record,
+                    mod_revision,
+                    create_revision,
+                    version,
+                    lease,
+                    digest: fields.digest,
+                    index,
+                })
+            })();
+            let Some(entry) = entry else {
+                let (key, keys) = (self.done + i, self.keys);
+                let kind = K::Corrupt(format!("key {key} of {keys} is cut short or not UTF-8"));
+                return Err(self.refused(kind));
+            };
+            at = entry.record.end;
+            entries.push(entry);
+        }
+        self.next_index = r.at;
+        self.next_length += 4 * n;
+        self.done += n;
+        Ok(Some(Page {
+            entries,
+            records: Arc::new(records.into_boxed_slice()),
+            head,
+            indexes: self.header.indexes.len(),
+        }))
+    }
+
+    /// Why the file is refused, `kind` having been found in it: a checksum that does not
+    /// match, if it does not (the rest of the file is read to tell), says more than the field
+    /// it garbled.
+    fn refused(&mut self, kind: SnapshotErrorKind) -> SnapshotErrorKind {
+        if self.records_left > MAX_DRAIN {
+            // A file of a terabyte (sparse, say) is not read to the end to name its fault.
+            return kind;
+        }
+        let mut rest = vec![0u8; 1 << 16];
+        while self.records_left > 0 {
+            let n = self.records_left.min(rest.len());
+            if self.input.read_exact(&mut rest[..n]).is_err() {
+                return kind;
+            }
+            self.records_sum.update(&rest[..n]);
+            self.records_left -= n;
+        }
+        let mut stored = [0u8; 8];
+        if self.input.read_exact(&mut stored).is_err() {
+            return kind;
+        }
+        let stored = u64::from_le_bytes(stored);
+        let computed = combine(
+            self.head_sum,
+            std::mem::take(&mut self.records_sum).finish(),
+        );
+        if stored != computed {
+            return SnapshotErrorKind::Checksum { stored, computed };
+        }
+        kind
+    }
+
+    /// Checks, once every page was read, that nothing follows the last key and that the
+    /// checksum matches: only then are the pages this file's as it was written.
+    pub(super) fn finish(mut self) -> Result<(), SnapshotErrorKind> {
+        use SnapshotErrorKind as K;
+        if self.done != self.keys {
+            return Err(K::Corrupt(format!(
+                "it was read to key {} of {}",
+                self.done, self.keys
+            )));
+        }
+        if self.next_index != self.head.len() || self.records_left != 0 {
+            let kind = K::Corrupt(format!(
+                "{} bytes follow the last of {} keys",
+                (self.head.len() - self.next_index) + self.records_left,
+                self.keys
+            ));
+            return Err(self.refused(kind));
+        }
+        let mut stored = Vec::new();
+        read_more(&mut self.input, &mut stored, 8, self.len)?;
+        // The file is replaced by a rename, never written in place: more bytes mean another
+        // writer.
+        if self.input.read(&mut [0u8; 1])? != 0 {
+            return Err(K::Corrupt(format!(
+                "it grew past its {} bytes while it was read",
+                self.len
+            )));
+        }
+        let stored = u64::from_le_bytes(stored.try_into().unwrap_or_default());
+        let computed = combine(self.head_sum, self.records_sum.finish());
+        if stored != computed {
+            return Err(K::Checksum { stored, computed });
+        }
+        Ok(())
+    }
+}
+
+/// [`value_digest`] of bytes that come a part at a time: the same as of their concatenation.
+#[derive(Default)]
+struct StreamingDigest {
+    hash: Option<u64>,
+    /// The last part's bytes after its last whole word, waiting for the next part's.
+    pending: Vec<u8>,
+}
+
+impl StreamingDigest {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    fn word(hash: u64, word: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        (hash ^ u64::from_le_bytes(w)).wrapping_mul(Self::PRIME)
+    }
+
+    fn update(&mut self, mut bytes: &[u8]) {
+        let mut hash = self.hash.unwrap_or(Self::OFFSET);
+        if !self.pending.is_empty() {
+            let take = (8 - self.pending.len()).min(bytes.len());
+            self.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.pending.len() == 8 {
+                hash = Self::word(hash, &self.pending);
+                self.pending.clear();
+            }
+        }
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            hash = Self::word(hash, word);
+        }
+        self.pending.extend_from_slice(words.remainder());
+        self.hash = Some(hash);
+    }
+
+    fn finish(self) -> u64 {
+        let mut hash = self.hash.unwrap_or(Self::OFFSET);
+        for &b in &self.pending {
+            hash = (hash ^ u64::from(b)).wrapping_mul(Self::PRIME);
+        }
+        hash
+    }
+}
+
+/// Appends the input's next `n` bytes to `buf`, allocated exactly (so that boxing it copies
 /// nothing), and refused rather than aborting the process when it cannot be: a file's length
 /// is not trusted before its checksum is checked. `len`: the file's length, for the error.
 fn read_more(
-    file: &mut File,
+    input: &mut impl Read,
     buf: &mut Vec<u8>,
     n: usize,
     len: usize,
@@ -328,7 +615,7 @@ fn read_more(
     })?;
     let before = buf.len();
     // `read_to_end` fills the reserved room without zeroing it first.
-    file.take(n as u64).read_to_end(buf)?;
+    input.take(n as u64).read_to_end(buf)?;
     if buf.len() - before < n {
         return Err(SnapshotErrorKind::Truncated {
             len: len as u64,
@@ -338,115 +625,37 @@ fn read_more(
     Ok(())
 }
 
-/// Parses a whole file's bytes (the tests' way in; [`read`] reads the parts apart).
+/// A whole snapshot read and verified: its header and its pages.
 #[cfg(test)]
-fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
-    let fixed = &bytes[..FIXED_HEADER.min(bytes.len())];
-    let at = records_at(fixed, bytes.len())?;
-    let body = bytes.len() - 8;
-    let stored = u64::from_le_bytes(bytes[body..].try_into().unwrap_or_default());
-    let records = bytes[at..body].to_vec().into_boxed_slice();
-    parse_parts(bytes[..at].to_vec(), records, stored)
+pub(super) struct Loaded {
+    pub(super) header: Header,
+    pub(super) pages: Vec<Page>,
 }
 
-/// Checks the checksum, then parses the head and every record.
-fn parse_parts(
-    head: Vec<u8>,
-    records: Box<[u8]>,
-    stored: u64,
-) -> Result<Loaded, SnapshotErrorKind> {
-    use SnapshotErrorKind as K;
-    let computed = checksum(&head, &records);
-    if stored != computed {
-        return Err(K::Checksum { stored, computed });
+/// Reads and verifies the whole snapshot at `path`.
+#[cfg(test)]
+pub(super) fn read(path: &Path) -> Result<Loaded, SnapshotError> {
+    let reader = PageReader::open(path)?;
+    read_all(reader).map_err(|kind| SnapshotError::new(path, kind))
+}
+
+#[cfg(test)]
+fn read_all<R: Read>(mut reader: PageReader<R>) -> Result<Loaded, SnapshotErrorKind> {
+    let mut pages = Vec::new();
+    // Small pages, so that the tests cross their boundaries.
+    while let Some(page) = reader.next_page(1)? {
+        pages.push(page);
     }
-    // From here on the bytes are the ones written; bounds are still checked, since a file
-    // written by a buggy or hostile program can carry a matching checksum.
-    let corrupt = |what: &str| K::Corrupt(format!("{what} runs past the end of the file"));
-    let r = &mut Reader {
-        bytes: &head,
-        at: 24,
-    };
-    let cluster_id = r.u64().ok_or_else(|| corrupt("the header"))?;
-    let revision = r.i64().ok_or_else(|| corrupt("the header"))?;
-    let keys = r.u64().ok_or_else(|| corrupt("the header"))?;
-    r.at = FIXED_HEADER;
-    let prefix = r.string().ok_or_else(|| corrupt("the prefix"))?;
-    let codec_id = r.string().ok_or_else(|| corrupt("the codec id"))?;
-    let indexes = (|| {
-        let n = r.u32()?;
-        // Each name takes at least its length's 4 bytes.
-        if n as usize > head.len() / 4 {
-            return None;
-        }
-        (0..n).map(|_| r.string()).collect::<Option<Vec<_>>>()
-    })()
-    .ok_or_else(|| corrupt("the index names"))?;
-    // A count the file cannot hold is refused before anything is allocated for it.
-    let fits = (head.len() / (KEY_HEAD + 4 * indexes.len())).min(records.len() / MIN_RECORD);
-    if keys > fits as u64 {
-        return Err(K::Corrupt(format!(
-            "{keys} keys cannot fit in {} bytes",
-            head.len() + records.len()
-        )));
-    }
-    let lengths = r
-        .take(keys as usize * 4)
-        .ok_or_else(|| corrupt("the record lengths"))?;
-    let mut entries = Vec::with_capacity(keys as usize);
-    let mut at = 0usize;
-    for (i, len) in head[lengths].chunks_exact(4).enumerate() {
-        let len = u32::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
-        let entry = (|| {
-            let record = at..at.checked_add(len)?;
-            let fields = parse_record(records.get(record.clone())?)?;
-            let index = {
-                let start = r.at;
-                for _ in 0..indexes.len() {
-                    let n = r.u32()?;
-                    for _ in 0..n {
-                        let value = r.field()?;
-                        std::str::from_utf8(&r.bytes[value]).ok()?;
-                    }
-                }
-                start..r.at
-            };
-            let [mod_revision, create_revision, version, lease] = fields.revisions;
-            Some(Entry {
-                key_hash: fields.key_hash,
-                key: at + fields.key.start..at + fields.key.end,
-                value: at + fields.value.start..at + fields.value.end,
-                record,
-                mod_revision,
-                create_revision,
-                version,
-                lease,
-                digest: fields.digest,
-                index,
-            })
-        })()
-        .ok_or_else(|| K::Corrupt(format!("key {i} of {keys} is cut short or not UTF-8")))?;
-        at = entry.record.end;
-        entries.push(entry);
-    }
-    if r.at != head.len() || at != records.len() {
-        return Err(K::Corrupt(format!(
-            "{} bytes follow the last of {keys} keys",
-            (head.len() - r.at) + (records.len() - at)
-        )));
-    }
-    Ok(Loaded {
-        header: Header {
-            cluster_id,
-            revision,
-            prefix,
-            codec_id,
-            indexes,
-        },
-        entries,
-        head,
-        records: Arc::new(records),
-    })
+    let header = reader.header.clone();
+    reader.finish()?;
+    Ok(Loaded { header, pages })
+}
+
+/// Parses a whole file's bytes.
+#[cfg(test)]
+fn parse(bytes: Vec<u8>) -> Result<Loaded, SnapshotErrorKind> {
+    let len = bytes.len();
+    read_all(PageReader::new(std::io::Cursor::new(bytes), len)?)
 }
 
 /// Reads fields in order, each checked to lie within the bytes.
@@ -566,19 +775,71 @@ mod tests {
 
     #[test]
     fn a_huge_length_is_refused_not_allocated() {
-        // A sparse file of 1 TiB whose header agrees with its length: reading it must fail
-        // (its checksum cannot be checked without reading it), never abort on allocation.
+        // A sparse file of 1 TiB whose header agrees with its length, and whose 255 records
+        // say they take 4 GiB each: reading it must fail (its checksum cannot be checked
+        // without reading it), never abort on allocation.
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("huge.snapshot");
+        let header = Header {
+            cluster_id: 1,
+            revision: 2,
+            prefix: "/p/".into(),
+            codec_id: "json".into(),
+            indexes: vec![],
+        };
+        let mut e = Encoder::new(&header, 0);
+        for i in 0..255 {
+            e.key(&format!("k{i}"), b"", [1, 1, 1, 0], 0, &[]);
+        }
+        let [mut head, ..] = e.finish();
+        let lengths = head.len() - 255 * 4;
+        for length in head[lengths..].chunks_exact_mut(4) {
+            length.copy_from_slice(&u32::MAX.to_le_bytes());
+        }
         let len: u64 = 1 << 40;
-        let mut head = sample()[..FIXED_HEADER].to_vec();
         head[16..24].copy_from_slice(&len.to_le_bytes());
-        head[48..56].copy_from_slice(&(FIXED_HEADER as u64).to_le_bytes());
         let file = File::create(&path).expect("create");
         (&file).write_all(&head).expect("write");
         file.set_len(len).expect("sparse");
-        let error = read(&path).err().expect("refused");
+        let mut reader = PageReader::open(&path).expect("the head reads");
+        let error = reader.next_page(usize::MAX).err().expect("refused");
         assert!(error.to_string().contains("cannot be allocated"), "{error}");
+
+        // One good key, then a terabyte of nothing: refused at once, not read to the end to
+        // see whether the checksum would have matched.
+        let mut e = Encoder::new(&header, 0);
+        e.key("k", b"v", [1, 1, 1, 0], 0, &[]);
+        let [mut head, records, _] = e.finish();
+        head[16..24].copy_from_slice(&len.to_le_bytes());
+        let file = File::create(&path).expect("create");
+        (&file).write_all(&head).expect("write");
+        (&file).write_all(&records).expect("write");
+        file.set_len(len).expect("sparse");
+        let mut reader = PageReader::open(&path).expect("the head reads");
+        assert!(reader.next_page(usize::MAX).expect("one key").is_some());
+        assert!(reader.next_page(usize::MAX).expect("no more").is_none());
+        let error = reader.finish().expect_err("refused");
+        assert!(error.to_string().contains("follow the last"), "{error}");
+    }
+
+    #[test]
+    fn the_digest_of_parts_is_the_digest_of_the_whole() {
+        let bytes: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(37)).collect();
+        for cuts in [
+            vec![],
+            vec![3],
+            vec![8, 9, 10],
+            vec![1, 2, 3, 4, 5, 6, 7, 50, 99],
+        ] {
+            let mut d = StreamingDigest::default();
+            let mut from = 0;
+            for cut in cuts.iter().copied().chain([bytes.len()]) {
+                d.update(&bytes[from..cut]);
+                from = cut;
+            }
+            assert_eq!(d.finish(), value_digest(&bytes), "cut at {cuts:?}");
+        }
+        assert_eq!(StreamingDigest::default().finish(), value_digest(&[]));
     }
 
     #[test]
@@ -587,25 +848,25 @@ mod tests {
         assert_eq!(loaded.header.revision, 42);
         assert_eq!(loaded.header.cluster_id, 0xabc);
         assert_eq!(loaded.header.prefix, "/p/");
-        assert_eq!(loaded.entries.len(), 2);
-        let b = &loaded.entries[1];
-        assert_eq!(loaded.key(b), "ns/b");
-        assert_eq!(loaded.value(b), b"22");
+        // One key a page (see `read_all`).
+        assert_eq!(loaded.pages.len(), 2);
+        let (a, b) = (&loaded.pages[0], &loaded.pages[1]);
+        let e = &b.entries[0];
+        assert_eq!(b.key(e), "ns/b");
+        assert_eq!(b.value(e), b"22");
         assert_eq!(
             (
-                b.mod_revision,
-                b.create_revision,
-                b.version,
-                b.lease,
-                b.digest
+                e.mod_revision,
+                e.create_revision,
+                e.version,
+                e.lease,
+                e.digest
             ),
             (41, 41, 1, 7, u64::MAX)
         );
-        assert_eq!(loaded.index_values(b), vec![vec!["ns"], vec!["a", "b"]]);
-        assert_eq!(
-            loaded.index_values(&loaded.entries[0]),
-            vec![Vec::<&str>::new(); 2]
-        );
+        assert_eq!(b.index_values(e), vec![vec!["ns"], vec!["a", "b"]]);
+        assert_eq!(a.index_values(&a.entries[0]), vec![Vec::<&str>::new(); 2]);
+        assert_eq!(a.key(&a.entries[0]), "ns/a");
     }
 
     #[test]
@@ -621,7 +882,17 @@ mod tests {
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x10;
-            assert!(parse(bad).is_err(), "byte {i} flipped went unnoticed");
+            let kind = parse(bad).err().expect("refused");
+            // A record garbled is read as a checksum that does not match, not as the field
+            // it garbled (the pages before it were handed on: the checksum is what says why
+            // they are dropped).
+            let at = records_at(&bytes[..FIXED_HEADER], bytes.len()).expect("whole");
+            if i >= at {
+                assert!(
+                    matches!(kind, SnapshotErrorKind::Checksum { .. }),
+                    "byte {i} flipped: {kind}"
+                );
+            }
         }
     }
 }

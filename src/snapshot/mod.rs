@@ -12,10 +12,12 @@
 //! a crash at any point leaves the previous snapshot or the new one, whole. It is created
 //! readable by its owner alone (0600): it holds every value of the prefix.
 //!
-//! On start, the informer reads the file and checks it (length, checksum, format version,
-//! codec id, prefix), then asks the source ([`ListerWatcher::can_resume`]): the same cluster,
-//! a revision etcd still has (not ahead of etcd's: a store replaced since), and as many keys
-//! under the prefix at that revision as the snapshot holds. Then:
+//! On start, the informer reads the file's head and checks it (length, format version, codec
+//! id, prefix), then asks the source ([`ListerWatcher::can_resume`]) for the same cluster, a
+//! revision etcd still has (not ahead of etcd's: a store replaced since), and as many keys
+//! under the prefix at that revision as the snapshot holds. Meanwhile it reads the rest a page
+//! at a time, each page handed on as the next is read, and checks the checksum at the end:
+//! a mismatch drops what was handed on. Then:
 //!
 //! - **resumable**: the snapshot is the first list: handlers get its objects as adds (as
 //!   after a list), the watch opens from its revision + 1, and no list is read. A compact
@@ -29,7 +31,7 @@
 //!   compaction revision itself, where etcd 3.4 before 3.4.36 drops deletes);
 //! - **anything else** (truncated, corrupt, another format, codec, prefix or cluster, a
 //!   replaced store, a tally that differs, a value that no longer decodes): a warning naming
-//!   the reason, and a cold start (a list), as without a snapshot. No file yet is a cold start
+//!   the reason, and a cold start (a list, at once), as without a snapshot. No file yet is a cold start
 //!   too, said at `info`.
 //!
 //! Whichever it was, one line at `info` (warm) or `warn` (cold) says so on start, and
@@ -341,7 +343,8 @@ mod tests {
         std::fs::write(format::temp_path(&options.path), b"half").expect("temp");
         let loaded = format::read(&options.path).expect("read");
         assert_eq!(loaded.header.revision, 9);
-        assert_eq!(loaded.key(&loaded.entries[0]), "a/b");
+        let page = &loaded.pages[0];
+        assert_eq!(page.key(&page.entries[0]), "a/b");
         std::fs::remove_dir_all(dir).ok();
     }
 }

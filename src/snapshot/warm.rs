@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::format::{self, Loaded};
+use super::format::{self, Page};
 use super::{SnapshotError, SnapshotErrorKind, SnapshotOptions, SnapshotStart};
 use crate::listwatch::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
@@ -32,10 +32,11 @@ type Chunks<T> = std::sync::mpsc::Receiver<Result<Vec<Object<T>>, String>>;
 /// enough that the cache is built while the rest decode.
 const CHUNK: usize = 16_384;
 
-/// Records per page handed to a sink that takes them encoded: the cache's hash sets are filled
-/// a page at a time in the order of their buckets, which saves the more memory traffic the
-/// larger the page (at a million keys, a page of 16,384 left most of it).
-const ENCODED_PAGE: usize = 131_072;
+/// Keys per page read from the file, and handed to a sink that takes them encoded: one page is
+/// installed while the next is read. The cache's hash sets are filled a page at a time in the
+/// order of their buckets, which saves the more memory traffic the larger the page (at a
+/// million keys, a page of 16,384 left most of it).
+const PAGE: usize = 131_072;
 
 /// A snapshot the source agreed to resume from.
 struct Warm<T> {
@@ -53,9 +54,10 @@ enum Content<T> {
     /// As the file holds them, encoded, with their index values: the list's sink keeps
     /// objects encoded with the same codec and the same indexes (a compact cache), so nothing
     /// is decoded (but a sample, to check the codec and the index functions still agree).
-    /// They are handed to the sink while etcd is asked (the sink discards them if etcd says
-    /// no): the task doing it.
-    Installing(tokio::task::JoinHandle<()>),
+    /// They are handed to the sink a page at a time as they are read, while etcd is asked
+    /// (the sink discards them if etcd says no, or if the file's checksum does not match):
+    /// the task doing it, and why it stopped short.
+    Installing(tokio::task::JoinHandle<Result<(), String>>),
 }
 
 /// How many records a sink decodes to check it may take the rest encoded.
@@ -82,15 +84,16 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         }
     }
 
-    /// Reads and checks the file, starts decoding the values (unless `sink` takes them
-    /// encoded), and asks the source meanwhile (decoding is most of a warm start's time; a
-    /// refusal wastes it). `Err` only when the source could not answer (the reflector retries
-    /// the list, and this with it).
+    /// Reads the file's head and first page, starts handing its pages to the sink encoded (or
+    /// decoding their values) as the rest is read and checked, and asks the source meanwhile
+    /// (reading and installing are most of a warm start's time; a refusal wastes them). `Err`
+    /// only when the source could not answer (the reflector retries the list, and this with
+    /// it).
     async fn decide(&self, sink: Option<&Arc<dyn ListSink<T>>>) -> Result<Decision<T>> {
         let started = std::time::Instant::now();
         let path = self.options.path.clone();
         // etcd is asked about the header's revision while the file is read and checked (at a
-        // million keys, each takes a few hundred milliseconds); the checked header must agree.
+        // million keys, each takes a few hundred milliseconds); the header read must agree.
         // If the file is not used after all, the question runs out on its own (one read).
         let peeked = format::peek(&path);
         let asking = peeked.map(|(cluster_id, revision, keys)| {
@@ -102,13 +105,20 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 );
             (asked, answer)
         });
-        let read = tokio::task::spawn_blocking(move || format::read(&path)).await;
-        let loaded = match read {
-            Ok(Ok(loaded)) => loaded,
+        let opened = tokio::task::spawn_blocking(move || {
+            let mut reader = format::PageReader::open(&path)?;
+            let first = reader
+                .next_page(PAGE)
+                .map_err(|kind| SnapshotError::new(&path, kind))?;
+            Ok::<_, SnapshotError>((reader, first))
+        })
+        .await;
+        let (reader, first) = match opened {
+            Ok(Ok(opened)) => opened,
             Ok(Err(e)) => return Ok(Decision::Cold(cold_reason(&e))),
             Err(e) => return Ok(Decision::Cold(format!("reading the snapshot failed: {e}"))),
         };
-        let header = &loaded.header;
+        let header = reader.header().clone();
         let mismatch = if header.codec_id != self.options.codec_id {
             Some(SnapshotErrorKind::Codec {
                 snapshot: header.codec_id.clone(),
@@ -125,45 +135,60 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
             let e = SnapshotError::new(&self.options.path, kind);
             return Ok(Decision::Cold(e.to_string()));
         }
-        let (revision, keys) = (header.revision, loaded.entries.len());
+        let (revision, keys) = (header.revision, reader.keys());
         let cluster_id = header.cluster_id;
         let read_at = started.elapsed();
+        // The sample comes from the first page: the file holds its keys in hash order, so
+        // that page is a random sample of them all.
         let encoded = sink.is_some_and(|sink| {
-            let step = (keys / SAMPLE).max(1);
-            let sample: Vec<_> = loaded
-                .entries
-                .iter()
-                .step_by(step)
-                .map(|e| record(&loaded, e))
-                .collect();
+            let sample: Vec<_> = first.as_ref().map_or_else(Vec::new, |page| {
+                let step = (page.entries.len() / SAMPLE).max(1);
+                page.entries
+                    .iter()
+                    .step_by(step)
+                    .map(|e| record(page, e))
+                    .collect()
+            });
             sink.takes_encoded(self.options.codec.name(), &header.indexes, keys, &sample)
         });
         if let Some(sink) = sink {
             sink.begin(revision, keys);
         }
-        // Set when etcd says no: the records still to install are not.
+        // Set when etcd says no: the pages still to read are not.
         let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pages = Pages {
+            reader,
+            first,
+            path: self.options.path.clone(),
+            abandoned: abandoned.clone(),
+        };
         let content = match sink.filter(|_| encoded) {
             Some(sink) => {
                 let sink = sink.clone();
-                let refused = abandoned.clone();
                 Content::Installing(tokio::task::spawn_blocking(move || {
-                    for entries in loaded.entries.chunks(ENCODED_PAGE) {
-                        if refused.load(std::sync::atomic::Ordering::Relaxed) {
-                            return;
-                        }
-                        let page: Vec<_> = entries.iter().map(|e| record(&loaded, e)).collect();
-                        sink.page_encoded(&page);
+                    let installed = pages.each(|page| {
+                        let records: Vec<_> =
+                            page.entries.iter().map(|e| record(&page, e)).collect();
+                        sink.page_encoded(&records);
+                        Ok(())
+                    });
+                    if installed.is_err() {
+                        // What the sink took is not this file's as it was written.
+                        sink.discard();
                     }
+                    installed
                 }))
             }
             None => {
                 let (tx, chunks) = std::sync::mpsc::channel();
                 let codec = self.options.codec.clone();
-                let path = self.options.path.clone();
                 // Detached: if the answer is no, dropping `chunks` stops it at its next chunk.
                 drop(tokio::task::spawn_blocking(move || {
-                    decode_chunks(&loaded, &*codec, &path, &tx)
+                    let path = pages.path.clone();
+                    let decoded = pages.each(|page| decode_chunks(&page, &*codec, &path, &tx));
+                    if let Err(reason) = decoded {
+                        let _ = tx.send(Err(reason));
+                    }
                 }));
                 Content::Decoding(chunks)
             }
@@ -193,8 +218,8 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
             Err(_) => Some(String::new()),
         };
         if let Some(reason) = refused {
+            abandoned.store(true, std::sync::atomic::Ordering::Relaxed);
             if let (Content::Installing(installing), Some(sink)) = (content, sink) {
-                abandoned.store(true, std::sync::atomic::Ordering::Relaxed);
                 // What the sink took is not this store's (or not proven so): gone before the
                 // source is listed into it.
                 let _ = installing.await;
@@ -243,14 +268,15 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 
     /// Hands every decoded chunk to `take` as it comes (on a blocking thread: building the
     /// cache is CPU work), or waits for the encoded records to be in the sink, then records
-    /// the warm start. A value that does not decode, or decoding that stopped short, makes
-    /// this a cold start after all: the list fails, and the reflector's retry lists the
-    /// source.
+    /// the warm start and returns its revision. A file whose checksum does not match (known
+    /// once it is read to the end), a value that does not decode, or decoding that stopped
+    /// short make this a cold start after all (`None`): the caller drops what was taken and
+    /// lists the source at once.
     async fn serve(
         &self,
         warm: Warm<T>,
         mut take: impl FnMut(Vec<Object<T>>) + Send + 'static,
-    ) -> Result<i64> {
+    ) -> Option<i64> {
         let Warm {
             revision,
             keys,
@@ -261,7 +287,8 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         let served = match content {
             Content::Installing(installing) => installing
                 .await
-                .map_err(|e| format!("installing the snapshot failed: {e}")),
+                .map_err(|e| format!("installing the snapshot failed: {e}"))
+                .and_then(|r| r),
             Content::Decoding(chunks) => tokio::task::spawn_blocking(move || {
                 let mut got = 0;
                 for chunk in chunks {
@@ -284,35 +311,31 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
             Ok(()) => {
                 tracing::debug!(path = %self.options.path.display(), cached = ?started.elapsed(), "snapshot handed to the cache");
                 self.decided(start);
-                Ok(revision)
+                Some(revision)
             }
             Err(reason) => {
-                self.decided(SnapshotStart::Cold {
-                    reason: reason.clone(),
-                });
-                Err(Error::transient(format!(
-                    "{reason}; listing the source instead"
-                )))
+                self.decided(SnapshotStart::Cold { reason });
+                None
             }
         }
     }
 }
 
 /// The record of `entry`, as it is in the file.
-fn record<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
+fn record<'a>(page: &'a Page, entry: &format::Entry) -> EncodedObject<'a> {
     // A compact cache keeps the record itself, if its 32-bit offsets reach every record of
     // the buffer (one shared in part would be held whole, counted in part).
-    let record = u32::try_from(loaded.records.len())
+    let record = u32::try_from(page.records.len())
         .is_ok()
         .then(|| SharedRecord {
-            buffer: &loaded.records,
+            buffer: &page.records,
             at: entry.record.start as u32,
             len: entry.record.len() as u32,
             key_hash: entry.key_hash,
         });
     EncodedObject {
-        key: loaded.key(entry),
-        value: loaded.value(entry),
+        key: page.key(entry),
+        value: page.value(entry),
         record,
         revisions: [
             entry.mod_revision,
@@ -321,7 +344,80 @@ fn record<'a>(loaded: &'a Loaded, entry: &format::Entry) -> EncodedObject<'a> {
             entry.lease,
         ],
         digest: entry.digest,
-        index: loaded.index_values(entry),
+        index: page.index_values(entry),
+    }
+}
+
+/// The file's pages, from the first (read to decide), each handed on as it is read.
+struct Pages {
+    reader: format::PageReader<std::fs::File>,
+    first: Option<Page>,
+    path: std::path::PathBuf,
+    /// Set when etcd said no: the rest is not read.
+    abandoned: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Pages {
+    /// Hands each page to `take` until it fails, while a thread of its own reads the next
+    /// (so that reading and installing overlap on two cores), then checks the checksum: `Err`
+    /// says why the pages handed on are not this file's as it was written, or not all of it.
+    fn each(self, mut take: impl FnMut(Page) -> Result<(), String>) -> Result<(), String> {
+        let Pages {
+            mut reader,
+            first,
+            path,
+            abandoned,
+        } = self;
+        let refused = || Err("etcd refused the snapshot".to_owned());
+        let Some(first) = first else {
+            return reader
+                .finish()
+                .map_err(|kind| SnapshotError::new(&path, kind).to_string());
+        };
+        // One page read ahead: the file's bytes are held at most three pages at a time
+        // beyond what the sink keeps.
+        let (tx, pages) = std::sync::mpsc::sync_channel::<Result<Option<Page>, String>>(1);
+        std::thread::scope(|scope| {
+            let abandoned = &abandoned;
+            let path = &path;
+            scope.spawn(move || {
+                let failed = |kind| SnapshotError::new(path, kind).to_string();
+                while !abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+                    let next = match reader.next_page(PAGE) {
+                        Ok(None) => {
+                            let _ = tx.send(reader.finish().map(|()| None).map_err(failed));
+                            return;
+                        }
+                        next => next.map_err(failed),
+                    };
+                    let stop = next.is_err();
+                    // An error from `send`: the installer stopped.
+                    if tx.send(next).is_err() || stop {
+                        return;
+                    }
+                }
+            });
+            // The receiver goes with this closure, so that a reader blocked on a full channel
+            // hears that the installer stopped, and the scope can end.
+            let install = move || {
+                // After `take` failed, the rest is still read: a file that is not the one
+                // written says why better than the value it garbled.
+                let mut failed = take(first).err();
+                loop {
+                    if abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+                        return refused();
+                    }
+                    match pages.recv() {
+                        Ok(Ok(Some(page))) if failed.is_none() => failed = take(page).err(),
+                        Ok(Ok(Some(_))) => {}
+                        Ok(Ok(None)) => return failed.map_or(Ok(()), Err),
+                        Ok(Err(reason)) => return Err(reason),
+                        Err(_) => return refused(),
+                    }
+                }
+            };
+            install()
+        })
     }
 }
 
@@ -335,48 +431,56 @@ fn cold_reason(e: &SnapshotError) -> String {
     }
 }
 
-/// Decodes every value, a chunk at a time on up to 4 threads, sending each chunk as it is
-/// done; stops at the first value that does not decode (sent as an `Err`), or once nobody
-/// receives.
+/// Decodes the values of `page`, a chunk at a time on up to 4 threads, sending each chunk as
+/// it is done; `Err` names the first value that does not decode, or says nobody receives.
 fn decode_chunks<T: Send + 'static>(
-    loaded: &Loaded,
+    page: &Page,
     codec: &dyn crate::codec::Codec<T>,
     path: &std::path::Path,
     tx: &std::sync::mpsc::Sender<Result<Vec<Object<T>>, String>>,
-) {
+) -> Result<(), String> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    let chunks: Vec<_> = loaded.entries.chunks(CHUNK).collect();
+    let chunks: Vec<_> = page.entries.chunks(CHUNK).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(None);
     std::thread::scope(|scope| {
         for _ in 0..threads {
             let tx = tx.clone();
-            let (chunks, next) = (&chunks, &next);
+            let (chunks, next, failed) = (&chunks, &next, &failed);
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(entries) = chunks.get(i) else {
                     return;
                 };
-                let decoded = decode(loaded, entries, codec)
-                    .map_err(|kind| SnapshotError::new(path, kind).to_string());
-                let failed = decoded.is_err();
-                if tx.send(decoded).is_err() || failed {
+                let sent = match decode(page, entries, codec) {
+                    Ok(decoded) => tx
+                        .send(Ok(decoded))
+                        .map_err(|_| "nobody takes the decoded values".to_owned()),
+                    Err(kind) => Err(SnapshotError::new(path, kind).to_string()),
+                };
+                if let Err(reason) = sent {
+                    crate::lock(failed).get_or_insert(reason);
+                    // The other threads stop at their next chunk.
+                    next.store(chunks.len(), std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
             });
         }
     });
+    let failed = crate::lock(&failed).take();
+    failed.map_or(Ok(()), Err)
 }
 
 fn decode<T: 'static>(
-    loaded: &Loaded,
+    page: &Page,
     entries: &[format::Entry],
     codec: &dyn crate::codec::Codec<T>,
 ) -> Result<Vec<Object<T>>, SnapshotErrorKind> {
     let mut out = Vec::with_capacity(entries.len());
     for e in entries {
-        let key = loaded.key(e);
+        let key = page.key(e);
         let value = codec
-            .decode(loaded.value(e))
+            .decode(page.value(e))
             .map_err(|error| SnapshotErrorKind::Value {
                 key: key.to_owned(),
                 error,
@@ -398,9 +502,12 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
             };
             let items = Arc::new(std::sync::Mutex::new(Vec::with_capacity(warm.keys)));
             let into = items.clone();
-            let revision = self
+            let served = self
                 .serve(warm, move |objects| crate::lock(&into).extend(objects))
-                .await?;
+                .await;
+            let Some(revision) = served else {
+                return self.inner.list().await;
+            };
             let items = std::mem::take(&mut *crate::lock(&items));
             Ok(ListResult { items, revision })
         })
@@ -414,10 +521,21 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
             let Some(warm) = self.first_list(Some(&sink)).await? else {
                 return self.inner.list_into(sink).await;
             };
-            self.serve(warm, move |objects| {
-                sink.page(objects.into_iter().map(Arc::new).collect())
-            })
-            .await
+            let taker = sink.clone();
+            let served = self
+                .serve(warm, move |objects| {
+                    taker.page(objects.into_iter().map(Arc::new).collect())
+                })
+                .await;
+            match served {
+                Some(revision) => Ok(revision),
+                None => {
+                    // What the snapshot put in is not this file's as written, or not all of
+                    // it: gone before the source is listed into the sink.
+                    sink.discard();
+                    self.inner.list_into(sink).await
+                }
+            }
         })
     }
 
