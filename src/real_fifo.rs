@@ -26,6 +26,15 @@ struct Building<T> {
     reuse: AtomicBool,
 }
 
+/// A content for a list to build: its repacks wait until the list is whole (see
+/// `StoreContent::defer_repacks`), since keys it adopts from the cache share chunks that look
+/// mostly dead until then.
+fn list_content<T: Send + Sync + 'static>(known: &dyn Store<T>) -> StoreContent<T> {
+    let mut content = known.new_content();
+    content.defer_repacks(true);
+    content
+}
+
 impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
     fn begin(&self, revision: i64, keys: usize) {
         // A list read below a revision already seen comes from a store that went back in
@@ -63,7 +72,7 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
     }
 
     fn discard(&self) {
-        *lock(&self.content) = self.known.new_content();
+        *lock(&self.content) = list_content(&*self.known);
     }
 }
 
@@ -512,7 +521,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
 
     fn begin_replace(&self, reuse_from: Option<i64>) -> Option<Arc<dyn ListSink<T>>> {
         let building = Arc::new(Building {
-            content: Mutex::new(self.known.new_content()),
+            content: Mutex::new(list_content(&*self.known)),
             known: self.known.clone(),
             reuse_from,
             reuse: AtomicBool::new(false),
@@ -527,13 +536,15 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
         };
         // The source is done with the sink once its list returned; if it still holds it, take
         // what it put in.
-        let content = match Arc::try_unwrap(building) {
+        let mut content = match Arc::try_unwrap(building) {
             Ok(building) => building
                 .content
                 .into_inner()
                 .unwrap_or_else(|e| e.into_inner()),
             Err(shared) => std::mem::take(&mut *lock(&shared.content)),
         };
+        // The list is whole: whatever its adoptions left dead is known now.
+        content.defer_repacks(false);
         self.queue_replace(content, revision, store_replaced);
     }
 

@@ -156,6 +156,11 @@ pub(super) trait Storage<T>: Send + Sync {
     fn mod_revision(&self, key: &str) -> Option<i64>;
     fn len(&self) -> usize;
     fn reserve(&mut self, additional: usize);
+    /// Defers repacking while a list builds this table: keys it adopts from the cache keep
+    /// their chunks, which look mostly dead until the list is whole (a snapshot's records,
+    /// in hash order, spread every list page over all of them). `false` ends the deferral,
+    /// repacking if the whole table needs it.
+    fn defer_repacks(&mut self, defer: bool);
     fn keys(&self) -> Vec<Arc<str>>;
     fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>));
     fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64));
@@ -209,6 +214,8 @@ pub(super) struct Table<T, R: Repr<T>> {
     repr: R,
     items: SlotSet<R::Slot>,
     indices: HashMap<String, HashMap<String, SlotSet<R::Slot>>>,
+    /// See [`Storage::defer_repacks`].
+    repacks_deferred: bool,
 }
 
 impl<T, R: Repr<T>> Table<T, R> {
@@ -217,6 +224,7 @@ impl<T, R: Repr<T>> Table<T, R> {
             repr,
             items: SlotSet::default(),
             indices: HashMap::new(),
+            repacks_deferred: false,
         }
     }
 
@@ -298,7 +306,7 @@ impl<T, R: Repr<T>> Table<T, R> {
 
     /// Copies every object into fresh slots once the old ones hold more dead bytes than live.
     fn repack_if_needed(&mut self) {
-        if !self.repr.needs_repack() {
+        if self.repacks_deferred || !self.repr.needs_repack() {
             return;
         }
         let slots: Vec<R::Slot> = self.items.drain().collect();
@@ -324,6 +332,7 @@ where
             repr: self.repr.clone(),
             items: self.items.clone(),
             indices: self.indices.clone(),
+            repacks_deferred: self.repacks_deferred,
         }
     }
 }
@@ -347,6 +356,11 @@ where
 
     fn reserve(&mut self, additional: usize) {
         self.items.reserve(additional);
+    }
+
+    fn defer_repacks(&mut self, defer: bool) {
+        self.repacks_deferred = defer;
+        self.repack_if_needed();
     }
 
     fn keys(&self) -> Vec<Arc<str>> {

@@ -193,6 +193,13 @@ impl<T> StoreContent<T> {
         self.inner.table.reserve(additional);
     }
 
+    /// Defers repacking a compact content while a list builds it (`true`), or ends the
+    /// deferral (`false`), repacking it if it needs it as a whole: keys adopted from the cache
+    /// keep their chunks, which look mostly dead until every key of them is in.
+    pub(crate) fn defer_repacks(&mut self, defer: bool) {
+        self.inner.table.defer_repacks(defer);
+    }
+
     /// The object under `key` (decoded again if the content is compact).
     pub fn get(&self, key: &str) -> Option<Arc<Object<T>>> {
         self.inner.table.get(key)

@@ -257,3 +257,78 @@ fn compact_indexes_follow_what_reads_see_even_when_the_codec_loses_or_fails() {
     ix.delete("ns/a");
     assert!(ix.list_index_func_values("label").is_empty());
 }
+
+/// A relist after a warm start: the cache's records are a snapshot's, in one buffer in hash
+/// order, and the list adopts them in key order, a page at a time, between the pages of keys
+/// that changed. Each page's adoptions touch the whole buffer, so until the list is whole
+/// the buffer looks mostly dead; the content repacked (copied) everything adopted so far
+/// after every page, keeping almost none of the buffer's records (and costing a copy of the
+/// table per page). A list's content now repacks once it is whole, if then.
+#[test]
+fn a_relist_after_a_warm_start_adopts_the_snapshots_records_without_copying_them() {
+    use crate::store::compact::write_record;
+    let n = 1000;
+    let mut keys: Vec<String> = (0..n).map(|i| format!("ns/k{i:04}")).collect();
+    fastrand::Rng::with_seed(3).shuffle(&mut keys);
+    let mut bytes = Vec::new();
+    let mut spans = Vec::new();
+    for key in &keys {
+        let at = bytes.len();
+        write_record(&mut bytes, key, [5, 5, 1, 0], 9, 0, b"a");
+        spans.push((at as u32, (bytes.len() - at) as u32));
+    }
+    let buffer = Arc::new(bytes.into_boxed_slice());
+    let ix = Indexer::compact(HashMap::new(), LabelCodec);
+    let mut warm = ix.new_content();
+    let objs: Vec<_> = keys
+        .iter()
+        .zip(&spans)
+        .map(|(key, &(at, len))| EncodedObject {
+            key,
+            value: b"a",
+            revisions: [5, 5, 1, 0],
+            digest: 9,
+            index: Vec::new(),
+            record: Some(crate::SharedRecord {
+                buffer: &buffer,
+                at,
+                len,
+                key_hash: crate::store::key_hash(key),
+            }),
+        })
+        .collect();
+    warm.add_encoded(&objs);
+    drop(objs);
+    ix.transaction(|txn| txn.install(warm));
+    assert_eq!(
+        Arc::strong_count(&buffer) - 1,
+        n,
+        "the warm start shares every record"
+    );
+
+    keys.sort();
+    let stamp = Stamp {
+        mod_revision: 5,
+        create_revision: 5,
+        version: 1,
+        digest: 9,
+    };
+    let mut next = ix.new_content();
+    next.defer_repacks(true);
+    for page in keys.chunks(10) {
+        // The page's first key changed; the other nine are as the cache holds them.
+        let (changed, unchanged) = page.split_at(1);
+        for key in unchanged {
+            assert!(next.adopt(&ix, key, &stamp), "{key} adopted");
+        }
+        next.add_page(&[obj(&changed[0], 6, &["b"])]);
+    }
+    next.defer_repacks(false);
+    ix.transaction(|txn| txn.install(next));
+    assert_eq!(ix.list().len(), n);
+    assert_eq!(
+        Arc::strong_count(&buffer) - 1,
+        n - n / 10,
+        "every adopted record is still the snapshot's"
+    );
+}
