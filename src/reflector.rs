@@ -587,7 +587,15 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
             // revision, repeat), so an object listed at the revision the cache holds may still
             // differ: the queue retires every cached key (tombstones) and adds the list afresh.
             if paged {
-                self.fifo.finish_replace(list.revision, replaced);
+                // Off the runtime's threads: a compact content repacks once its list is whole,
+                // if it needs to (a copy of every record, at a million keys half a second).
+                let (fifo, revision) = (self.fifo.clone(), list.revision);
+                let finished =
+                    tokio::task::spawn_blocking(move || fifo.finish_replace(revision, replaced))
+                        .await;
+                if let Err(e) = finished {
+                    tracing::error!(error = %e, "queueing the list failed");
+                }
             } else {
                 let items = list
                     .items
