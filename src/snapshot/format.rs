@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{SnapshotError, SnapshotErrorKind};
+use crate::object::ValueDigest;
 use crate::store::compact::{parse_record, write_record};
 use crate::value_digest;
 
@@ -318,7 +319,7 @@ pub(super) struct PageReader<R> {
     /// Bytes of records not read yet.
     records_left: usize,
     head_sum: u64,
-    records_sum: StreamingDigest,
+    records_sum: ValueDigest,
 }
 
 impl PageReader<File> {
@@ -392,7 +393,7 @@ impl<R: Read> PageReader<R> {
             done: 0,
             records_left,
             head_sum,
-            records_sum: StreamingDigest::default(),
+            records_sum: ValueDigest::default(),
         })
     }
 
@@ -552,52 +553,6 @@ impl<R: Read> PageReader<R> {
             return Err(K::Checksum { stored, computed });
         }
         Ok(())
-    }
-}
-
-/// [`value_digest`] of bytes that come a part at a time: the same as of their concatenation.
-#[derive(Default)]
-struct StreamingDigest {
-    hash: Option<u64>,
-    /// The last part's bytes after its last whole word, waiting for the next part's.
-    pending: Vec<u8>,
-}
-
-impl StreamingDigest {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-
-    fn word(hash: u64, word: &[u8]) -> u64 {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        (hash ^ u64::from_le_bytes(w)).wrapping_mul(Self::PRIME)
-    }
-
-    fn update(&mut self, mut bytes: &[u8]) {
-        let mut hash = self.hash.unwrap_or(Self::OFFSET);
-        if !self.pending.is_empty() {
-            let take = (8 - self.pending.len()).min(bytes.len());
-            self.pending.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.pending.len() == 8 {
-                hash = Self::word(hash, &self.pending);
-                self.pending.clear();
-            }
-        }
-        let mut words = bytes.chunks_exact(8);
-        for word in &mut words {
-            hash = Self::word(hash, word);
-        }
-        self.pending.extend_from_slice(words.remainder());
-        self.hash = Some(hash);
-    }
-
-    fn finish(self) -> u64 {
-        let mut hash = self.hash.unwrap_or(Self::OFFSET);
-        for &b in &self.pending {
-            hash = (hash ^ u64::from(b)).wrapping_mul(Self::PRIME);
-        }
-        hash
     }
 }
 
@@ -820,26 +775,6 @@ mod tests {
         assert!(reader.next_page(usize::MAX).expect("no more").is_none());
         let error = reader.finish().expect_err("refused");
         assert!(error.to_string().contains("follow the last"), "{error}");
-    }
-
-    #[test]
-    fn the_digest_of_parts_is_the_digest_of_the_whole() {
-        let bytes: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(37)).collect();
-        for cuts in [
-            vec![],
-            vec![3],
-            vec![8, 9, 10],
-            vec![1, 2, 3, 4, 5, 6, 7, 50, 99],
-        ] {
-            let mut d = StreamingDigest::default();
-            let mut from = 0;
-            for cut in cuts.iter().copied().chain([bytes.len()]) {
-                d.update(&bytes[from..cut]);
-                from = cut;
-            }
-            assert_eq!(d.finish(), value_digest(&bytes), "cut at {cuts:?}");
-        }
-        assert_eq!(StreamingDigest::default().finish(), value_digest(&[]));
     }
 
     #[test]
