@@ -184,8 +184,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     ) -> Result<Lister<T>, ConsistencyError> {
         let started = Instant::now();
         let deadline = started + timeout;
+        let mut relists = self.relists();
         let current = loop {
-            let relists = self.relists();
+            let applied = self.revision();
             let asked = tokio::time::timeout_at(deadline, self.freshness(None))
                 .await
                 .map_err(|_| ConsistencyError::Source {
@@ -200,6 +201,12 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 {
                     if !self.relisted_since(relists, deadline).await {
                         return Err(ConsistencyError::Source { informer, source });
+                    }
+                    relists = self.relists();
+                    // A relist is counted once read; the cache takes it a moment later, and
+                    // asking before then would see the old store again.
+                    while self.revision() == applied && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                 }
                 asked => break asked?,
