@@ -46,10 +46,29 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             // The file holds that revision already: a quiet prefix is not written again.
             *written = *revision;
         }
+        if self.shared.indexer.revision() == *written {
+            return Ok(None);
+        }
+        let path = snapshots.options.path.clone();
+        let joined = |e: tokio::task::JoinError| {
+            SnapshotError::new(
+                &path,
+                SnapshotErrorKind::Io(std::io::Error::other(e.to_string())),
+            )
+        };
         // Under the store's read lock: the content, its revision and the store it was listed
         // from agree. The source's identity now could name a store it has just found, whose
-        // content the cache does not hold yet.
-        let (revision, cluster_id, objects, indexers) = self.shared.indexer.list_at_revision();
+        // content the cache does not hold yet. Off the runtime's threads: a store of decoded
+        // objects is a copy of every pointer, and a compact one whose codec is not the
+        // snapshot's decodes every key.
+        let codec = snapshots.options.codec.name();
+        let started = std::time::Instant::now();
+        let shared = self.shared.clone();
+        let (revision, cluster_id, content, indexers) =
+            tokio::task::spawn_blocking(move || shared.indexer.snapshot_content(codec))
+                .await
+                .map_err(joined)?;
+        let taken = started.elapsed();
         if cluster_id == 0 {
             tracing::debug!(informer = %self.shared.name, "no snapshot written: the cluster id of the listed store is not known");
             return Ok(None);
@@ -59,28 +78,21 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         }
         let identity = self.shared.source.identity();
         let options = snapshots.options.clone();
-        let path = options.path.clone();
-        let started = std::time::Instant::now();
-        let keys = objects.len();
+        let keys = content.len();
         tokio::task::spawn_blocking(move || {
             write(
                 &options,
                 cluster_id,
                 &identity.name,
                 revision,
-                &objects,
+                &content,
                 &indexers,
             )
         })
         .await
-        .map_err(|e| {
-            SnapshotError::new(
-                &path,
-                SnapshotErrorKind::Io(std::io::Error::other(e.to_string())),
-            )
-        })??;
+        .map_err(joined)??;
         *written = revision;
-        tracing::debug!(informer = %self.shared.name, revision, keys, took = ?started.elapsed(), "snapshot written");
+        tracing::debug!(informer = %self.shared.name, revision, keys, content_taken = ?taken, took = ?started.elapsed(), "snapshot written");
         Ok(Some(revision))
     }
 

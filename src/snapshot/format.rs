@@ -186,10 +186,23 @@ impl Encoder {
         value: &[u8],
         revisions: [i64; 4],
         digest: u64,
-        index: &[Vec<String>],
+        index: &[Vec<impl AsRef<str>>],
     ) {
         let start = self.records.len();
         write_record(&mut self.records, key, revisions, digest, 0, value);
+        self.keyed(start, index);
+    }
+
+    /// Appends a key whose record (`store::compact`'s layout) is already written, as a compact
+    /// cache holds it; `index` as for [`key`](Self::key).
+    pub(super) fn record(&mut self, record: &[u8], index: &[Vec<impl AsRef<str>>]) {
+        let start = self.records.len();
+        self.records.extend_from_slice(record);
+        self.keyed(start, index);
+    }
+
+    /// The head's part of the key whose record starts at `start`.
+    fn keyed(&mut self, start: usize, index: &[Vec<impl AsRef<str>>]) {
         // Keys and values longer than 4 GiB cannot exist in etcd (1.5 MiB requests).
         let len = (self.records.len() - start) as u32;
         self.lengths.extend_from_slice(&len.to_le_bytes());
@@ -197,7 +210,7 @@ impl Encoder {
             self.index
                 .extend_from_slice(&(values.len() as u32).to_le_bytes());
             for v in values {
-                put_bytes(&mut self.index, v.as_bytes());
+                put_bytes(&mut self.index, v.as_ref().as_bytes());
             }
         }
         self.keys += 1;
@@ -706,7 +719,7 @@ mod tests {
             indexes: vec!["namespace".into(), "zone".into()],
         };
         let mut e = Encoder::new(&header, 0);
-        let no_values = [vec![], vec![]];
+        let no_values: [Vec<String>; 2] = [vec![], vec![]];
         e.key("ns/a", b"1", [40, 30, 2, 0], 0, &no_values);
         let values = [vec!["ns".to_owned()], vec!["a".to_owned(), "b".to_owned()]];
         e.key("ns/b", b"22", [41, 41, 1, 7], u64::MAX, &values);
@@ -744,7 +757,13 @@ mod tests {
         };
         let mut e = Encoder::new(&header, 0);
         for i in 0..255 {
-            e.key(&format!("k{i}"), b"", [1, 1, 1, 0], 0, &[]);
+            e.key(
+                &format!("k{i}"),
+                b"",
+                [1, 1, 1, 0],
+                0,
+                &[] as &[Vec<String>],
+            );
         }
         let [mut head, ..] = e.finish();
         let lengths = head.len() - 255 * 4;
@@ -763,7 +782,7 @@ mod tests {
         // One good key, then a terabyte of nothing: refused at once, not read to the end to
         // see whether the checksum would have matched.
         let mut e = Encoder::new(&header, 0);
-        e.key("k", b"v", [1, 1, 1, 0], 0, &[]);
+        e.key("k", b"v", [1, 1, 1, 0], 0, &[] as &[Vec<String>]);
         let [mut head, records, _] = e.finish();
         head[16..24].copy_from_slice(&len.to_le_bytes());
         let file = File::create(&path).expect("create");

@@ -6,8 +6,9 @@
 //! [`SnapshotOptions::period`] (if it changed) and once more when it
 //! [stops](crate::SharedIndexInformer::stop): the keys, their values as the codec encodes
 //! them, their revisions, leases, digests of etcd's bytes and index values, at ONE revision
-//! (read under the store's read lock), with the upstream's cluster id, the prefix, the codec's
-//! id, the index names, the key count and a checksum. The
+//! (read under the store's read lock; a compact cache whose codec has the snapshot codec's
+//! name gives its records as they are, decoding nothing), with the upstream's cluster id, the
+//! prefix, the codec's id, the index names, the key count and a checksum. The
 //! file is written to `<path>.tmp`, synced, renamed over `<path>`, and the directory synced:
 //! a crash at any point leaves the previous snapshot or the new one, whole. It is created
 //! readable by its owner alone (0600): it holds every value of the prefix.
@@ -51,12 +52,13 @@ mod format;
 mod warm;
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::codec::Codec;
-use crate::store::Indexers;
+use crate::store::{Indexers, Item, SnapshotContent};
 use crate::Object;
 
 pub(crate) use warm::WarmSource;
@@ -64,8 +66,9 @@ pub(crate) use warm::WarmSource;
 /// How often the cache is written by default: once a minute. Kubernetes' apiserver compacts
 /// etcd every 5 minutes, so a snapshot at most a minute old is usually still within etcd's
 /// history after a restart that takes a few minutes (a rollout, a reboot). Writing 100k keys
-/// of 256 B takes 0.2 s and 1M keys of 128 B 1.7 s (BENCHMARKS.md, "Warm restart"): at most 3%
-/// of a core at this period, and a cache that did not change is not written again.
+/// of 256 B takes 0.2 s and 1M keys of 128 B 1.7-2.8 s (BENCHMARKS.md, "Warm restart" and
+/// "Snapshot writes from a compact cache's records"): at most 5% of a core at this period, and
+/// a cache that did not change is not written again.
 pub const DEFAULT_SNAPSHOT_PERIOD: Duration = Duration::from_secs(60);
 
 /// Where and how an informer saves its cache for a warm restart; see the [module
@@ -87,7 +90,9 @@ pub const DEFAULT_SNAPSHOT_PERIOD: Duration = Duration::from_secs(60);
 pub struct SnapshotOptions<T> {
     /// The snapshot file; its directory must exist. `<path>.tmp` is used while writing.
     pub path: PathBuf,
-    /// Encodes the cached values into the file and decodes them on load.
+    /// Encodes the cached values into the file and decodes them on load. A compact cache
+    /// whose codec has this one's [name](Codec::name) writes its values as it holds them,
+    /// and takes the file's as they are.
     pub codec: Arc<dyn Codec<T>>,
     /// Names the codec and the type in the file: a snapshot written with another id is not
     /// loaded. Default: the codec's Rust type name (which names `T` too, e.g.
@@ -285,15 +290,15 @@ pub(crate) struct Snapshots<T> {
     pub(crate) written: tokio::sync::Mutex<i64>,
 }
 
-/// Writes `objects`, the source's content at `revision` in cluster `cluster_id` under
+/// Writes `content`, the source's content at `revision` in cluster `cluster_id` under
 /// `prefix`, to the snapshot file, with their values for each of `indexers` (see the [module
-/// docs](self) for how).
+/// docs](self) for how). A compact cache's records are written as they are.
 pub(crate) fn write<T: 'static>(
     options: &SnapshotOptions<T>,
     cluster_id: u64,
     prefix: &str,
     revision: i64,
-    objects: &[Arc<Object<T>>],
+    content: &SnapshotContent<T>,
     indexers: &Indexers<T>,
 ) -> Result<(), SnapshotError> {
     let mut indexes: Vec<_> = indexers.iter().collect();
@@ -305,8 +310,8 @@ pub(crate) fn write<T: 'static>(
         codec_id: options.codec_id.clone(),
         indexes: indexes.iter().map(|(name, _)| (*name).clone()).collect(),
     };
-    let mut encoder = format::Encoder::new(&header, objects.len() * 128);
-    for o in objects {
+    let mut encoder = format::Encoder::new(&header, content.len() * 128);
+    let object = |encoder: &mut format::Encoder, o: &Object<T>| {
         let value = options.codec.encode(&o.value).map_err(|error| {
             SnapshotError::new(
                 &options.path,
@@ -323,12 +328,37 @@ pub(crate) fn write<T: 'static>(
             o.digest(),
             &indexes.iter().map(|(_, f)| f(o)).collect::<Vec<_>>(),
         );
+        Ok(())
+    };
+    match content {
+        SnapshotContent::Objects(objects) => {
+            for o in objects {
+                object(&mut encoder, o)?;
+            }
+        }
+        SnapshotContent::Records(records) => {
+            let names: Vec<&str> = header.indexes.iter().map(String::as_str).collect();
+            let mut failed = Ok(());
+            records.for_each_record(&names, &mut |item| {
+                match item {
+                    Item::Record(record, index) => encoder.record(record, index),
+                    Item::Decoded(o) => failed = object(&mut encoder, &o),
+                }
+                match failed {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(_) => ControlFlow::Break(()),
+                }
+            });
+            failed?;
+        }
     }
     format::write_atomic(&options.path, &encoder.finish())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
     use crate::codec::TextCodec;
 
@@ -338,13 +368,119 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let options = SnapshotOptions::new(dir.join("s"), TextCodec);
         let objects = vec![Arc::new(Object::new("a/b", 5, "v".to_string()))];
-        write(&options, 7, "/p/", 9, &objects, &Indexers::new()).expect("written");
+        let content = SnapshotContent::Objects(objects);
+        write(&options, 7, "/p/", 9, &content, &Indexers::new()).expect("written");
         // A leftover temporary file from a crash does not matter.
         std::fs::write(format::temp_path(&options.path), b"half").expect("temp");
         let loaded = format::read(&options.path).expect("read");
         assert_eq!(loaded.header.revision, 9);
         let page = &loaded.pages[0];
         assert_eq!(page.key(&page.entries[0]), "a/b");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// Labels as comma-separated text, counting its decodes; a label "bad" does not decode,
+    /// so a compact cache holds its object decoded.
+    struct Labels(Arc<AtomicUsize>);
+
+    impl Codec<Vec<String>> for Labels {
+        fn decode(&self, bytes: &[u8]) -> Result<Vec<String>, crate::codec::CodecError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let labels: Vec<String> = std::str::from_utf8(bytes)?
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if labels.iter().any(|l| l == "bad") {
+                return Err("bad label".into());
+            }
+            Ok(labels)
+        }
+
+        fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
+            Ok(value.join(",").into_bytes())
+        }
+    }
+
+    /// A key of a snapshot file: its record, and its values for each index, as a set.
+    type Key = (Vec<u8>, Vec<Vec<String>>);
+
+    /// Each key of a snapshot file.
+    fn keys_in(path: &Path) -> (format::Header, Vec<Key>) {
+        let loaded = format::read(path).expect("read");
+        let mut keys = Vec::new();
+        for page in &loaded.pages {
+            for entry in &page.entries {
+                let record = page.records[entry.record.clone()].to_vec();
+                let mut index: Vec<Vec<String>> = page
+                    .index_values(entry)
+                    .iter()
+                    .map(|values| values.iter().map(|v| v.to_string()).collect())
+                    .collect();
+                for values in &mut index {
+                    values.sort();
+                    values.dedup();
+                }
+                keys.push((record, index));
+            }
+        }
+        (loaded.header, keys)
+    }
+
+    #[test]
+    fn a_compact_cache_is_written_from_its_records_without_decoding_them() {
+        let dir = std::env::temp_dir().join(format!("eisnap-records-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let decodes = Arc::new(AtomicUsize::new(0));
+        let mut indexers: Indexers<Vec<String>> = Indexers::new();
+        indexers.insert(
+            "label".into(),
+            Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
+        );
+        indexers.insert(
+            "first".into(),
+            Arc::new(|o: &Object<Vec<String>>| o.value.iter().take(1).cloned().collect()),
+        );
+        let ix = crate::Indexer::compact(indexers, Labels(decodes.clone()));
+        for (key, labels) in [
+            ("ns/a", vec!["x"]),
+            ("ns/b", vec!["x", "y", "z"]),
+            ("ns/c", vec![]),
+            ("ns/d", vec!["bad", "y"]),
+            ("ns/e", vec!["y", "y"]),
+        ] {
+            let labels = labels.into_iter().map(String::from).collect();
+            ix.add(Arc::new(Object::new(key, 5, labels)));
+        }
+        let options = SnapshotOptions::new(dir.join("records"), Labels(decodes.clone()));
+        let codec = options.codec.name();
+        let (_, _, content, indexers) = ix.snapshot_content(codec);
+        assert!(
+            matches!(content, SnapshotContent::Records(_)),
+            "records, as they are"
+        );
+        let before = decodes.load(Ordering::SeqCst);
+        write(&options, 7, "/p/", 9, &content, &indexers).expect("written");
+        assert_eq!(decodes.load(Ordering::SeqCst), before, "nothing decoded");
+        // The same content as a cache of decoded objects writes it.
+        let objects = SnapshotContent::Objects(ix.list());
+        let decoded = SnapshotOptions::new(dir.join("objects"), Labels(decodes));
+        write(&decoded, 7, "/p/", 9, &objects, &indexers).expect("written");
+        let (header, records) = keys_in(&options.path);
+        assert_eq!((header, records), keys_in(&decoded.path));
+        // A warm start into a compact cache takes the file's records as they are: each index's
+        // values are compared as sets (the records' are in no particular order, each once).
+        let loaded = format::read(&options.path).expect("read");
+        let page = &loaded.pages[0];
+        let sample: Vec<_> = (page.entries.iter())
+            .filter(|e| page.key(e) != "ns/d")
+            .map(|e| warm::record(page, e))
+            .collect();
+        let mut content = ix.new_content();
+        assert!(content.takes_encoded(codec, &loaded.header.indexes, 5, &sample));
+        // A codec by another name: the objects.
+        let (_, _, content, _) = ix.snapshot_content("another codec");
+        assert!(matches!(content, SnapshotContent::Objects(o) if o.len() == 5));
         std::fs::remove_dir_all(dir).ok();
     }
 }

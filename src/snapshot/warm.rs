@@ -322,7 +322,7 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 }
 
 /// The record of `entry`, as it is in the file.
-fn record<'a>(page: &'a Page, entry: &format::Entry) -> EncodedObject<'a> {
+pub(super) fn record<'a>(page: &'a Page, entry: &format::Entry) -> EncodedObject<'a> {
     // A compact cache keeps the record itself, if its 32-bit offsets reach every record of
     // the buffer (one shared in part would be held whole, counted in part).
     let record = u32::try_from(page.records.len())

@@ -493,6 +493,12 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
         read_varint(slot.bytes(), slot.after_key()).0 as i64
     }
 
+    fn record<'a>(&self, slot: &'a Packed) -> Option<&'a [u8]> {
+        // Flags 0 only: a file's reader refuses any other.
+        let bytes = slot.bytes();
+        (bytes.first() == Some(&0)).then_some(bytes)
+    }
+
     fn stamp(&self, slot: &Packed) -> Option<Stamp> {
         let ([mod_revision, create_revision, version, _], digest, _) = slot.revisions();
         (digest != 0).then_some(Stamp {

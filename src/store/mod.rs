@@ -10,8 +10,9 @@ mod table;
 pub use index::{
     namespace_index_func, namespace_indexers, IndexFunc, Indexers, StoreError, NAMESPACE_INDEX,
 };
-pub(crate) use indexer::Txn;
 pub use indexer::{Indexer, StoreContent};
+pub(crate) use indexer::{SnapshotContent, Txn};
+pub(crate) use table::Item;
 
 use std::sync::Arc;
 

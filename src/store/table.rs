@@ -9,6 +9,7 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use super::slot_set::{key_hash, SlotSet};
@@ -71,10 +72,24 @@ pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
     fn pack_encoded(&mut self, _objs: &[EncodedObject<'_>]) -> Option<Vec<Self::Slot>> {
         None
     }
+    /// `slot`'s record as a snapshot file holds it (`store::compact`'s layout): a packed
+    /// object's; `None` for one held decoded.
+    fn record<'a>(&self, _slot: &'a Self::Slot) -> Option<&'a [u8]> {
+        None
+    }
     /// An empty representation of the same kind.
     fn empty(&self) -> Self;
     /// Whether objects are packed (then unpacking decodes).
     fn packed(&self) -> bool;
+}
+
+/// One object of a table as a snapshot writes it (see [`Storage::for_each_record`]).
+pub(crate) enum Item<'a, T> {
+    /// A packed object's record, with its values for each index asked for, in that order
+    /// (each index's values as a set).
+    Record(&'a [u8], &'a [Vec<&'a str>]),
+    /// An object held decoded.
+    Decoded(Arc<Object<T>>),
 }
 
 /// The default representation: the decoded object itself, shared.
@@ -163,6 +178,11 @@ pub(super) trait Storage<T>: Send + Sync {
     fn defer_repacks(&mut self, defer: bool);
     fn keys(&self) -> Vec<Arc<str>>;
     fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>));
+    /// Each object as a snapshot writes it, decoding none that is packed: its record (see
+    /// [`Repr::record`]) with its values for each of `indexes`, taken from the indexes
+    /// themselves (as sets: in no particular order, each once); or the object, where it is
+    /// held decoded. Stops when `f` breaks.
+    fn for_each_record(&self, indexes: &[&str], f: &mut dyn FnMut(Item<'_, T>) -> ControlFlow<()>);
     fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64));
     /// Inserts or replaces, keeping the indexes of `indexers`; returns the replaced object.
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>>;
@@ -370,6 +390,48 @@ where
     fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
         for obj in self.items.iter().filter_map(|s| self.repr.unpack(s)) {
             f(obj);
+        }
+    }
+
+    fn for_each_record(&self, indexes: &[&str], f: &mut dyn FnMut(Item<'_, T>) -> ControlFlow<()>) {
+        // Every index entry as (its record's address, the index's number, the value), sorted:
+        // a record is known by its address, so an entry left behind by an older record of the
+        // same key is never taken for the current one's. Sorted, not a map of each key's
+        // values: one allocation, not one or more a key.
+        let mut entries: Vec<(usize, usize, &str)> = Vec::new();
+        for (i, name) in indexes.iter().enumerate() {
+            let Some(index) = self.indices.get(*name) else {
+                continue;
+            };
+            for (value, set) in index {
+                entries.extend(
+                    set.iter()
+                        .filter_map(|slot| self.repr.record(slot))
+                        .map(|record| (record.as_ptr() as usize, i, value.as_str())),
+                );
+            }
+        }
+        entries.sort_unstable();
+        let mut values: Vec<Vec<&str>> = vec![Vec::new(); indexes.len()];
+        for slot in &self.items {
+            let flow = match self.repr.record(slot) {
+                Some(record) => {
+                    values.iter_mut().for_each(Vec::clear);
+                    let at = record.as_ptr() as usize;
+                    let first = entries.partition_point(|(a, _, _)| *a < at);
+                    for (_, i, value) in entries[first..].iter().take_while(|(a, _, _)| *a == at) {
+                        values[*i].push(value);
+                    }
+                    f(Item::Record(record, &values))
+                }
+                None => match self.repr.unpack(slot) {
+                    Some(obj) => f(Item::Decoded(obj)),
+                    None => ControlFlow::Continue(()),
+                },
+            };
+            if flow.is_break() {
+                return;
+            }
         }
     }
 

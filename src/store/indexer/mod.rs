@@ -1,9 +1,10 @@
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::compact::PackedRepr;
 use super::index::{namespace_indexers, Indexers, StoreError};
-use super::table::{Shared, Storage, Table};
+use super::table::{Item, Shared, Storage, Table};
 use super::Store;
 use crate::codec::Codec;
 use crate::{EncodedObject, Object, Stamp};
@@ -145,12 +146,21 @@ impl<T> StoreContent<T> {
         if !sorted.iter().map(|(name, _)| *name).eq(indexes.iter()) {
             return false;
         }
+        // Each index's values as sets: the file lists them in no particular order, each
+        // once, as the indexes hold them (a compact cache's snapshot takes them from there).
+        fn set<S: AsRef<str>>(values: &[S]) -> Vec<&str> {
+            let mut set: Vec<&str> = values.iter().map(AsRef::as_ref).collect();
+            set.sort_unstable();
+            set.dedup();
+            set
+        }
         let agrees = sample.iter().all(|encoded| {
             table.decode_encoded(encoded).is_some_and(|obj| {
-                sorted.iter().map(|(_, f)| f(&obj)).eq(encoded
-                    .index
-                    .iter()
-                    .map(|values| values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>()))
+                encoded.index.len() == sorted.len()
+                    && sorted.iter().zip(&encoded.index).all(|((_, f), file)| {
+                        let values = f(&obj);
+                        set(&values) == set(file)
+                    })
             })
         });
         if !agrees {
@@ -525,14 +535,30 @@ impl<T> Indexer<T> {
         out
     }
 
-    /// Every object, the revision they are the source's content at, and the cluster id of the
-    /// store they were listed from, read under one lock so that the three agree (what a
-    /// snapshot of the cache records).
-    pub(crate) fn list_at_revision(&self) -> (i64, u64, Vec<Arc<Object<T>>>, Indexers<T>) {
+    /// What a snapshot of the cache records, read under one lock so that all agree: the
+    /// revision the content is the source's at, the cluster id of the store it was listed
+    /// from, the content, and the indexers. A compact store whose values are encoded by
+    /// a codec named `codec` gives its records as they are: a copy of its table that
+    /// shares them, made under the lock without decoding anything (decoding a million keys
+    /// held the lock, and so every event, for seconds).
+    pub(crate) fn snapshot_content(
+        &self,
+        codec: &str,
+    ) -> (i64, u64, SnapshotContent<T>, Indexers<T>) {
         let inner = self.read();
-        let mut out = Vec::with_capacity(inner.table.len());
-        inner.table.for_each(&mut |o| out.push(o));
-        (inner.revision, inner.origin, out, inner.indexers.clone())
+        let content = if inner.table.codec_name() == Some(codec) {
+            SnapshotContent::Records(Records(inner.table.boxed_clone()))
+        } else {
+            let mut out = Vec::with_capacity(inner.table.len());
+            inner.table.for_each(&mut |o| out.push(o));
+            SnapshotContent::Objects(out)
+        };
+        (
+            inner.revision,
+            inner.origin,
+            content,
+            inner.indexers.clone(),
+        )
     }
 
     /// Every key, in no particular order.
@@ -593,6 +619,39 @@ impl<T> Indexer<T> {
 
 /// The store under its write lock, for [`Indexer::transaction`].
 pub(crate) struct Txn<'a, T>(&'a mut Inner<T>);
+
+/// A store's content for a snapshot ([`Indexer::snapshot_content`]).
+pub(crate) enum SnapshotContent<T> {
+    /// Its objects.
+    Objects(Vec<Arc<Object<T>>>),
+    /// A compact store's records.
+    Records(Records<T>),
+}
+
+impl<T> SnapshotContent<T> {
+    /// How many objects it holds.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            SnapshotContent::Objects(objects) => objects.len(),
+            SnapshotContent::Records(records) => records.0.len(),
+        }
+    }
+}
+
+/// A compact store's records, shared with it and read without its lock.
+pub(crate) struct Records<T>(Box<dyn Storage<T>>);
+
+impl<T> Records<T> {
+    /// Each object, as [`Item`]: a record with its values for each of `indexes`, or an object
+    /// the store holds decoded; until `f` breaks.
+    pub(crate) fn for_each_record(
+        &self,
+        indexes: &[&str],
+        f: &mut dyn FnMut(Item<'_, T>) -> ControlFlow<()>,
+    ) {
+        self.0.for_each_record(indexes, f)
+    }
+}
 
 /// The objects a store held before a relist was installed.
 pub(crate) struct Retired<T>(Box<dyn Storage<T>>);
