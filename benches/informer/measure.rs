@@ -40,6 +40,22 @@ pub(super) fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The most this process's resident set has grown to since [`reset_peak_rss`], in bytes
+/// (`VmHWM`); 0 if unknown.
+pub(super) fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Starts [`peak_rss_bytes`] over from the current resident set (Linux's `clear_refs`).
+pub(super) fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// CPU time (user + system) used so far by a process (this one if `pid` is `None`), in seconds;
 /// 0 if unknown.
 pub(super) fn cpu_seconds(pid: Option<u32>) -> f64 {

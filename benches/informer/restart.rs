@@ -122,13 +122,18 @@ pub(super) async fn scenario_restart(b: &Bench) -> Vec<Row> {
     let writer = informer(b, Some(&path)).await;
     let task = tokio::spawn(writer.clone().run());
     writer.wait_for_cache_sync().await;
+    trim_malloc();
+    let rss_before = rss_bytes();
+    reset_peak_rss();
     let t = Instant::now();
     let written = writer.write_snapshot().await.unwrap_or_else(|e| fail(e));
     let write_s = t.elapsed().as_secs_f64();
+    // What the write held in memory at its peak, beyond the cache itself.
+    let write_peak_mb = peak_rss_bytes().saturating_sub(rss_before) as f64 / 1e6;
     stop_informer(writer, task).await;
     let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
     eprintln!(
-        "snapshot at revision {written:?}: {:.1} MB written in {write_s:.3} s",
+        "snapshot at revision {written:?}: {:.1} MB written in {write_s:.3} s, {write_peak_mb:.1} MB more resident at the peak",
         file_bytes as f64 / 1e6
     );
     std::fs::copy(&path, &saved).unwrap_or_else(|e| fail(e));
@@ -175,6 +180,10 @@ pub(super) async fn scenario_restart(b: &Bench) -> Vec<Row> {
     line.insert("changes_while_down".into(), json!(changes));
     line.insert("snapshot_bytes".into(), json!(file_bytes));
     line.insert("snapshot_write_s".into(), json!(round(write_s, 3)));
+    line.insert(
+        "snapshot_write_peak_mb".into(),
+        json!(round(write_peak_mb, 1)),
+    );
     for (name, runs) in [("cold", &cold), ("warm", &warm), ("past", &past)] {
         line.insert(
             format!("{name}_synced_s"),

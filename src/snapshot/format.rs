@@ -143,12 +143,15 @@ fn combine(head: u64, records: u64) -> u64 {
     value_digest(&both)
 }
 
-/// Builds a snapshot file's bytes, key by key.
+/// Builds a snapshot file's bytes, key by key: each key's record here, or only its length
+/// and index values when the records go straight to the file ([`Encoder::streamed`]).
 pub(super) struct Encoder {
     head: Vec<u8>,
     lengths: Vec<u8>,
     index: Vec<u8>,
     records: Vec<u8>,
+    /// The length of the records streamed.
+    streamed: u64,
     keys: u64,
 }
 
@@ -175,6 +178,7 @@ impl Encoder {
             lengths: Vec::new(),
             index: Vec::new(),
             records: Vec::with_capacity(capacity),
+            streamed: 0,
             keys: 0,
         }
     }
@@ -190,21 +194,20 @@ impl Encoder {
     ) {
         let start = self.records.len();
         write_record(&mut self.records, key, revisions, digest, 0, value);
-        self.keyed(start, index);
+        self.keyed(self.records.len() - start, index);
     }
 
-    /// Appends a key whose record (`store::compact`'s layout) is already written, as a compact
-    /// cache holds it; `index` as for [`key`](Self::key).
-    pub(super) fn record(&mut self, record: &[u8], index: &[Vec<impl AsRef<str>>]) {
-        let start = self.records.len();
-        self.records.extend_from_slice(record);
-        self.keyed(start, index);
+    /// Appends a key whose record (`store::compact`'s layout), `len` bytes, goes straight to
+    /// the file after the head ([`RecordsWriter`]); `index` as for [`key`](Self::key).
+    pub(super) fn streamed(&mut self, len: usize, index: &[Vec<impl AsRef<str>>]) {
+        self.streamed += len as u64;
+        self.keyed(len, index);
     }
 
-    /// The head's part of the key whose record starts at `start`.
-    fn keyed(&mut self, start: usize, index: &[Vec<impl AsRef<str>>]) {
+    /// The head's part of a key whose record is `len` bytes.
+    fn keyed(&mut self, len: usize, index: &[Vec<impl AsRef<str>>]) {
         // Keys and values longer than 4 GiB cannot exist in etcd (1.5 MiB requests).
-        let len = (self.records.len() - start) as u32;
+        let len = len as u32;
         self.lengths.extend_from_slice(&len.to_le_bytes());
         for values in index {
             self.index
@@ -218,23 +221,80 @@ impl Encoder {
 
     /// The file's bytes, in three parts to write one after the other: the head, the records
     /// and the checksum (not copied into one buffer: at a million keys that is 200 MB).
-    pub(super) fn finish(self) -> [Vec<u8>; 3] {
+    pub(super) fn finish(mut self) -> [Vec<u8>; 3] {
+        let records = std::mem::take(&mut self.records);
+        let head = self.finish_head(records.len() as u64);
+        let sum = checksum(&head, &records);
+        [head, records, sum.to_le_bytes().to_vec()]
+    }
+
+    /// The head of a file whose records were [streamed](Self::streamed), and the records'
+    /// length: what [`RecordsWriter`] needs.
+    pub(super) fn finish_streamed(self) -> (Vec<u8>, u64) {
+        let streamed = self.streamed;
+        (self.finish_head(streamed), streamed)
+    }
+
+    fn finish_head(self, records_len: u64) -> Vec<u8> {
         let Encoder {
             mut head,
             lengths,
             index,
-            records,
             keys,
+            ..
         } = self;
         head.extend_from_slice(&lengths);
         head.extend_from_slice(&index);
         let records_at = head.len() as u64;
-        let len = records_at + records.len() as u64 + 8;
+        let len = records_at + records_len + 8;
         head[16..24].copy_from_slice(&len.to_le_bytes());
         head[40..48].copy_from_slice(&keys.to_le_bytes());
         head[48..56].copy_from_slice(&records_at.to_le_bytes());
-        let sum = checksum(&head, &records);
-        [head, records, sum.to_le_bytes().to_vec()]
+        head
+    }
+}
+
+/// Writes a snapshot's head, then its records one by one as they come, then the checksum: no
+/// buffer holds the records (a compact cache's are already in memory, in the file's layout).
+pub(super) struct RecordsWriter<W: Write> {
+    out: std::io::BufWriter<W>,
+    head: u64,
+    records: ValueDigest,
+    /// The records' bytes the head announced and still to come.
+    left: u64,
+}
+
+impl<W: Write> RecordsWriter<W> {
+    /// Writes `head` (from [`Encoder::finish_streamed`], with `records_len`) to `out`.
+    pub(super) fn new(out: W, head: &[u8], records_len: u64) -> std::io::Result<Self> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
+        out.write_all(head)?;
+        Ok(RecordsWriter {
+            out,
+            head: value_digest(head),
+            records: ValueDigest::default(),
+            left: records_len,
+        })
+    }
+
+    /// The next record, in the order the encoder took them.
+    pub(super) fn record(&mut self, record: &[u8]) -> std::io::Result<()> {
+        self.left = (self.left.checked_sub(record.len() as u64))
+            .ok_or_else(|| std::io::Error::other("more records than the head announced"))?;
+        self.records.update(record);
+        self.out.write_all(record)
+    }
+
+    /// The checksum, after the last record.
+    pub(super) fn finish(mut self) -> std::io::Result<()> {
+        if self.left != 0 {
+            return Err(std::io::Error::other(
+                "fewer records than the head announced",
+            ));
+        }
+        let sum = combine(self.head, self.records.finish());
+        self.out.write_all(&sum.to_le_bytes())?;
+        self.out.flush()
     }
 }
 
@@ -677,6 +737,19 @@ pub(super) fn temp_path(path: &Path) -> PathBuf {
 /// then the directory synced so that the rename itself survives a power loss. The file is
 /// readable and writable by its owner only (0600).
 pub(super) fn write_atomic(path: &Path, parts: &[Vec<u8>]) -> Result<(), SnapshotError> {
+    write_atomic_with(path, |file| {
+        for part in parts {
+            file.write_all(part)?;
+        }
+        Ok(())
+    })
+}
+
+/// [`write_atomic`] of what `write` writes to the file.
+pub(super) fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> Result<(), SnapshotError> {
     let temp = temp_path(path);
     let result = (|| {
         let mut options = OpenOptions::new();
@@ -688,9 +761,7 @@ pub(super) fn write_atomic(path: &Path, parts: &[Vec<u8>]) -> Result<(), Snapsho
         // `mode` applies only to a file it creates: a temporary file left behind keeps its own.
         #[cfg(unix)]
         file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-        for part in parts {
-            file.write_all(part)?;
-        }
+        write(&mut file)?;
         file.sync_all()?;
         drop(file);
         std::fs::rename(&temp, path)?;
@@ -709,6 +780,45 @@ pub(super) fn write_atomic(path: &Path, parts: &[Vec<u8>]) -> Result<(), Snapsho
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_streamed_after_the_head_make_the_same_file() {
+        let header = Header {
+            cluster_id: 1,
+            revision: 9,
+            prefix: "/p/".into(),
+            codec_id: "text".into(),
+            indexes: vec!["namespace".into()],
+        };
+        let (mut buffered, mut streamed) = (Encoder::new(&header, 0), Encoder::new(&header, 0));
+        let mut records = Vec::new();
+        for (n, key) in [(1, "ns/a"), (2, "ns/b"), (3, "other/c")] {
+            let index = [vec![key.split('/').next().unwrap_or_default()]];
+            buffered.key(key, b"value", [n, n, 1, 0], 7, &index);
+            let mut record = Vec::new();
+            write_record(&mut record, key, [n, n, 1, 0], 7, 0, b"value");
+            streamed.streamed(record.len(), &index);
+            records.push(record);
+        }
+        let whole = buffered.finish().concat();
+        let (head, len) = streamed.finish_streamed();
+        let mut file = Vec::new();
+        let mut out = RecordsWriter::new(&mut file, &head, len).expect("head");
+        for record in &records {
+            out.record(record).expect("record");
+        }
+        out.finish().expect("checksum");
+        assert_eq!(file, whole);
+        // A record short, or one too many: refused, not a file that lies about its length.
+        let mut out = RecordsWriter::new(Vec::new(), &head, len).expect("head");
+        out.record(&records[0]).expect("record");
+        assert!(out.finish().is_err());
+        let mut out = RecordsWriter::new(Vec::new(), &head, len).expect("head");
+        for record in &records {
+            out.record(record).expect("record");
+        }
+        assert!(out.record(&records[0]).is_err());
+    }
 
     fn sample() -> Vec<u8> {
         let header = Header {
