@@ -51,9 +51,10 @@ pub(super) fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Starts [`peak_rss_bytes`] over from the current resident set (Linux's `clear_refs`).
-pub(super) fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+/// Starts [`peak_rss_bytes`] over from the current resident set (Linux's `clear_refs`);
+/// whether it could.
+pub(super) fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// CPU time (user + system) used so far by a process (this one if `pid` is `None`), in seconds;

@@ -222,17 +222,22 @@ impl Encoder {
     /// The file's bytes, in three parts to write one after the other: the head, the records
     /// and the checksum (not copied into one buffer: at a million keys that is 200 MB).
     pub(super) fn finish(mut self) -> [Vec<u8>; 3] {
+        debug_assert_eq!(self.streamed, 0, "keys streamed to a buffered file");
         let records = std::mem::take(&mut self.records);
         let head = self.finish_head(records.len() as u64);
         let sum = checksum(&head, &records);
         [head, records, sum.to_le_bytes().to_vec()]
     }
 
-    /// The head of a file whose records were [streamed](Self::streamed), and the records'
+    /// The head of a file whose records were [streamed](Self::streamed), and each record's
     /// length: what [`RecordsWriter`] needs.
-    pub(super) fn finish_streamed(self) -> (Vec<u8>, u64) {
+    pub(super) fn finish_streamed(self) -> (Vec<u8>, Vec<u32>) {
+        debug_assert!(self.records.is_empty(), "keys buffered in a streamed file");
+        let lengths = (self.lengths.chunks_exact(4))
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         let streamed = self.streamed;
-        (self.finish_head(streamed), streamed)
+        (self.finish_head(streamed), lengths)
     }
 
     fn finish_head(self, records_len: u64) -> Vec<u8> {
@@ -256,41 +261,54 @@ impl Encoder {
 
 /// Writes a snapshot's head, then its records one by one as they come, then the checksum: no
 /// buffer holds the records (a compact cache's are already in memory, in the file's layout).
+/// Each record must have the length the head gives it, and none may be missing: a file whose
+/// head does not describe its records is never written.
 pub(super) struct RecordsWriter<W: Write> {
     out: std::io::BufWriter<W>,
     head: u64,
     records: ValueDigest,
-    /// The records' bytes the head announced and still to come.
-    left: u64,
+    /// Each record's length, as the head gives them, and the next record's place.
+    lengths: Vec<u32>,
+    next: usize,
 }
 
 impl<W: Write> RecordsWriter<W> {
-    /// Writes `head` (from [`Encoder::finish_streamed`], with `records_len`) to `out`.
-    pub(super) fn new(out: W, head: &[u8], records_len: u64) -> std::io::Result<Self> {
+    /// Writes `head` (from [`Encoder::finish_streamed`], with `lengths`) to `out`.
+    pub(super) fn new(out: W, head: &[u8], lengths: Vec<u32>) -> std::io::Result<Self> {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
         out.write_all(head)?;
         Ok(RecordsWriter {
             out,
             head: value_digest(head),
             records: ValueDigest::default(),
-            left: records_len,
+            lengths,
+            next: 0,
         })
     }
 
     /// The next record, in the order the encoder took them.
     pub(super) fn record(&mut self, record: &[u8]) -> std::io::Result<()> {
-        self.left = (self.left.checked_sub(record.len() as u64))
-            .ok_or_else(|| std::io::Error::other("more records than the head announced"))?;
+        let announced = self.lengths.get(self.next).copied();
+        if announced != Some(record.len() as u32) {
+            return Err(std::io::Error::other(format!(
+                "record {} is {} bytes, the head gives {announced:?}",
+                self.next,
+                record.len()
+            )));
+        }
+        self.next += 1;
         self.records.update(record);
         self.out.write_all(record)
     }
 
     /// The checksum, after the last record.
     pub(super) fn finish(mut self) -> std::io::Result<()> {
-        if self.left != 0 {
-            return Err(std::io::Error::other(
-                "fewer records than the head announced",
-            ));
+        if self.next != self.lengths.len() {
+            return Err(std::io::Error::other(format!(
+                "{} records written, the head gives {}",
+                self.next,
+                self.lengths.len()
+            )));
         }
         let sum = combine(self.head, self.records.finish());
         self.out.write_all(&sum.to_le_bytes())?;
@@ -801,23 +819,29 @@ mod tests {
             records.push(record);
         }
         let whole = buffered.finish().concat();
-        let (head, len) = streamed.finish_streamed();
+        let (head, lengths) = streamed.finish_streamed();
         let mut file = Vec::new();
-        let mut out = RecordsWriter::new(&mut file, &head, len).expect("head");
+        let mut out = RecordsWriter::new(&mut file, &head, lengths.clone()).expect("head");
         for record in &records {
             out.record(record).expect("record");
         }
         out.finish().expect("checksum");
         assert_eq!(file, whole);
-        // A record short, or one too many: refused, not a file that lies about its length.
-        let mut out = RecordsWriter::new(Vec::new(), &head, len).expect("head");
+        // A record short, one too many, or one of another length than the head gives: refused,
+        // not a file whose head does not describe its records.
+        let mut out = RecordsWriter::new(Vec::new(), &head, lengths.clone()).expect("head");
         out.record(&records[0]).expect("record");
         assert!(out.finish().is_err());
-        let mut out = RecordsWriter::new(Vec::new(), &head, len).expect("head");
+        let mut out = RecordsWriter::new(Vec::new(), &head, lengths.clone()).expect("head");
         for record in &records {
             out.record(record).expect("record");
         }
         assert!(out.record(&records[0]).is_err());
+        let mut out = RecordsWriter::new(Vec::new(), &head, lengths).expect("head");
+        assert!(
+            out.record(&records[2]).is_err(),
+            "ns/a's place, other/c's length"
+        );
     }
 
     fn sample() -> Vec<u8> {

@@ -385,23 +385,26 @@ fn write_records<T: 'static>(
         }
     });
     failed?;
-    let (head, records_len) = encoder.finish_streamed();
+    let (head, lengths) = encoder.finish_streamed();
     format::write_atomic_with(&object.options.path, |file| {
-        let mut out = format::RecordsWriter::new(file, &head, records_len)?;
+        let mut out = format::RecordsWriter::new(file, &head, lengths)?;
         let mut ends = decoded_ends.iter();
         let mut start = 0;
         let mut written = Ok(());
         records.for_each_record(&[], &mut |item| {
-            let record = match item {
-                Item::Record(record, _) => record,
-                Item::Decoded(_) => {
-                    let end = ends.next().copied().unwrap_or(start);
-                    let record = decoded.get(start..end).unwrap_or_default();
-                    start = end;
-                    record
-                }
+            written = match item {
+                Item::Record(record, _) => out.record(record),
+                Item::Decoded(_) => match ends.next() {
+                    Some(&end) => {
+                        let record = decoded.get(start..end).unwrap_or_default();
+                        start = end;
+                        out.record(record)
+                    }
+                    None => Err(std::io::Error::other(
+                        "more objects held decoded than the first pass met",
+                    )),
+                },
             };
-            written = out.record(record);
             match written {
                 Ok(()) => ControlFlow::Continue(()),
                 Err(_) => ControlFlow::Break(()),
@@ -437,7 +440,7 @@ mod tests {
     }
 
     /// Labels as comma-separated text, counting its decodes; a label "bad" does not decode,
-    /// so a compact cache holds its object decoded.
+    /// so a compact cache holds its object decoded, and neither does "unencodable" encode.
     struct Labels(Arc<AtomicUsize>);
 
     impl Codec<Vec<String>> for Labels {
@@ -455,6 +458,9 @@ mod tests {
         }
 
         fn encode(&self, value: &Vec<String>) -> Result<Vec<u8>, crate::codec::CodecError> {
+            if value.iter().any(|l| l == "unencodable") {
+                return Err("unencodable label".into());
+            }
             Ok(value.join(",").into_bytes())
         }
     }
@@ -538,6 +544,17 @@ mod tests {
         // A codec by another name: the objects.
         let (_, _, content, _) = ix.snapshot_content("another codec");
         assert!(matches!(content, SnapshotContent::Objects(o) if o.len() == 5));
+        // An object that does not encode fails the write before the file is touched: the
+        // snapshot before it stays, whole, and no temporary file is left.
+        let labels = vec!["unencodable".to_owned()];
+        ix.add(Arc::new(Object::new("ns/f", 6, labels)));
+        let before = std::fs::read(&options.path).expect("the snapshot");
+        let (_, _, content, indexers) = ix.snapshot_content(codec);
+        let failed = write(&options, 7, "/p/", 10, &content, &indexers);
+        let failed = failed.expect_err("ns/f does not encode").to_string();
+        assert!(failed.contains("ns/f"), "{failed}");
+        assert_eq!(std::fs::read(&options.path).expect("the snapshot"), before);
+        assert!(!format::temp_path(&options.path).exists());
         std::fs::remove_dir_all(dir).ok();
     }
 }

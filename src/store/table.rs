@@ -181,7 +181,8 @@ pub(super) trait Storage<T>: Send + Sync {
     /// Each object as a snapshot writes it, decoding none that is packed: its record (see
     /// [`Repr::record`]) with its values for each of `indexes`, taken from the indexes
     /// themselves (as sets: in no particular order, each once); or the object, where it is
-    /// held decoded. Stops when `f` breaks.
+    /// held decoded. Stops when `f` breaks. The order is the same on every call on a table
+    /// that did not change (a snapshot's writer walks it twice).
     fn for_each_record(&self, indexes: &[&str], f: &mut dyn FnMut(Item<'_, T>) -> ControlFlow<()>);
     fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64));
     /// Inserts or replaces, keeping the indexes of `indexers`; returns the replaced object.

@@ -643,7 +643,7 @@ pub(crate) struct Records<T>(Box<dyn Storage<T>>);
 
 impl<T> Records<T> {
     /// Each object, as [`Item`]: a record with its values for each of `indexes`, or an object
-    /// the store holds decoded; until `f` breaks.
+    /// the store holds decoded; until `f` breaks. Each call goes in the same order.
     pub(crate) fn for_each_record(
         &self,
         indexes: &[&str],
