@@ -30,25 +30,26 @@ pub(super) fn round(x: f64, digits: i32) -> f64 {
     (x * f).round() / f
 }
 
-/// Resident set size of this process, in bytes.
-pub(super) fn rss_bytes() -> u64 {
+/// A size in this process's `/proc/self/status` (`field` with its colon), in bytes; 0 if
+/// unknown.
+fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Resident set size of this process, in bytes.
+pub(super) fn rss_bytes() -> u64 {
+    status_bytes("VmRSS:")
 }
 
 /// The most this process's resident set has grown to since [`reset_peak_rss`], in bytes
 /// (`VmHWM`); 0 if unknown.
 pub(super) fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    status_bytes("VmHWM:")
 }
 
 /// Starts [`peak_rss_bytes`] over from the current resident set (Linux's `clear_refs`);
