@@ -143,7 +143,9 @@ pub use real_fifo::{Batch, RealFifo};
 pub use listwatch::{
     Freshness, ListResult, ListSink, ListWatch, ListerWatcher, WatchEvent, WatchStream,
 };
-pub use object::{split_key, value_digest, EncodedObject, Object, SharedRecord, Stamp};
+pub use object::{
+    split_key, value_digest, EncodedObject, IndexValues, Object, SharedRecord, Stamp,
+};
 pub use reflector::{Backoff, Health, Queue, Reflector, ReflectorOptions, RELIST_STORM_WINDOW};
 pub use store::{
     namespace_index_func, namespace_indexers, IndexFunc, Indexer, Indexers, Store, StoreContent,

@@ -53,10 +53,80 @@ pub struct EncodedObject<'a> {
     /// [`value_digest`](crate::value_digest) of the value as etcd stored it (0: unknown).
     pub digest: u64,
     /// Its values for each index, in the order of the sorted index names.
-    pub index: Vec<Vec<&'a str>>,
+    pub index: IndexValues<'a>,
     /// Its whole record, where the compact cache can keep it without a copy (a warm start's
     /// file); `None` from anyone but this crate.
     pub record: Option<SharedRecord<'a>>,
+}
+
+/// An [`EncodedObject`]'s values for each index: slices of one list that a page's objects
+/// share, so that a page of encoded objects costs no allocation per object.
+///
+/// ```
+/// use etcd_informer::IndexValues;
+///
+/// // Two indexes: the first with one value, the second with two.
+/// let values = ["ns", "a", "b"];
+/// let index = IndexValues::new(&values, &[1, 3]);
+/// assert_eq!(index.len(), 2);
+/// assert_eq!(index.get(1), ["a", "b"]);
+/// assert!(index.get(2).is_empty());
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IndexValues<'a> {
+    values: &'a [&'a str],
+    /// Where each index's values end in `values`.
+    ends: &'a [usize],
+    /// Where the first index's values start in `values`.
+    start: usize,
+}
+
+impl<'a> IndexValues<'a> {
+    /// The values of each index in turn: index `i`'s are `values[ends[i - 1]..ends[i]]` (the
+    /// first's from the start). Ends out of order or past `values` give an index no values.
+    pub fn new(values: &'a [&'a str], ends: &'a [usize]) -> Self {
+        IndexValues {
+            values,
+            ends,
+            start: 0,
+        }
+    }
+
+    /// As [`new`](Self::new), the first index's values starting at `values[start]`: one of
+    /// many objects' values in one list.
+    pub(crate) fn within(values: &'a [&'a str], ends: &'a [usize], start: usize) -> Self {
+        IndexValues {
+            values,
+            ends,
+            start,
+        }
+    }
+
+    /// How many indexes it has values for.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether it has values for no index.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The values of index `i` (none past the last).
+    pub fn get(&self, i: usize) -> &'a [&'a str] {
+        let from = match i.checked_sub(1) {
+            None => self.start,
+            Some(before) => self.ends.get(before).copied().unwrap_or(usize::MAX),
+        };
+        let to = self.ends.get(i).copied().unwrap_or(0);
+        self.values.get(from..to).unwrap_or_default()
+    }
+
+    /// The values of each index in turn.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [&'a str]> + 'a {
+        let this = *self;
+        (0..this.len()).map(move |i| this.get(i))
+    }
 }
 
 /// Where an [`EncodedObject`]'s record lies in a buffer the compact cache can share: a warm

@@ -40,6 +40,7 @@ use super::{SnapshotError, SnapshotErrorKind};
 use crate::object::ValueDigest;
 use crate::store::compact::{parse_record, write_record};
 use crate::value_digest;
+use crate::IndexValues;
 
 /// The file's first 8 bytes.
 pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";
@@ -108,24 +109,56 @@ impl Page {
         &self.records[entry.value.clone()]
     }
 
-    /// The index values of `entry`, one list per index of the header (checked when the page
-    /// was read).
-    pub(super) fn index_values(&self, entry: &Entry) -> Vec<Vec<&str>> {
-        let mut r = Reader {
-            bytes: &self.head[..entry.index.end],
-            at: entry.index.start,
-        };
-        (0..self.indexes)
-            .map(|_| {
+    /// Every key's index values, one list for the whole page (checked when the page was
+    /// read): a key's are [`PageIndex::of`] its entry's place.
+    pub(super) fn index(&self) -> PageIndex<'_> {
+        let mut values = Vec::new();
+        let mut ends = Vec::with_capacity(self.entries.len() * self.indexes);
+        for entry in &self.entries {
+            let mut r = Reader {
+                bytes: &self.head[..entry.index.end],
+                at: entry.index.start,
+            };
+            for _ in 0..self.indexes {
                 let n = r.u32().unwrap_or(0);
-                (0..n)
-                    .filter_map(|_| {
-                        let range = r.field()?;
-                        std::str::from_utf8(&self.head[range]).ok()
-                    })
-                    .collect()
-            })
-            .collect()
+                for _ in 0..n {
+                    let Some(range) = r.field() else { break };
+                    values.extend(std::str::from_utf8(&self.head[range]).ok());
+                }
+                ends.push(values.len());
+            }
+        }
+        PageIndex {
+            values,
+            ends,
+            indexes: self.indexes,
+        }
+    }
+}
+
+/// A page's index values: one list for all its keys, so that a page costs two allocations,
+/// not two a key.
+pub(super) struct PageIndex<'a> {
+    values: Vec<&'a str>,
+    /// Where each key's values of each index end in `values`, `indexes` a key.
+    ends: Vec<usize>,
+    indexes: usize,
+}
+
+impl PageIndex<'_> {
+    /// The index values of the page's `n`th entry, one list per index of the header.
+    pub(super) fn of(&self, n: usize) -> IndexValues<'_> {
+        let first = n * self.indexes;
+        let start = first
+            .checked_sub(1)
+            .and_then(|last| self.ends.get(last))
+            .copied()
+            .unwrap_or(0);
+        let ends = self
+            .ends
+            .get(first..first + self.indexes)
+            .unwrap_or_default();
+        IndexValues::within(&self.values, ends, start)
     }
 }
 
@@ -931,6 +964,37 @@ mod tests {
     }
 
     #[test]
+    fn a_pages_index_values_are_each_keys_own() {
+        // Keys with no value, one, several, none again, in one page: each key's lists start
+        // where the previous key's ended.
+        let mut bytes = sample();
+        let (a, b) = (vec!["ns".to_owned()], vec!["a".to_owned(), "b".to_owned()]);
+        let mut e = Encoder::new(&parse(bytes.clone()).expect("parses").header, 0);
+        let keys = [
+            ("k0", [vec![], vec![]]),
+            ("k1", [a.clone(), b.clone()]),
+            ("k2", [b.clone(), vec![]]),
+            ("k3", [vec![], a.clone()]),
+        ];
+        for (key, values) in &keys {
+            e.key(key, b"v", [1, 1, 1, 0], 0, values);
+        }
+        bytes = e.finish().concat();
+        let len = bytes.len();
+        let mut reader = PageReader::new(std::io::Cursor::new(bytes), len).expect("parses");
+        let page = reader
+            .next_page(usize::MAX)
+            .expect("reads")
+            .expect("a page");
+        let index = page.index();
+        for (n, (key, values)) in keys.iter().enumerate() {
+            let got: Vec<Vec<&str>> = index.of(n).iter().map(<[&str]>::to_vec).collect();
+            assert_eq!(got, values.to_vec(), "{key}");
+        }
+        assert!(index.of(keys.len()).is_empty());
+    }
+
+    #[test]
     fn round_trip() {
         let loaded = parse(sample()).expect("parses");
         assert_eq!(loaded.header.revision, 42);
@@ -952,8 +1016,13 @@ mod tests {
             ),
             (41, 41, 1, 7, u64::MAX)
         );
-        assert_eq!(b.index_values(e), vec![vec!["ns"], vec!["a", "b"]]);
-        assert_eq!(a.index_values(&a.entries[0]), vec![Vec::<&str>::new(); 2]);
+        let values = |page: &Page, n| -> Vec<Vec<String>> {
+            let index = page.index();
+            let values = index.of(n).iter().map(|v| v.iter().map(|s| s.to_string()));
+            values.map(Iterator::collect).collect()
+        };
+        assert_eq!(values(b, 0), [vec!["ns"], vec!["a", "b"]]);
+        assert_eq!(values(a, 0), vec![Vec::<String>::new(); 2]);
         assert_eq!(a.key(&a.entries[0]), "ns/a");
     }
 

@@ -473,11 +473,10 @@ mod tests {
         let loaded = format::read(path).expect("read");
         let mut keys = Vec::new();
         for page in &loaded.pages {
-            for entry in &page.entries {
+            let page_index = page.index();
+            for (n, entry) in page.entries.iter().enumerate() {
                 let record = page.records[entry.record.clone()].to_vec();
-                let mut index: Vec<Vec<String>> = page
-                    .index_values(entry)
-                    .iter()
+                let mut index: Vec<Vec<String>> = (page_index.of(n).iter())
                     .map(|values| values.iter().map(|v| v.to_string()).collect())
                     .collect();
                 for values in &mut index {
@@ -535,9 +534,10 @@ mod tests {
         // values are compared as sets (the records' are in no particular order, each once).
         let loaded = format::read(&options.path).expect("read");
         let page = &loaded.pages[0];
-        let sample: Vec<_> = (page.entries.iter())
-            .filter(|e| page.key(e) != "ns/d")
-            .map(|e| warm::record(page, e))
+        let index = page.index();
+        let sample: Vec<_> = (page.entries.iter().enumerate())
+            .filter(|(_, e)| page.key(e) != "ns/d")
+            .map(|(n, e)| warm::record(page, e, index.of(n)))
             .collect();
         let mut content = ix.new_content();
         assert!(content.takes_encoded(codec, &loaded.header.indexes, 5, &sample));

@@ -9,7 +9,7 @@ use crate::listwatch::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
     Resume, SourceIdentity, WatchStream,
 };
-use crate::{EncodedObject, Object, SharedRecord};
+use crate::{EncodedObject, IndexValues, Object, SharedRecord};
 
 /// Wraps the informer's source: the first `list`/`list_into` may be answered from the
 /// snapshot; every other call, and every later list, goes to the source.
@@ -141,14 +141,15 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         // The sample comes from the first page: the file holds its keys in hash order, so
         // that page is a random sample of them all.
         let encoded = sink.is_some_and(|sink| {
-            let sample: Vec<_> = first.as_ref().map_or_else(Vec::new, |page| {
-                let step = (page.entries.len() / SAMPLE).max(1);
-                page.entries
-                    .iter()
-                    .step_by(step)
-                    .map(|e| record(page, e))
-                    .collect()
-            });
+            let Some(page) = &first else {
+                return sink.takes_encoded(self.options.codec.name(), &header.indexes, keys, &[]);
+            };
+            let index = page.index();
+            let step = (page.entries.len() / SAMPLE).max(1);
+            let sample: Vec<_> = (page.entries.iter().enumerate())
+                .step_by(step)
+                .map(|(n, e)| record(page, e, index.of(n)))
+                .collect();
             sink.takes_encoded(self.options.codec.name(), &header.indexes, keys, &sample)
         });
         if let Some(sink) = sink {
@@ -167,8 +168,10 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 let sink = sink.clone();
                 Content::Installing(tokio::task::spawn_blocking(move || {
                     let installed = pages.each(|page| {
-                        let records: Vec<_> =
-                            page.entries.iter().map(|e| record(&page, e)).collect();
+                        let index = page.index();
+                        let records: Vec<_> = (page.entries.iter().enumerate())
+                            .map(|(n, e)| record(&page, e, index.of(n)))
+                            .collect();
                         sink.page_encoded(&records);
                         Ok(())
                     });
@@ -322,7 +325,11 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
 }
 
 /// The record of `entry`, as it is in the file.
-pub(super) fn record<'a>(page: &'a Page, entry: &format::Entry) -> EncodedObject<'a> {
+pub(super) fn record<'a>(
+    page: &'a Page,
+    entry: &format::Entry,
+    index: IndexValues<'a>,
+) -> EncodedObject<'a> {
     // A compact cache keeps the record itself, if its 32-bit offsets reach every record of
     // the buffer (one shared in part would be held whole, counted in part).
     let record = u32::try_from(page.records.len())
@@ -344,7 +351,7 @@ pub(super) fn record<'a>(page: &'a Page, entry: &format::Entry) -> EncodedObject
             entry.lease,
         ],
         digest: entry.digest,
-        index: page.index_values(entry),
+        index,
     }
 }
 

@@ -69,12 +69,15 @@ impl Packed {
     }
 
     fn key(&self) -> &str {
-        let bytes = self.bytes();
-        let (len, at) = read_varint(bytes, 1);
-        let key = bytes.get(at..at + len as usize).unwrap_or_default();
         // Records are built from a `&str` key, so this never fails; an empty key would only
         // make a lookup miss.
-        std::str::from_utf8(key).unwrap_or_default()
+        std::str::from_utf8(self.key_bytes()).unwrap_or_default()
+    }
+
+    fn key_bytes(&self) -> &[u8] {
+        let bytes = self.bytes();
+        let (len, at) = read_varint(bytes, 1);
+        bytes.get(at..at + len as usize).unwrap_or_default()
     }
 
     /// Where the revisions start.
@@ -114,7 +117,9 @@ impl Packed {
 
 impl PartialEq for Packed {
     fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
+        // The same as comparing the keys as `str`, without checking each is UTF-8 again (a
+        // hash set's insert compares a slot with every slot of the same hash tag).
+        self.key_bytes() == other.key_bytes()
     }
 }
 
@@ -805,7 +810,7 @@ mod tests {
                 value: value.as_bytes(),
                 revisions: [5, 5, 1, 0],
                 digest: 0,
-                index: Vec::new(),
+                index: Default::default(),
                 record: Some(SharedRecord {
                     buffer: &buffer,
                     at: at as u32,

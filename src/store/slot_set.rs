@@ -51,7 +51,7 @@ impl<S> Default for SlotSet<S> {
     }
 }
 
-impl<S: Borrow<str>> SlotSet<S> {
+impl<S: Borrow<str> + Eq> SlotSet<S> {
     pub(super) fn len(&self) -> usize {
         self.table.len()
     }
@@ -96,7 +96,7 @@ impl<S: Borrow<str>> SlotSet<S> {
         // cost a fetch from wherever the record is, for every slot.
         match self.table.entry(
             hash,
-            |s| s.borrow() == slot.borrow(),
+            |s| *s == slot,
             |s| mix(key_hash(Borrow::<str>::borrow(s)) ^ seed),
         ) {
             Entry::Occupied(mut held) => Some(std::mem::replace(held.get_mut(), slot)),
@@ -171,7 +171,7 @@ impl<S: Borrow<str>> SlotSet<S> {
     }
 }
 
-impl<S: Borrow<str>> FromIterator<S> for SlotSet<S> {
+impl<S: Borrow<str> + Eq> FromIterator<S> for SlotSet<S> {
     fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
         let mut set = SlotSet::default();
         set.replace_all(iter.into_iter().collect());
@@ -179,7 +179,7 @@ impl<S: Borrow<str>> FromIterator<S> for SlotSet<S> {
     }
 }
 
-impl<'a, S: Borrow<str>> IntoIterator for &'a SlotSet<S> {
+impl<'a, S: Borrow<str> + Eq> IntoIterator for &'a SlotSet<S> {
     type Item = &'a S;
     type IntoIter = hashbrown::hash_table::Iter<'a, S>;
 

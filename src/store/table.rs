@@ -506,7 +506,7 @@ where
                         let Some(index) = self.indices.get_mut(name.as_str()) else {
                             continue;
                         };
-                        for &value in objs[at].index.get(i).map_or(&[][..], Vec::as_slice) {
+                        for &value in objs[at].index.get(i) {
                             index
                                 .entry(value.to_owned())
                                 .or_default()
@@ -663,7 +663,7 @@ where
 
 /// Puts each of `slots` (those of `objs`, in order) into the sets of its index values:
 /// index `names[n]`'s values are `objs[_].index[order[n]]`.
-fn index_encoded<S: Clone + Borrow<str>>(
+fn index_encoded<S: Clone + Eq + Borrow<str>>(
     indices: &mut HashMap<String, HashMap<String, SlotSet<S>>>,
     names: &[&String],
     order: &[usize],
@@ -682,7 +682,7 @@ fn index_encoded<S: Clone + Borrow<str>>(
         let mut group_of: HashMap<&str, usize> = HashMap::new();
         let mut previous: Option<(&str, usize)> = None;
         for ((slot, &hash), o) in slots.iter().zip(hashes).zip(objs) {
-            for &value in o.index.get(i).map_or(&[][..], Vec::as_slice) {
+            for &value in o.index.get(i) {
                 let group = match previous {
                     Some((v, group)) if v == value => group,
                     _ => {
@@ -716,6 +716,7 @@ mod tests {
     use super::*;
     use crate::codec::{Codec, CodecError};
     use crate::store::compact::PackedRepr;
+    use crate::IndexValues;
 
     struct Decimal;
 
@@ -783,12 +784,13 @@ mod tests {
     fn encoded_pages_keep_the_last_record_of_a_key_in_the_items_and_indexes() {
         let (indexers, mut table) = packed_by_parity();
         let values: Vec<String> = (0..20u32).map(|i| i.to_string()).collect();
+        const PARITIES: [&str; 2] = ["0", "1"];
         let record = |key: &'static str, value: usize| EncodedObject {
             key,
             value: values[value].as_bytes(),
             revisions: [value as i64 + 1, 1, 1, 0],
             digest: 0,
-            index: vec![vec![if value % 2 == 0 { "0" } else { "1" }]],
+            index: IndexValues::new(&PARITIES[value % 2..value % 2 + 1], &[1]),
             record: None,
         };
         // Twice in one page, then again in the next, each time under the other parity.

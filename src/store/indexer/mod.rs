@@ -157,10 +157,13 @@ impl<T> StoreContent<T> {
         let agrees = sample.iter().all(|encoded| {
             table.decode_encoded(encoded).is_some_and(|obj| {
                 encoded.index.len() == sorted.len()
-                    && sorted.iter().zip(&encoded.index).all(|((_, f), file)| {
-                        let values = f(&obj);
-                        set(&values) == set(file)
-                    })
+                    && sorted
+                        .iter()
+                        .zip(encoded.index.iter())
+                        .all(|((_, f), file)| {
+                            let values = f(&obj);
+                            set(&values) == set(file)
+                        })
             })
         });
         if !agrees {
@@ -169,7 +172,7 @@ impl<T> StoreContent<T> {
         let per_record = keys / sample.len().max(1);
         for (i, name) in indexes.iter().enumerate() {
             let mut seen: HashMap<&str, usize> = HashMap::new();
-            for value in sample.iter().filter_map(|e| e.index.get(i)).flatten() {
+            for &value in sample.iter().flat_map(|e| e.index.get(i)) {
                 *seen.entry(value).or_default() += 1;
             }
             for (value, n) in seen {

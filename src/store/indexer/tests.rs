@@ -288,7 +288,7 @@ fn a_relist_after_a_warm_start_adopts_the_snapshots_records_without_copying_them
             value: b"a",
             revisions: [5, 5, 1, 0],
             digest: 9,
-            index: Vec::new(),
+            index: Default::default(),
             record: Some(crate::SharedRecord {
                 buffer: &buffer,
                 at,
