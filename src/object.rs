@@ -65,14 +65,15 @@ pub struct EncodedObject<'a> {
 /// ```
 /// use etcd_informer::IndexValues;
 ///
-/// // Two indexes: the first with one value, the second with two.
+/// // Three indexes: the first with one value, the second with none, the third with two.
 /// let values = ["ns", "a", "b"];
-/// let index = IndexValues::new(&values, &[1, 3]);
-/// assert_eq!(index.len(), 2);
-/// assert_eq!(index.get(1), ["a", "b"]);
-/// assert!(index.get(2).is_empty());
+/// let index = IndexValues::new(&values, &[1, 1, 3]);
+/// assert_eq!(index.len(), 3);
+/// assert!(index.get(1).is_empty());
+/// assert_eq!(index.get(2), ["a", "b"]);
+/// assert!(index.get(3).is_empty());
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct IndexValues<'a> {
     values: &'a [&'a str],
     /// Where each index's values end in `values`.
@@ -126,6 +127,13 @@ impl<'a> IndexValues<'a> {
     pub fn iter(&self) -> impl Iterator<Item = &'a [&'a str]> + 'a {
         let this = *self;
         (0..this.len()).map(move |i| this.get(i))
+    }
+}
+
+impl std::fmt::Debug for IndexValues<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Its own values, not the whole page's.
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 

@@ -112,7 +112,7 @@ impl Page {
     /// Every key's index values, one list for the whole page (checked when the page was
     /// read): a key's are [`PageIndex::of`] its entry's place.
     pub(super) fn index(&self) -> PageIndex<'_> {
-        let mut values = Vec::new();
+        let mut values = Vec::with_capacity(self.entries.len() * self.indexes);
         let mut ends = Vec::with_capacity(self.entries.len() * self.indexes);
         for entry in &self.entries {
             let mut r = Reader {
@@ -146,9 +146,10 @@ pub(super) struct PageIndex<'a> {
 }
 
 impl PageIndex<'_> {
-    /// The index values of the page's `n`th entry, one list per index of the header.
+    /// The index values of the page's `n`th entry, one list per index of the header (none
+    /// past the last entry).
     pub(super) fn of(&self, n: usize) -> IndexValues<'_> {
-        let first = n * self.indexes;
+        let first = n.saturating_mul(self.indexes);
         let start = first
             .checked_sub(1)
             .and_then(|last| self.ends.get(last))
@@ -156,7 +157,7 @@ impl PageIndex<'_> {
             .unwrap_or(0);
         let ends = self
             .ends
-            .get(first..first + self.indexes)
+            .get(first..first.saturating_add(self.indexes))
             .unwrap_or_default();
         IndexValues::within(&self.values, ends, start)
     }

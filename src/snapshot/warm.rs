@@ -141,15 +141,14 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         // The sample comes from the first page: the file holds its keys in hash order, so
         // that page is a random sample of them all.
         let encoded = sink.is_some_and(|sink| {
-            let Some(page) = &first else {
-                return sink.takes_encoded(self.options.codec.name(), &header.indexes, keys, &[]);
-            };
-            let index = page.index();
-            let step = (page.entries.len() / SAMPLE).max(1);
-            let sample: Vec<_> = (page.entries.iter().enumerate())
-                .step_by(step)
-                .map(|(n, e)| record(page, e, index.of(n)))
-                .collect();
+            let index = first.as_ref().map(|page| (page, page.index()));
+            let sample: Vec<_> = index.as_ref().map_or_else(Vec::new, |(page, index)| {
+                let step = (page.entries.len() / SAMPLE).max(1);
+                (page.entries.iter().enumerate())
+                    .step_by(step)
+                    .map(|(n, e)| record(page, e, index.of(n)))
+                    .collect()
+            });
             sink.takes_encoded(self.options.codec.name(), &header.indexes, keys, &sample)
         });
         if let Some(sink) = sink {

@@ -117,8 +117,9 @@ impl Packed {
 
 impl PartialEq for Packed {
     fn eq(&self, other: &Self) -> bool {
-        // The same as comparing the keys as `str`, without checking each is UTF-8 again (a
-        // hash set's insert compares a slot with every slot of the same hash tag).
+        // The same as comparing the keys as `str` (records are made from a `str` key, or
+        // checked to hold one), without checking each is UTF-8 again: a hash set's insert
+        // compares a slot with every slot of the same hash tag.
         self.key_bytes() == other.key_bytes()
     }
 }

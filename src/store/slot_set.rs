@@ -51,7 +51,7 @@ impl<S> Default for SlotSet<S> {
     }
 }
 
-impl<S: Borrow<str> + Eq> SlotSet<S> {
+impl<S: Borrow<str>> SlotSet<S> {
     pub(super) fn len(&self) -> usize {
         self.table.len()
     }
@@ -83,6 +83,28 @@ impl<S: Borrow<str> + Eq> SlotSet<S> {
         self.table.find(self.hash(key), |s| s.borrow() == key)
     }
 
+    pub(super) fn take(&mut self, key: &str) -> Option<S> {
+        match self.table.find_entry(self.hash(key), |s| s.borrow() == key) {
+            Ok(held) => Some(held.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    pub(super) fn remove(&mut self, key: &str) -> bool {
+        self.take(key).is_some()
+    }
+
+    pub(super) fn iter(&self) -> hashbrown::hash_table::Iter<'_, S> {
+        self.table.iter()
+    }
+
+    pub(super) fn drain(&mut self) -> hashbrown::hash_table::Drain<'_, S> {
+        self.table.drain()
+    }
+}
+
+// Putting a slot in compares it with the slots of the same hash tag.
+impl<S: Borrow<str> + Eq> SlotSet<S> {
     /// Puts `slot` in, in place of the slot of its key if there is one, which it returns.
     pub(super) fn replace(&mut self, slot: S) -> Option<S> {
         let hash = self.hash(Borrow::<str>::borrow(&slot));
@@ -150,25 +172,6 @@ impl<S: Borrow<str> + Eq> SlotSet<S> {
             .filter_map(|(hash, slot)| self.replace_hashed(hash, slot))
             .collect()
     }
-
-    pub(super) fn take(&mut self, key: &str) -> Option<S> {
-        match self.table.find_entry(self.hash(key), |s| s.borrow() == key) {
-            Ok(held) => Some(held.remove().0),
-            Err(_) => None,
-        }
-    }
-
-    pub(super) fn remove(&mut self, key: &str) -> bool {
-        self.take(key).is_some()
-    }
-
-    pub(super) fn iter(&self) -> hashbrown::hash_table::Iter<'_, S> {
-        self.table.iter()
-    }
-
-    pub(super) fn drain(&mut self) -> hashbrown::hash_table::Drain<'_, S> {
-        self.table.drain()
-    }
 }
 
 impl<S: Borrow<str> + Eq> FromIterator<S> for SlotSet<S> {
@@ -179,7 +182,7 @@ impl<S: Borrow<str> + Eq> FromIterator<S> for SlotSet<S> {
     }
 }
 
-impl<'a, S: Borrow<str> + Eq> IntoIterator for &'a SlotSet<S> {
+impl<'a, S: Borrow<str>> IntoIterator for &'a SlotSet<S> {
     type Item = &'a S;
     type IntoIter = hashbrown::hash_table::Iter<'a, S>;
 

@@ -488,10 +488,10 @@ where
             .map(|o| o.record.map_or_else(|| key_hash(o.key), |r| r.key_hash))
             .collect();
         // Each set is filled a page at a time, in the order of its buckets (see `SlotSet`).
-        let replaced = self
-            .items
-            .replace_all_hashed(hashes.iter().copied().zip(slots.iter().cloned()).collect());
+        // The indexes first, so that the items take the slots themselves, not copies (each
+        // copy of a slot of a snapshot's page counts on its page's one reference count).
         index_encoded(&mut self.indices, &names, &order, &slots, &hashes, objs);
+        let replaced = (self.items).replace_all_hashed(hashes.iter().copied().zip(slots).collect());
         if !replaced.is_empty() {
             // A key already held, or twice in this page (which a snapshot never holds): as any
             // replacement; the page's last record of the key is the one kept.
@@ -662,7 +662,7 @@ where
 }
 
 /// Puts each of `slots` (those of `objs`, in order) into the sets of its index values:
-/// index `names[n]`'s values are `objs[_].index[order[n]]`.
+/// index `names[n]`'s values are `objs[_].index.get(order[n])`.
 fn index_encoded<S: Clone + Eq + Borrow<str>>(
     indices: &mut HashMap<String, HashMap<String, SlotSet<S>>>,
     names: &[&String],
