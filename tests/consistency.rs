@@ -762,11 +762,12 @@ impl etcd_informer::ListerWatcher<String> for LosingDelete {
         revision: i64,
         keys: usize,
         cluster_id: u64,
+        splits: Vec<String>,
     ) -> etcd_informer::listwatch::BoxFuture<
         '_,
         etcd_informer::listwatch::Result<etcd_informer::listwatch::Resume>,
     > {
-        self.inner.can_resume(revision, keys, cluster_id)
+        self.inner.can_resume(revision, keys, cluster_id, splits)
     }
 }
 

@@ -510,6 +510,58 @@ async fn a_crash_mid_write_leaves_the_previous_snapshot_usable() {
     run.stop().await;
 }
 
+/// etcd's count at the snapshot's revision, asked in parts split at some of its keys, is the
+/// whole prefix's: splits out of order, repeated, at the prefix itself or past every key change
+/// nothing, a key deleted since still counts at the revision, and a compacted revision is said
+/// to be one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_counts_a_snapshots_keys_in_parts_as_it_counts_them_whole() {
+    use etcd_informer::listwatch::Resume;
+    use etcd_informer::ListerWatcher;
+
+    let client = shared_client().await;
+    let prefix = unique_prefix("snapshot_parts");
+    let mut kv = client.kv_client();
+    let mut at = 0;
+    for i in 0..20 {
+        let r = kv
+            .put(format!("{prefix}ns/k{i:03}"), "v", None)
+            .await
+            .unwrap();
+        at = r.header().map_or(0, |h| h.revision());
+    }
+    // Beside the prefix, on both sides: never counted.
+    let before = prefix.trim_end_matches('/').to_owned();
+    kv.put(before.as_str(), "x", None).await.unwrap();
+    kv.put(format!("{before}0"), "x", None).await.unwrap();
+    kv.delete(format!("{prefix}ns/k005"), None).await.unwrap();
+    let cluster_id = (kv.get(prefix.as_str(), None).await.unwrap())
+        .header()
+        .map_or(0, |h| h.cluster_id());
+    let source = EtcdListerWatcher::new(client.clone(), prefix.as_str(), TextCodec).unwrap();
+    let owned = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+    for splits in [
+        owned(&[]),
+        owned(&["ns/k005", "ns/k010", "ns/k015"]),
+        owned(&["ns/k010", "ns/k005", "ns/k010", "", "zzz"]),
+        owned(&["a", "ns/k000", "ns/k019", "ns/k0190"]),
+    ] {
+        let answer = source.can_resume(at, 20, cluster_id, splits.clone()).await;
+        assert_eq!(answer.unwrap(), Resume::Ready, "split at {splits:?}");
+        match source.can_resume(at, 19, cluster_id, splits.clone()).await {
+            Ok(Resume::Refused(why)) => assert!(why.contains("etcd counts 20"), "{why}"),
+            other => panic!("split at {splits:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    let now = (kv.put(format!("{prefix}ns/last"), "v", None).await.unwrap())
+        .header()
+        .map_or(0, |h| h.revision());
+    kv.compact(now, None).await.expect("compact");
+    let splits = owned(&["ns/k005", "ns/k010"]);
+    let answer = source.can_resume(at, 20, cluster_id, splits).await.unwrap();
+    assert!(matches!(answer, Resume::Compacted(_)), "{answer:?}");
+}
+
 /// The in-memory source answers as etcd's does (no etcd needed).
 #[tokio::test]
 async fn the_fake_source_answers_as_etcd_does() {
@@ -522,20 +574,29 @@ async fn the_fake_source_answers_as_etcd_does() {
     let at = source.put("b", "2".into());
     source.delete("a");
     source.put("c", "3".into());
-    assert_eq!(source.can_resume(at, 2, 1).await.unwrap(), Resume::Ready);
+    assert_eq!(
+        source.can_resume(at, 2, 1, Vec::new()).await.unwrap(),
+        Resume::Ready
+    );
     let refused = |r: Resume, what: &str| match r {
         Resume::Refused(why) => assert!(why.contains(what), "{why}"),
         other => panic!("expected refused ({what}), got {other:?}"),
     };
-    refused(source.can_resume(at, 3, 1).await.unwrap(), "tally differs");
     refused(
-        source.can_resume(at, 2, 9).await.unwrap(),
+        source.can_resume(at, 3, 1, Vec::new()).await.unwrap(),
+        "tally differs",
+    );
+    refused(
+        source.can_resume(at, 2, 9, Vec::new()).await.unwrap(),
         "another cluster",
     );
-    refused(source.can_resume(at + 10, 2, 1).await.unwrap(), "ahead");
+    refused(
+        source.can_resume(at + 10, 2, 1, Vec::new()).await.unwrap(),
+        "ahead",
+    );
     source.compact();
     assert!(matches!(
-        source.can_resume(at, 2, 1).await.unwrap(),
+        source.can_resume(at, 2, 1, Vec::new()).await.unwrap(),
         Resume::Compacted(_)
     ));
 }

@@ -173,8 +173,9 @@ impl ListerWatcher<ConfigMap> for Expiring {
         revision: i64,
         keys: usize,
         cluster_id: u64,
+        splits: Vec<String>,
     ) -> BoxFuture<'_, LwResult<Resume>> {
-        self.inner.can_resume(revision, keys, cluster_id)
+        self.inner.can_resume(revision, keys, cluster_id, splits)
     }
 }
 

@@ -405,8 +405,8 @@ pub enum Resume {
 ///     fn identity(&self) -> SourceIdentity {
 ///         self.inner.identity()
 ///     }
-///     fn can_resume(&self, revision: i64, keys: usize, cluster_id: u64) -> BoxFuture<'_, Result<Resume>> {
-///         self.inner.can_resume(revision, keys, cluster_id)
+///     fn can_resume(&self, revision: i64, keys: usize, cluster_id: u64, splits: Vec<String>) -> BoxFuture<'_, Result<Resume>> {
+///         self.inner.can_resume(revision, keys, cluster_id, splits)
 ///     }
 /// }
 /// ```
@@ -454,11 +454,15 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// `cluster_id`, can follow the source by watching from `revision` ([`Resume`]). Asked once
     /// when an informer starts from a snapshot. A source that cannot tell answers
     /// [`Resume::Refused`], never [`Resume::Ready`]: a wrong answer means a wrong cache.
+    /// `splits` are a hint: some of the cache's keys (relative to the source, in order), where
+    /// a source that walks every key to count them may split the count into parts asked at
+    /// once. A source may ignore them (etcd's skips any out of order or repeated).
     fn can_resume(
         &self,
         revision: i64,
         keys: usize,
         cluster_id: u64,
+        splits: Vec<String>,
     ) -> BoxFuture<'_, Result<Resume>>;
 }
 
@@ -521,8 +525,9 @@ macro_rules! forward_lister_watcher {
                 revision: i64,
                 keys: usize,
                 cluster_id: u64,
+                splits: Vec<String>,
             ) -> BoxFuture<'_, Result<Resume>> {
-                (**self).can_resume(revision, keys, cluster_id)
+                (**self).can_resume(revision, keys, cluster_id, splits)
             }
         }
     )*};
@@ -603,7 +608,13 @@ where
         }
     }
     /// Closures cannot tell whether their source still has a revision: never resumable.
-    fn can_resume(&self, revision: i64, _: usize, _: u64) -> BoxFuture<'_, Result<Resume>> {
+    fn can_resume(
+        &self,
+        revision: i64,
+        _: usize,
+        _: u64,
+        _: Vec<String>,
+    ) -> BoxFuture<'_, Result<Resume>> {
         Box::pin(async move {
             Ok(Resume::Refused(format!(
                 "a ListWatch made of closures cannot tell whether its source still has revision {revision}"

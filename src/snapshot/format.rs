@@ -357,23 +357,6 @@ fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
-/// The cluster id, revision and key count in the header of the snapshot at `path`, read
-/// alone and unverified (so that etcd can be asked about them while the whole file is read
-/// and checked, which must then agree); `None` if it is not a snapshot of this format.
-pub(super) fn peek(path: &Path) -> Option<(u64, i64, u64)> {
-    let mut head = [0u8; FIXED_HEADER];
-    File::open(path).ok()?.read_exact(&mut head).ok()?;
-    let mut r = Reader {
-        bytes: &head,
-        at: MAGIC.len(),
-    };
-    if &head[..MAGIC.len()] != MAGIC || r.u32()? != VERSION {
-        return None;
-    }
-    r.at = 24;
-    Some((r.u64()?, r.i64()?, r.u64()?))
-}
-
 /// Where the records start in a file of `len` bytes that begins with `fixed` (its first
 /// [`FIXED_HEADER`] bytes, or all of it if shorter), if magic, version, declared length and
 /// that offset agree with the file's length. Nothing else is trusted before the checksum (see

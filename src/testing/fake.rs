@@ -404,6 +404,7 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         revision: i64,
         keys: usize,
         cluster_id: u64,
+        _: Vec<String>,
     ) -> BoxFuture<'_, Result<Resume>> {
         let inner = self.lock();
         let answer = if cluster_id != inner.cluster_id {

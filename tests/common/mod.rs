@@ -170,8 +170,9 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
         revision: i64,
         keys: usize,
         cluster_id: u64,
+        splits: Vec<String>,
     ) -> BoxFuture<'_, LwResult<Resume>> {
-        self.inner.can_resume(revision, keys, cluster_id)
+        self.inner.can_resume(revision, keys, cluster_id, splits)
     }
 }
 

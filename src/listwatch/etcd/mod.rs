@@ -461,14 +461,15 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
         }
     }
 
-    /// Two count-only ranges of the prefix; see `resume.rs`.
+    /// A one-key read, then count-only ranges of the prefix; see `resume.rs`.
     fn can_resume(
         &self,
         revision: i64,
         keys: usize,
         cluster_id: u64,
+        splits: Vec<String>,
     ) -> BoxFuture<'_, Result<Resume>> {
-        Box::pin(self.resume_inner(revision, keys, cluster_id))
+        Box::pin(self.resume_inner(revision, keys, cluster_id, splits))
     }
 }
 
