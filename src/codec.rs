@@ -44,8 +44,8 @@ pub trait Codec<T>: Send + Sync + 'static {
     fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError>;
     /// Names the encoding: bytes one codec wrote are handed undecoded to another (a snapshot's
     /// records to a compact cache, a compact cache's to a snapshot) only if both give the
-    /// same name. Default: the codec's Rust
-    /// type name, which names `T` too. Override it if one type encodes in several ways.
+    /// same name. Default: the codec's Rust type name, which names `T` too. Override it if one
+    /// type encodes in several ways.
     fn name(&self) -> &'static str {
         std::any::type_name::<Self>()
     }
