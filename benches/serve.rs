@@ -3,7 +3,7 @@
 //! ```text
 //! cargo bench --bench serve -- [--keys 100000] [--watch-keys 10000] [--watchers 1,100,1000]
 //!     [--rate 100] [--seconds 5] [--lists 5] [--clients 10] [--scenarios list,watch,busy]
-//!     [--busy-watchers 1000] [--failover-watchers 2000] [--ways direct,proxy,server]
+//!     [--busy-watchers 1000] [--failover-watchers 2000] [--ways direct,proxy,server,floor]
 //! ```
 //!
 //! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
@@ -22,7 +22,9 @@
 //! straight to etcd, through `etcd grpc-proxy` (the etcd binary of `ETCD_BIN` or `PATH`), and
 //! through the cache server, which runs in a child process (this binary again, `--child`) so
 //! that its CPU time and memory are its own (`--ways` picks among `direct`, `proxy` and
-//! `server`). Prints a table and one JSON line per figure.
+//! `server`, and `floor`, not run by default: a bare tonic Watch server that only forwards
+//! etcd's events, the least any server on the same gRPC stack spends per delivery). Prints a
+//! table and one JSON line per figure.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -49,7 +51,7 @@ struct Args {
     scenarios: Vec<String>,
     busy_watchers: usize,
     failover_watchers: usize,
-    /// The ways the watch scenario measures: `direct`, `proxy`, `server`.
+    /// The ways the watch scenario measures: `direct`, `proxy`, `server`, `floor`.
     ways: Vec<String>,
 }
 
@@ -245,6 +247,118 @@ async fn start_cache_server(etcd: &str, prefix: &str) -> Res<Front> {
         endpoint: format!("127.0.0.1:{port}"),
         child: Some(child),
     })
+}
+
+/// The floor of the watch scenario, in a child process like the cache server: the least a
+/// server on the same gRPC stack (tonic, h2) can do per delivery. One etcd watch of `prefix`;
+/// each of its responses is handed through a broadcast channel to every client stream, which
+/// re-addresses it to its watch and sends it, polled inside the response stream (no task, no
+/// channel of its own). It serves nothing else and checks nothing: no cache, no history, no
+/// requests read after the stream opens, a lagging stream skips what it missed.
+async fn start_floor(etcd: &str, prefix: &str) -> Res<Front> {
+    let port = free_port();
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args(["--floor", etcd, prefix, &format!("127.0.0.1:{port}")]);
+    let child = start_child(command, "ready").await?;
+    Ok(Front {
+        name: "floor (bare tonic)",
+        endpoint: format!("127.0.0.1:{port}"),
+        child: Some(child),
+    })
+}
+
+mod floor {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use etcd_client::proto::{PbWatchRequest, PbWatchResponse, PbWatchServer, PbWatchService};
+    use tokio_stream::wrappers::BroadcastStream;
+    use tokio_stream::Stream;
+    use tonic::codec::Streaming;
+    use tonic::{Request, Response, Status};
+
+    pub struct Floor {
+        pub events: tokio::sync::broadcast::Sender<Arc<PbWatchResponse>>,
+    }
+
+    /// One client stream: its created answer, then every upstream response.
+    pub struct Outgoing {
+        /// Held so the stream stays open; never read.
+        _requests: Streaming<PbWatchRequest>,
+        created: Option<PbWatchResponse>,
+        events: BroadcastStream<Arc<PbWatchResponse>>,
+    }
+
+    impl Stream for Outgoing {
+        type Item = Result<PbWatchResponse, Status>;
+
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            if let Some(created) = self.created.take() {
+                return Poll::Ready(Some(Ok(created)));
+            }
+            loop {
+                match Pin::new(&mut self.events).poll_next(cx) {
+                    Poll::Ready(Some(Ok(r))) => return Poll::Ready(Some(Ok((*r).clone()))),
+                    Poll::Ready(Some(Err(_lagged))) => continue,
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }
+    }
+
+    #[tonic::async_trait]
+    impl PbWatchService for Floor {
+        type WatchStream = Outgoing;
+
+        async fn watch(
+            &self,
+            request: Request<Streaming<PbWatchRequest>>,
+        ) -> Result<Response<Outgoing>, Status> {
+            let events = BroadcastStream::new(self.events.subscribe());
+            let created = PbWatchResponse {
+                created: true,
+                ..Default::default()
+            };
+            Ok(Response::new(Outgoing {
+                _requests: request.into_inner(),
+                created: Some(created),
+                events,
+            }))
+        }
+    }
+
+    pub fn server(floor: Floor) -> PbWatchServer<Floor> {
+        PbWatchServer::new(floor)
+    }
+}
+
+/// The floor child (see [`start_floor`]).
+async fn floor_child(etcd: String, prefix: String, listen: String) -> Res<()> {
+    let client = connect([etcd.as_str()]).await?;
+    let (events, _) = tokio::sync::broadcast::channel(4096);
+    let (_watcher, mut stream) = client
+        .watch_client()
+        .watch(prefix.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await?
+        .split();
+    let upstream = events.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(r)) = stream.message().await {
+            if !r.events().is_empty() {
+                let _ = upstream.send(Arc::new(r.0));
+            }
+        }
+    });
+    let incoming =
+        tonic::transport::server::TcpIncoming::bind(listen.parse()?)?.with_nodelay(Some(true));
+    println!("ready");
+    tonic::transport::Server::builder()
+        .add_service(floor::server(floor::Floor { events }))
+        .serve_with_incoming(incoming)
+        .await?;
+    Ok(())
 }
 
 /// The child: a cache server of `prefixes` (comma-separated) on `listen`.
@@ -521,6 +635,15 @@ async fn run() -> Res<()> {
     let proxy = start_proxy(&endpoint).await?;
     let list_server = start_cache_server(&endpoint, list_prefix).await?;
     let watch_server = start_cache_server(&endpoint, watch_prefix).await?;
+    let floor = if args.ways.iter().any(|w| w == "floor") {
+        start_floor(&endpoint, watch_prefix).await?
+    } else {
+        Front {
+            name: "floor",
+            endpoint: String::new(),
+            child: None,
+        }
+    };
     if wants("list") {
         println!(
             "\n{} keys of 256 B: one list (median of {}), then {} new clients at once\n",
@@ -569,6 +692,7 @@ async fn run() -> Res<()> {
                 ("direct", &direct),
                 ("proxy", &proxy),
                 ("server", &watch_server),
+                ("floor", &floor),
             ] {
                 if !args.ways.iter().any(|w| w == way) {
                     continue;
@@ -820,9 +944,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    let get = |i: usize| argv.get(i).cloned().unwrap_or_default();
     let result = if argv.get(1).map(String::as_str) == Some("--child") {
-        let get = |i: usize| argv.get(i).cloned().unwrap_or_default();
         runtime.block_on(child(get(2), get(3), get(4)))
+    } else if argv.get(1).map(String::as_str) == Some("--floor") {
+        runtime.block_on(floor_child(get(2), get(3), get(4)))
     } else {
         runtime.block_on(run())
     };
