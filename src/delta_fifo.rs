@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -113,6 +113,8 @@ pub struct DeltaFifo<T> {
     known: Option<Arc<dyn Store<T>>>,
     /// The revision the consumer has applied everything up to (see `applied_revision`).
     applied: AtomicI64,
+    /// Woken whenever `applied` or `has_synced` may have moved (see `notify_applied`).
+    applied_moved: OnceLock<Arc<Notify>>,
 }
 
 struct Inner<T> {
@@ -155,11 +157,28 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
             notify: Notify::new(),
             known,
             applied: AtomicI64::new(0),
+            applied_moved: OnceLock::new(),
         }
+    }
+
+    /// Has `notify` woken (`notify_waiters`) each time the applied revision or the synced state
+    /// may have moved: after a pop that emptied the queue or ended the first list, after each
+    /// revision reached with nothing queued, and after each list. An
+    /// informer's consistent reads wait on it instead of polling. Set once; later calls are
+    /// ignored.
+    pub(crate) fn notify_applied(&self, notify: Arc<Notify>) {
+        let _ = self.applied_moved.set(notify);
     }
 }
 
 impl<T> DeltaFifo<T> {
+    /// Wakes the informer's waits (see [`DeltaFifo::notify_applied`]).
+    fn wake_applied_waiters(&self) {
+        if let Some(notify) = self.applied_moved.get() {
+            notify.notify_waiters();
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         lock(&self.inner)
     }
@@ -240,6 +259,8 @@ impl<T> DeltaFifo<T> {
         self.replace_locked(&mut inner, list);
         drop(inner);
         self.notify.notify_waiters();
+        // An empty list is synced at once.
+        self.wake_applied_waiters();
     }
 
     fn replace_locked(&self, inner: &mut Inner<T>, list: Vec<Arc<Object<T>>>) {
@@ -382,6 +403,13 @@ impl<T> DeltaFifo<T> {
                         inner.items.shrink_to_fit();
                         inner.queue.shrink_to_fit();
                     }
+                    // Only these move what an informer's waits look at.
+                    let moved = inner.queue.is_empty()
+                        || (is_in_initial_list && inner.initial_population_count == 0);
+                    drop(inner);
+                    if moved {
+                        self.wake_applied_waiters();
+                    }
                     return match result {
                         Ok(()) => Popped::Processed(key),
                         Err(error) => Popped::Failed { key, error },
@@ -428,6 +456,8 @@ impl<T> DeltaFifo<T> {
         inner.revision = inner.revision.max(revision);
         if inner.queue.is_empty() {
             self.applied.fetch_max(inner.revision, Ordering::AcqRel);
+            drop(inner);
+            self.wake_applied_waiters();
         }
     }
 
@@ -488,6 +518,8 @@ impl<T: Send + Sync + 'static> Queue<T> for DeltaFifo<T> {
         self.replace_locked(&mut inner, list);
         drop(inner);
         self.notify.notify_waiters();
+        // An empty list is synced at once.
+        self.wake_applied_waiters();
     }
 
     fn resync(&self) {
@@ -604,6 +636,49 @@ mod tests {
             ),
             (1, false, 2)
         );
+    }
+
+    /// The informer's consistent reads wait on `notify_applied`'s notify instead of polling:
+    /// each move of the applied revision or of the synced state must wake them.
+    #[tokio::test]
+    async fn every_move_of_what_is_applied_wakes_the_applied_notify() {
+        let (f, _) = fifo_with(&[]);
+        let moved = Arc::new(Notify::new());
+        f.notify_applied(moved.clone());
+        let woken = |what: &str, act: &dyn Fn()| {
+            let notified = moved.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            act();
+            assert!(
+                futures_ready(notified.as_mut()),
+                "{what} did not wake the applied notify"
+            );
+        };
+        woken("an empty first list", &|| {
+            Queue::replace(&f, Vec::new(), 5, false)
+        });
+        assert!(f.has_synced());
+        woken("a revision reached with nothing queued", &|| {
+            Queue::commit(&f, 6)
+        });
+        assert_eq!(f.applied_revision(), 6);
+        f.add(obj("a", 7));
+        Queue::commit(&f, 7);
+        let notified = moved.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let popped = f.pop(|_, _| Ok(())).await;
+        assert!(matches!(popped, Popped::Processed(_)));
+        assert!(futures_ready(notified.as_mut()), "a pop did not wake it");
+        assert_eq!(f.applied_revision(), 7);
+    }
+
+    /// Whether `future` is ready, polled once.
+    fn futures_ready(future: std::pin::Pin<&mut impl std::future::Future>) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        future.poll(&mut cx).is_ready()
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::Notify;
 
@@ -181,6 +181,8 @@ pub struct RealFifo<T> {
     /// The most batches queued before [`Queue::room`] makes the reflector wait.
     max_batches: usize,
     known: Arc<dyn Store<T>>,
+    /// Woken after each batch applied (see `notify_applied`).
+    applied_moved: OnceLock<Arc<Notify>>,
 }
 
 /// How many revisions a [`RealFifo`] holds before the reflector waits for the consumer (see
@@ -256,11 +258,25 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
             taken: Notify::new(),
             max_batches: MAX_BATCHES,
             known,
+            applied_moved: OnceLock::new(),
         }
     }
 }
 
 impl<T> RealFifo<T> {
+    /// Has `notify` woken (`notify_waiters`) after each batch is applied, popped or inline,
+    /// once the queue's lock is released (the synced state included): an informer's consistent
+    /// reads wait on it instead of polling. Set once; later calls are ignored.
+    pub(crate) fn notify_applied(&self, notify: Arc<Notify>) {
+        let _ = self.applied_moved.set(notify);
+    }
+
+    fn wake_applied_waiters(&self) {
+        if let Some(notify) = self.applied_moved.get() {
+            notify.notify_waiters();
+        }
+    }
+
     /// The same queue holding at most `max` revisions (at least 1) before the reflector waits
     /// (default [`MAX_BATCHES`]). A relist is queued whatever the count.
     #[must_use]
@@ -404,6 +420,8 @@ impl<T> RealFifo<T> {
                 if let Some(batch) = inner.batches.pop_front() {
                     Self::taken(&mut inner, &batch);
                     apply(batch);
+                    drop(inner);
+                    self.wake_applied_waiters();
                     return;
                 }
             }
@@ -431,6 +449,7 @@ impl<T> RealFifo<T> {
                     }
                     drop(inner);
                     self.taken.notify_waiters();
+                    self.wake_applied_waiters();
                     return Ok(result);
                 }
                 if inner.closed {

@@ -53,6 +53,12 @@
 //! - `latency`: K sequential puts paced at a fixed rate; latency from just before each put to
 //!   the handler (or the raw watch) receiving that value, matched by a sequence number in the
 //!   value. p50 and p99; the ratio is on p99, and `p99_diff_ms` is informer p99 - raw p99.
+//! - `ryw` (read your own writes): K puts one after another, each followed by
+//!   `wait_for_revision` with the revision the put returned; from just before the put to the
+//!   wait's return, beside the same put's arrival at the informer's handler (the cache held it
+//!   by then). The ratio is on p50: what the wait adds to the moment the cache could answer.
+//!   Then K/10 puts outside the prefix, each waited for the same way (the watch never brings
+//!   them: the wait's head start, then etcd's proof).
 //! - `memory`: resident memory per cached object, each side measured in a fresh child process
 //!   (the bench re-executes itself with a hidden `--child` argument): the RSS growth from before
 //!   the list to after sync, divided by N. Raw: `HashMap<String, Arc<ConfigMap>>` (keys relative
@@ -121,8 +127,8 @@ const LOADERS: usize = 8;
 const MAX_MESSAGE: usize = 1 << 30;
 /// "Unpaged" for the informer, whose page size must be at least 1.
 const HUGE_PAGE: i64 = 1_000_000_000;
-const ALL_SCENARIOS: [&str; 9] = [
-    "sync", "watch", "fanout", "latency", "memory", "prevkv", "metrics", "audit", "restart",
+const ALL_SCENARIOS: [&str; 10] = [
+    "sync", "watch", "fanout", "latency", "ryw", "memory", "prevkv", "metrics", "audit", "restart",
 ];
 
 /// A ConfigMap-like object, stored as JSON.
@@ -338,6 +344,7 @@ async fn main() {
             "watch" => scenario_watch(&bench, "watch", 1).await,
             "fanout" => scenario_watch(&bench, "fanout", args.handlers).await,
             "latency" => scenario_latency(&bench).await,
+            "ryw" => scenario_ryw(&bench).await,
             "memory" => {
                 let (row, more) = scenario_memory(&bench).await;
                 rows.push(row);

@@ -503,6 +503,105 @@ pub(super) async fn scenario_latency(b: &Bench) -> Row {
     emit(line, &row, true)
 }
 
+/// Read your own writes: K puts one after another, each followed by `wait_for_revision` with
+/// the revision the put returned. Beside each wait, when the informer's handler heard of the
+/// same put (the cache held it by then): the wait's own cost is the difference. Then K/10 puts
+/// outside the prefix, each waited for the same way (a revision the watch never brings).
+pub(super) async fn scenario_ryw(b: &Bench) -> Row {
+    let k = b.args.latency_puts;
+    let (mut h50, mut h99, mut w50, mut w99) = (vec![], vec![], vec![], vec![]);
+    let (mut etcd, mut e50) = (vec![], vec![]);
+    for run in 0..b.args.runs {
+        let (seq0, key0) = b.reserve(k);
+        let sink = Sink::new(k, seq0, true, Instant::now());
+        let running = b.synced_informer(std::slice::from_ref(&sink)).await;
+        let mut client = b.writer.clone();
+        let (mut sent, mut waited) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        let cpu = CpuMark::now(b.etcd_pid);
+        for j in 0..k {
+            let i = (key0 + j) % b.args.keys;
+            let value = make_value(i, seq0 + j as u64, b.args.value_bytes);
+            let started = Instant::now();
+            sent.push(started.duration_since(sink.base).as_nanos() as u64);
+            let put = client
+                .put(full_key(&b.prefix, i), value, None)
+                .await
+                .unwrap_or_else(|e| fail(format!("put: {e}")));
+            let revision = put.header().map_or(0, |h| h.revision());
+            running
+                .informer
+                .wait_for_revision(revision, Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|e| fail(e));
+            waited.push(started.elapsed().as_nanos() as f64 / 1000.0);
+        }
+        let (_, etcd_us) = cpu.per_event(b.etcd_pid, k);
+        // A revision written outside the prefix: the watch never brings it, so each wait
+        // takes its head start, then etcd's proof.
+        let elsewhere_key = format!("{}~ryw-elsewhere", b.prefix.trim_end_matches('/'));
+        let mut elsewhere = Vec::with_capacity(k / 10);
+        for _ in 0..(k / 10).max(1) {
+            let started = Instant::now();
+            let put = client
+                .put(elsewhere_key.as_str(), "x", None)
+                .await
+                .unwrap_or_else(|e| fail(format!("put: {e}")));
+            let revision = put.header().map_or(0, |h| h.revision());
+            running
+                .informer
+                .wait_for_revision(revision, Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|e| fail(e));
+            elsewhere.push(started.elapsed().as_nanos() as f64 / 1000.0);
+        }
+        elsewhere.sort_by(f64::total_cmp);
+        sink.wait("ryw", Duration::from_secs(60)).await;
+        running.shutdown().await;
+        let mut heard: Vec<f64> = sent
+            .iter()
+            .zip(&sink.arrivals)
+            .map(|(s, a)| (a.load(Ordering::Relaxed) as f64 - *s as f64) / 1000.0)
+            .collect();
+        heard.sort_by(f64::total_cmp);
+        waited.sort_by(f64::total_cmp);
+        eprintln!(
+            "ryw run {run}: handler heard p50 {:.3} ms p99 {:.3} ms; wait returned p50 {:.3} ms p99 {:.3} ms; etcd CPU {etcd_us:.0} us/put; written elsewhere: wait returned p50 {:.3} ms p99 {:.3} ms",
+            percentile(&heard, 50.0) / 1e3,
+            percentile(&heard, 99.0) / 1e3,
+            percentile(&waited, 50.0) / 1e3,
+            percentile(&waited, 99.0) / 1e3,
+            percentile(&elsewhere, 50.0) / 1e3,
+            percentile(&elsewhere, 99.0) / 1e3,
+        );
+        e50.push(percentile(&elsewhere, 50.0));
+        etcd.push(etcd_us);
+        h50.push(percentile(&heard, 50.0));
+        h99.push(percentile(&heard, 99.0));
+        w50.push(percentile(&waited, 50.0));
+        w99.push(percentile(&waited, 99.0));
+    }
+    let ms = |v: &[f64]| round(median(v) / 1e3, 4);
+    let (heard, waited) = (median(&h50) / 1e3, median(&w50) / 1e3);
+    let mut line = b.base_json("ryw");
+    line.insert("puts".into(), json!(k));
+    line.insert("handler_p50_ms".into(), json!(ms(&h50)));
+    line.insert("handler_p99_ms".into(), json!(ms(&h99)));
+    line.insert("wait_p50_ms".into(), json!(ms(&w50)));
+    line.insert("wait_p99_ms".into(), json!(ms(&w99)));
+    line.insert("etcd_cpu_us_per_put".into(), json!(round(median(&etcd), 1)));
+    line.insert("elsewhere_wait_p50_ms".into(), json!(ms(&e50)));
+    let row = Row {
+        scenario: "ryw".into(),
+        baseline: heard,
+        informer: waited,
+        ratio: waited / heard,
+        unit: "ms p50".into(),
+        target: "wait p50 <= handler p50 + 0.1 ms".into(),
+        met: Some(waited - heard <= 0.1),
+    };
+    emit(line, &row, true)
+}
+
 /// Runs a memory child; returns its JSON report.
 pub(super) async fn memory_child(b: &Bench, kind: &str, handlers: usize) -> Value {
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));

@@ -127,6 +127,9 @@ pub(super) struct Shared<T> {
     pub(super) auditor: OnceLock<Arc<Audited<T>>>,
     /// Warm restart from a snapshot (issue 26): `None` when off.
     pub(super) snapshots: Option<Snapshots<T>>,
+    /// Woken (`notify_waiters`) whenever the cache's revision, its proof or its synced state
+    /// may have moved: consistent reads wait on it (see `consistency.rs`).
+    pub(super) moved: Arc<Notify>,
 }
 
 impl<T> Drop for Shared<T> {
@@ -171,9 +174,18 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             None => Indexer::new(options.indexers),
         };
         let known = Arc::new(indexer.clone());
+        let moved = Arc::new(Notify::new());
         let queue = match options.processing {
-            Processing::Atomic => Queue::Atomic(Arc::new(RealFifo::new(known))),
-            Processing::DeltaFifo => Queue::DeltaFifo(Arc::new(DeltaFifo::new(Some(known)))),
+            Processing::Atomic => {
+                let fifo = RealFifo::new(known);
+                fifo.notify_applied(moved.clone());
+                Queue::Atomic(Arc::new(fifo))
+            }
+            Processing::DeltaFifo => {
+                let fifo = DeltaFifo::new(Some(known));
+                fifo.notify_applied(moved.clone());
+                Queue::DeltaFifo(Arc::new(fifo))
+            }
         };
         let source: Arc<dyn ListerWatcher<T>> = Arc::new(source);
         let (source, snapshots) = with_snapshots(source, options.snapshot, options.processing);
@@ -203,6 +215,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 audit: Arc::default(),
                 auditor: OnceLock::new(),
                 snapshots,
+                moved,
                 name: options.name,
             }),
         }
@@ -469,7 +482,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Records that the source proved the cache, as it was after `writes` writes, to be its
     /// content at `revision`; false if the cache changed since.
     pub(super) fn prove(&self, writes: u64, revision: i64) -> bool {
-        self.shared.indexer.prove(writes, revision)
+        let proven = self.shared.indexer.prove(writes, revision);
+        if proven {
+            self.shared.moved.notify_waiters();
+        }
+        proven
     }
 
     /// Whether [`run`](Self::run) has been called.

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -127,9 +128,7 @@ impl Workers {
                 return Ok(Some(admitted));
             }
             drop(admitted);
-            for w in self.watched.iter() {
-                (w.wait_for)(at, READ_YOUR_WRITES_TIMEOUT).await?;
-            }
+            self.wait_for_all(at).await?;
             reached = at;
         }
     }
@@ -238,14 +237,42 @@ impl Workers {
         lock(&self.written).len()
     }
 
+    /// Waits until every informer's cache is at `revision` or later, all at once: a revision
+    /// from outside an informer's prefix costs it a head start and a proof
+    /// ([`wait_for_revision`](crate::SharedIndexInformer::wait_for_revision)), which add up
+    /// when waited for one informer after another.
+    async fn wait_for_all(&self, revision: i64) -> Result<(), ConsistencyError> {
+        let mut waits: Vec<_> = self
+            .watched
+            .iter()
+            .map(|w| Some((w.wait_for)(revision, READ_YOUR_WRITES_TIMEOUT)))
+            .collect();
+        std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for slot in &mut waits {
+                if let Some(wait) = slot {
+                    match wait.as_mut().poll(cx) {
+                        Poll::Ready(Ok(())) => *slot = None,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        })
+        .await
+    }
+
     /// Waits until every informer has applied `key`'s last recorded write, then forgets it.
     async fn read_your_writes(&self, key: &str) -> Result<(), ConsistencyError> {
         let Some(revision) = lock(&self.written).get(key).copied() else {
             return Ok(());
         };
-        for w in self.watched.iter() {
-            (w.wait_for)(revision, READ_YOUR_WRITES_TIMEOUT).await?;
-        }
+        self.wait_for_all(revision).await?;
         let mut written = lock(&self.written);
         if written.get(key) == Some(&revision) {
             written.remove(key);
