@@ -391,9 +391,13 @@ impl<T> DeltaFifo<T> {
                         inner.initial_population_count -= 1;
                     }
                     let result = process(&deltas, is_in_initial_list);
-                    if inner.queue.is_empty() {
+                    // Only these move what an informer's waits look at.
+                    let applied_moved = inner.queue.is_empty();
+                    if applied_moved {
                         self.applied.fetch_max(inner.revision, Ordering::AcqRel);
                     }
+                    let moved = applied_moved
+                        || (is_in_initial_list && inner.initial_population_count == 0);
                     if let Err(PopError::Requeue { after, .. }) = &result {
                         inner.not_before.insert(key.clone(), now + *after);
                         Self::add_if_not_present_locked(&mut inner, key.clone(), deltas);
@@ -403,9 +407,6 @@ impl<T> DeltaFifo<T> {
                         inner.items.shrink_to_fit();
                         inner.queue.shrink_to_fit();
                     }
-                    // Only these move what an informer's waits look at.
-                    let moved = inner.queue.is_empty()
-                        || (is_in_initial_list && inner.initial_population_count == 0);
                     drop(inner);
                     if moved {
                         self.wake_applied_waiters();

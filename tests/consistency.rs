@@ -737,7 +737,13 @@ impl etcd_informer::ListerWatcher<String> for DoctoredSource {
             let (tx, rx) = tokio::sync::mpsc::channel(64);
             let delay = self.delay;
             tokio::spawn(async move {
-                while let Some(event) = tokio_stream::StreamExt::next(&mut stream).await {
+                loop {
+                    // Ends with the informer's watch, not at the next event after it.
+                    let event = tokio::select! {
+                        _ = tx.closed() => break,
+                        event = tokio_stream::StreamExt::next(&mut stream) => event,
+                    };
+                    let Some(event) = event else { break };
                     tokio::time::sleep(delay).await;
                     if tx.send(event).await.is_err() {
                         break;

@@ -55,8 +55,10 @@ struct Proof {
     revision: i64,
     /// The cache is the source's content at `revision`, and did not change while asked.
     proven: bool,
-    /// The cache's write count when the source was asked.
-    writes: u64,
+    /// The cache's write count when the source was asked, if it was synced then: the answer
+    /// holds until the cache changes (an unsynced cache is asked about again once it syncs,
+    /// which in the DeltaFIFO mode an empty list does without a write).
+    asked_at: Option<u64>,
 }
 
 /// How long [`SharedIndexInformer::wait_for_revision`] waits for the watch before it asks the
@@ -71,6 +73,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Asks the source whether the cache is its content at `at` (or now). `proven` in the
     /// answer: it is, and the cache did not change while the source was asked.
     async fn freshness(&self, at: Option<i64>) -> Result<Proof, ConsistencyError> {
+        let synced = self.has_synced();
         let (since, cached, writes) = self.revision_len_and_writes();
         let fresh = self
             .shared
@@ -86,7 +89,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         Ok(Proof {
             revision: fresh.revision,
             proven,
-            writes,
+            asked_at: synced.then_some(writes),
         })
     }
 
@@ -127,7 +130,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Waits until the cache reflects the source at `revision` or later: its
     /// [`proven_revision`](Self::proven_revision) reaches it, or the source shows that nothing
     /// under the prefix changed between the cache's revision and `revision`. The source is asked
-    /// only if the watch has not brought `revision` within 5 ms (a proof costs etcd a walk of
+    /// only if the watch has not brought `revision` within 5 ms or half the timeout, whichever is
+    /// less (a proof costs etcd a walk of
     /// the prefix's keys), then once per change of the cache, so a quiet prefix on a busy etcd
     /// is answered within milliseconds, on every etcd version. Each move of the cache wakes the
     /// wait; nothing polls. Fails after `timeout`, or when the source cannot be read; cancel it
@@ -268,7 +272,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         };
         if !current.proven {
             // etcd was just asked: no head start, and asked again once the cache moves.
-            self.prove_or_wait(current.revision, started, deadline, Some(current.writes))
+            self.prove_or_wait(current.revision, started, deadline, current.asked_at)
                 .await?;
         }
         Ok(self.lister())
