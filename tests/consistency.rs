@@ -960,3 +960,38 @@ async fn an_own_write_is_waited_for_without_asking_etcd_for_a_proof() {
         informer.stop();
     }
 }
+
+/// A wait for a revision the cache has not reached ends when the informer stops, with an
+/// error that says so, not at its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_ends_with_the_informer_that_stops() {
+    let client = shared_client().await;
+    let prefix = unique_prefix("stops");
+    let informer = synced_informer(&client, &prefix, Processing::Atomic).await;
+    let beyond = informer.revision() + 1_000_000;
+    let waiting = {
+        let informer = informer.clone();
+        tokio::spawn(async move {
+            informer
+                .wait_for_revision(beyond, Duration::from_secs(60))
+                .await
+        })
+    };
+    informer.stop();
+    let ended = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the wait ended with the informer, well before its 60 s")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(ConsistencyError::Stopped { revision, .. }) if revision == beyond),
+        "{ended:?}"
+    );
+    // A wait begun after the informer stopped ends at once too.
+    let after = informer
+        .wait_for_revision(beyond, Duration::from_secs(60))
+        .await;
+    assert!(
+        matches!(after, Err(ConsistencyError::Stopped { .. })),
+        "{after:?}"
+    );
+}

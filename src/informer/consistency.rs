@@ -25,6 +25,17 @@ pub enum ConsistencyError {
         /// How long it waited.
         waited: Duration,
     },
+    /// The informer stopped ([`run`](SharedIndexInformer::run) ended) before its cache
+    /// reached the revision: it never will.
+    #[error("informer {informer} stopped at revision {applied}, before revision {revision}")]
+    Stopped {
+        /// The informer's name.
+        informer: String,
+        /// The revision waited for.
+        revision: i64,
+        /// The revision the cache had reached.
+        applied: i64,
+    },
     /// The source could not be asked for its revision (etcd unreachable, for example).
     #[error(
         "{}cannot read the current revision: {source}",
@@ -110,8 +121,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             .await
     }
 
-    /// Waits until `done` holds (true), or `deadline` passes first (false). `done` is checked
-    /// again each time the cache moves (`Shared::moved`), never on a timer.
+    /// Waits until `done` holds (true), or `deadline` passes or the informer stops first
+    /// (false). `done` is checked again each time the cache moves (`Shared::moved`), never on
+    /// a timer.
     async fn until(&self, deadline: Instant, done: impl Fn() -> bool) -> bool {
         loop {
             let moved = self.shared.moved.notified();
@@ -120,6 +132,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             moved.as_mut().enable();
             if done() {
                 return true;
+            }
+            if self.is_stopped() {
+                return false;
             }
             if tokio::time::timeout_at(deadline, moved).await.is_err() {
                 return done();
@@ -134,8 +149,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// less (a proof costs etcd a walk of
     /// the prefix's keys), then once per change of the cache, so a quiet prefix on a busy etcd
     /// is answered within milliseconds, on every etcd version. Each move of the cache wakes the
-    /// wait; nothing polls. Fails after `timeout`, or when the source cannot be read; cancel it
-    /// by dropping the future.
+    /// wait; nothing polls. Fails after `timeout`, when the source cannot be read, or at once
+    /// when the informer has stopped ([`ConsistencyError::Stopped`]); cancel it by dropping the
+    /// future.
     ///
     /// A revision at or below the cache's returns at once, without asking etcd (the common case
     /// of reading one's own write must cost nothing). So after etcd went back in time (wiped,
@@ -185,6 +201,13 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             moved.as_mut().enable();
             if self.reached(revision) {
                 return Ok(());
+            }
+            if self.is_stopped() {
+                return Err(ConsistencyError::Stopped {
+                    informer: self.shared.name.clone(),
+                    revision,
+                    applied: self.revision(),
+                });
             }
             let writes = self.revision_len_and_writes().2;
             if asked_at != Some(writes) && self.has_synced() {

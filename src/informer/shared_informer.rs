@@ -543,6 +543,8 @@ struct CloseHandlersOnDrop<T>(Arc<Shared<T>>);
 impl<T> Drop for CloseHandlersOnDrop<T> {
     fn drop(&mut self) {
         self.0.stopped.store(true, Ordering::Release);
+        // Consistent reads waiting for the cache end now, not at their timeouts.
+        self.0.moved.notify_waiters();
         let processor = lock(&self.0.processor);
         for l in &processor.listeners {
             l.close();
