@@ -163,9 +163,8 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
 
     /// Has `notify` woken (`notify_waiters`) each time the applied revision or the synced state
     /// may have moved: after a pop that emptied the queue or ended the first list, after each
-    /// revision reached with nothing queued, and after each list. An
-    /// informer's consistent reads wait on it instead of polling. Set once; later calls are
-    /// ignored.
+    /// revision reached with nothing queued, and after each list. An informer's consistent
+    /// reads wait on it instead of polling. Set once; later calls are ignored.
     pub(crate) fn notify_applied(&self, notify: Arc<Notify>) {
         let _ = self.applied_moved.set(notify);
     }

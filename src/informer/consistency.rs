@@ -146,10 +146,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// [`proven_revision`](Self::proven_revision) reaches it, or the source shows that nothing
     /// under the prefix changed between the cache's revision and `revision`. The source is asked
     /// only if the watch has not brought `revision` within 5 ms or half the timeout, whichever is
-    /// less (a proof costs etcd a walk of
-    /// the prefix's keys), then once per change of the cache, so a quiet prefix on a busy etcd
-    /// is answered within milliseconds, on every etcd version. Each move of the cache wakes the
-    /// wait; nothing polls. Fails after `timeout`, when the source cannot be read, or at once
+    /// less (a proof costs etcd a walk of the prefix's keys), then once per change of the cache,
+    /// so a quiet prefix on a busy etcd is answered within milliseconds, on every etcd version.
+    /// Each move of the cache wakes the wait; nothing polls. Fails after `timeout`, when the source cannot be read, or at once
     /// when the informer has stopped ([`ConsistencyError::Stopped`]); cancel it by dropping the
     /// future.
     ///
