@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -115,6 +115,8 @@ pub struct DeltaFifo<T> {
     applied: AtomicI64,
     /// Woken whenever `applied` or `has_synced` may have moved (see `notify_applied`).
     applied_moved: OnceLock<Arc<Notify>>,
+    /// Relists drained from the queue (see `replaces_applied`).
+    replaces_applied: AtomicU64,
 }
 
 struct Inner<T> {
@@ -127,6 +129,8 @@ struct Inner<T> {
     populated: bool,
     initial_population_count: usize,
     closed: bool,
+    /// Relists queued so far: each is applied once the queue has drained after it.
+    replaces_queued: u64,
 }
 
 impl<T> fmt::Debug for DeltaFifo<T> {
@@ -153,11 +157,13 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
                 populated: false,
                 initial_population_count: 0,
                 closed: false,
+                replaces_queued: 0,
             }),
             notify: Notify::new(),
             known,
             applied: AtomicI64::new(0),
             applied_moved: OnceLock::new(),
+            replaces_applied: AtomicU64::new(0),
         }
     }
 
@@ -256,6 +262,7 @@ impl<T> DeltaFifo<T> {
     pub fn replace(&self, list: Vec<Arc<Object<T>>>) {
         let mut inner = self.lock();
         self.replace_locked(&mut inner, list);
+        self.replace_queued(&mut inner);
         drop(inner);
         self.notify.notify_waiters();
         // An empty list is synced at once.
@@ -393,7 +400,7 @@ impl<T> DeltaFifo<T> {
                     // Only these move what an informer's waits look at.
                     let applied_moved = inner.queue.is_empty();
                     if applied_moved {
-                        self.applied.fetch_max(inner.revision, Ordering::AcqRel);
+                        self.drained(&inner);
                     }
                     let moved = applied_moved
                         || (is_in_initial_list && inner.initial_population_count == 0);
@@ -455,10 +462,35 @@ impl<T> DeltaFifo<T> {
         let mut inner = self.lock();
         inner.revision = inner.revision.max(revision);
         if inner.queue.is_empty() {
-            self.applied.fetch_max(inner.revision, Ordering::AcqRel);
+            self.drained(&inner);
             drop(inner);
             self.wake_applied_waiters();
         }
+    }
+
+    /// Counts a relist queued; one that queued nothing (an empty list, nothing cached) is
+    /// applied at once.
+    fn replace_queued(&self, inner: &mut Inner<T>) {
+        inner.replaces_queued += 1;
+        if inner.queue.is_empty() {
+            self.replaces_applied
+                .store(inner.replaces_queued, Ordering::Release);
+        }
+    }
+
+    /// Records that the consumer has applied everything queued: every change read up to the
+    /// queue's revision, and every relist.
+    fn drained(&self, inner: &Inner<T>) {
+        self.applied.fetch_max(inner.revision, Ordering::AcqRel);
+        self.replaces_applied
+            .store(inner.replaces_queued, Ordering::Release);
+    }
+
+    /// How many relists ([`replace`](Self::replace) or the reflector's) the consumer has
+    /// applied: each counts once the queue has drained after it, when the cache holds it
+    /// whole. The reflector counts a relist once it is read, a moment before this.
+    pub fn replaces_applied(&self) -> u64 {
+        self.replaces_applied.load(Ordering::Acquire)
     }
 
     /// Whether the first list (or first add) has been fully popped and processed.
@@ -516,6 +548,7 @@ impl<T: Send + Sync + 'static> Queue<T> for DeltaFifo<T> {
             inner.revision = inner.revision.max(revision);
         }
         self.replace_locked(&mut inner, list);
+        self.replace_queued(&mut inner);
         drop(inner);
         self.notify.notify_waiters();
         // An empty list is synced at once.

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::Notify;
@@ -183,6 +183,8 @@ pub struct RealFifo<T> {
     known: Arc<dyn Store<T>>,
     /// Woken after each batch applied (see `notify_applied`).
     applied_moved: OnceLock<Arc<Notify>>,
+    /// Relists the consumer has applied (see `replaces_applied`).
+    replaces_applied: AtomicU64,
 }
 
 /// How many revisions a [`RealFifo`] holds before the reflector waits for the consumer (see
@@ -259,6 +261,7 @@ impl<T: Send + Sync + 'static> RealFifo<T> {
             max_batches: MAX_BATCHES,
             known,
             applied_moved: OnceLock::new(),
+            replaces_applied: AtomicU64::new(0),
         }
     }
 }
@@ -446,6 +449,7 @@ impl<T> RealFifo<T> {
                     let result = process(batch);
                     if is_replace {
                         inner.synced = true;
+                        self.replaces_applied.fetch_add(1, Ordering::AcqRel);
                     }
                     drop(inner);
                     self.taken.notify_waiters();
@@ -458,6 +462,12 @@ impl<T> RealFifo<T> {
             }
             notified.await;
         }
+    }
+
+    /// How many relists the consumer has popped and processed: the cache holds the newest
+    /// of them. The reflector counts a relist once it is read, a moment before this.
+    pub fn replaces_applied(&self) -> u64 {
+        self.replaces_applied.load(Ordering::Acquire)
     }
 
     /// Whether the first relist has been popped and processed.

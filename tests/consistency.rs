@@ -995,3 +995,90 @@ async fn a_wait_ends_with_the_informer_that_stops() {
         "{after:?}"
     );
 }
+
+/// Issue 50, item 1: the reflector counts a relist once it is read, and the cache takes it a
+/// moment later (a transform, a repack, a million keys). A consistent read that starts in
+/// between sees the old store's revision, and must wait for that relist to be applied, not for
+/// yet another one. In memory, deterministic: a transform holds the relist after it is read
+/// and counted, and the read is asked inside that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consistent_read_started_while_a_relist_is_queued_waits_for_that_relist() {
+    use etcd_informer::testing::FakeSource;
+    use std::sync::{Condvar, Mutex};
+    let source = FakeSource::<String>::new();
+    for key in ["a", "b", "c"] {
+        source.put(key, "old".into());
+    }
+    // Closed: the transform blocks, its worker handing the runtime's other work to another
+    // thread meanwhile (`block_in_place`).
+    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    let entered = Arc::new(AtomicBool::new(false));
+    let (held, seen) = (gate.clone(), entered.clone());
+    let transform: etcd_informer::reflector::TransformFn<String> = Arc::new(move |o| {
+        let (open, opened) = &*held;
+        if !*open.lock().unwrap() {
+            seen.store(true, Ordering::SeqCst);
+            tokio::task::block_in_place(|| {
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = opened.wait(open).unwrap();
+                }
+            });
+        }
+        o
+    });
+    let informer = SharedIndexInformer::new(
+        source.clone(),
+        InformerOptions::default()
+            .with_name("held-relist")
+            .with_transform(Some(transform)),
+    );
+    tokio::spawn(informer.clone().run());
+    tokio::time::timeout(Duration::from_secs(10), informer.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    let old = informer.revision();
+
+    *gate.0.lock().unwrap() = false;
+    source.wipe();
+    source.put("new", "new".into());
+    assert!(source.revision() < old, "the store went back in time");
+    common::eventually("the relist read and held", Duration::from_secs(10), || {
+        entered.load(Ordering::SeqCst)
+    })
+    .await;
+    assert_eq!(informer.revision(), old, "the relist is not applied yet");
+    let asked = source.freshness_count();
+    let read = tokio::spawn({
+        let informer = informer.clone();
+        async move {
+            let started = Instant::now();
+            let lister = informer.consistent_lister(Duration::from_secs(5)).await;
+            (lister, started.elapsed())
+        }
+    });
+    // Inside the window: etcd (the fake) has said the cache is the old store's.
+    common::eventually("the read asked the source", Duration::from_secs(10), || {
+        source.freshness_count() > asked
+    })
+    .await;
+    assert!(!read.is_finished(), "the read waits for the relist");
+    {
+        let (open, opened) = &*gate;
+        *open.lock().unwrap() = true;
+        opened.notify_all();
+    }
+    let (lister, took) = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the read ends within its timeout")
+        .unwrap();
+    let lister = lister.unwrap_or_else(|e| {
+        panic!("the read waited for a relist beyond the one it saw queued: {e}")
+    });
+    let keys: Vec<String> = lister.list().iter().map(|o| o.key().to_owned()).collect();
+    assert_eq!(keys, ["new"], "answered from the new store only");
+    assert!(
+        took < Duration::from_secs(5),
+        "answered within its timeout: {took:?}"
+    );
+}

@@ -104,18 +104,17 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         })
     }
 
-    /// How many times the reflector listed so far (0 before it runs).
+    /// How many relists the cache has applied so far (0 before the first). Not the
+    /// reflector's count, which moves once a list is read: the cache takes it a moment later
+    /// (at a million keys, about a second), and a read that looked in between would see the
+    /// old store again and wait for yet another relist.
     fn relists(&self) -> u64 {
-        self.shared
-            .revision
-            .get()
-            .map_or(0, |handle| handle.health().relists.total())
+        self.shared.queue.replaces_applied()
     }
 
     /// After the source said its store was replaced ([`SourceError::StoreReplaced`]: etcd went
-    /// back in time), waits until the reflector has listed again since `before`: until then
-    /// the cache is the old store's, and nothing can prove it fresh. `Ok(false)` at the
-    /// deadline.
+    /// back in time), waits until the cache has applied a relist since `before`: until then
+    /// it is the old store's, and nothing can prove it fresh. `false` at the deadline.
     async fn relisted_since(&self, before: u64, deadline: Instant) -> bool {
         self.until(deadline, || self.relists() > before && self.has_synced())
             .await
@@ -268,7 +267,6 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let deadline = started + timeout;
         let mut relists = self.relists();
         let current = loop {
-            let applied = self.revision();
             let asked = tokio::time::timeout_at(deadline, self.freshness(None))
                 .await
                 .map_err(|_| ConsistencyError::Source {
@@ -285,9 +283,6 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                         return Err(ConsistencyError::Source { informer, source });
                     }
                     relists = self.relists();
-                    // A relist is counted once read; the cache takes it a moment later, and
-                    // asking before then would see the old store again.
-                    self.until(deadline, || self.revision() != applied).await;
                 }
                 asked => break asked?,
             }

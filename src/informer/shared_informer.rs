@@ -88,6 +88,14 @@ impl<T: Send + Sync + 'static> Queue<T> {
         }
     }
 
+    /// How many relists the cache has applied (the queue has handed them to it whole).
+    pub(super) fn replaces_applied(&self) -> u64 {
+        match self {
+            Queue::Atomic(q) => q.replaces_applied(),
+            Queue::DeltaFifo(q) => q.replaces_applied(),
+        }
+    }
+
     fn close(&self) {
         match self {
             Queue::Atomic(q) => q.close(),

@@ -51,6 +51,8 @@ struct Inner<T> {
     watch_errors: VecDeque<Error>,
     lists: usize,
     watches: usize,
+    /// Freshness questions asked.
+    proofs: usize,
     /// Each key's `mod_revision` when the history was last compacted away.
     base: BTreeMap<Arc<str>, i64>,
     /// The next change is kept from the open watches.
@@ -105,6 +107,7 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
                 watch_errors: VecDeque::new(),
                 lists: 0,
                 watches: 0,
+                proofs: 0,
                 base: BTreeMap::new(),
                 lose_next: false,
                 cluster_id: 1,
@@ -231,6 +234,12 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
     /// How many watches were started (failed ones included).
     pub fn watch_count(&self) -> usize {
         self.lock().watches
+    }
+
+    /// How many times [`freshness`](ListerWatcher::freshness) was asked (failed answers
+    /// included).
+    pub fn freshness_count(&self) -> usize {
+        self.lock().proofs
     }
 
     /// How many watches are open.
@@ -369,9 +378,19 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         _cached: usize,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.proofs += 1;
         let revision = at.unwrap_or(inner.revision);
-        let result = if revision > inner.revision {
+        let result = if since > inner.revision {
+            // As etcd's source answers: a cache ahead of the store is another store's.
+            Err(Error::store_replaced(
+                since + 1,
+                format!(
+                    "the store is at revision {}, below the cache's {since}: it went back in time",
+                    inner.revision
+                ),
+            ))
+        } else if revision > inner.revision {
             Err(Error::transient(format!(
                 "revision {revision} is in the future (current {})",
                 inner.revision
