@@ -18,6 +18,7 @@ use super::forward::{RunsAs, Upstream};
 use super::header::Headers;
 use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
+use crate::listwatch::etcd::proof::{prove_range, Held, ProofFailed};
 use crate::lock;
 use crate::reflector::RevisionHandle;
 #[cfg(doc)]
@@ -543,30 +544,27 @@ impl Served {
     }
 
     /// Whether the prefix at etcd's revision `at` is the cache's content at `since`, which held
-    /// `len` keys: one range read of the prefix at `at`, keys only, filtered to keys modified
-    /// after `since`. It is if no key was written after `since` (a created key would be one)
-    /// and the count is the cache's (a delete lowers it). Unlike
-    /// [`EtcdListerWatcher::freshness`], which counts the prefix at `since` in etcd, it needs
-    /// no old revision: an idle prefix whose revision etcd compacted still proves fresh.
+    /// `len` keys: the source's proof ([`prove_range`]), which needs no old revision while the
+    /// cache holds every key, so an idle prefix whose revision etcd compacted still proves
+    /// fresh.
     async fn prove(
         &self,
         slice: &Slice,
         since: i64,
         len: usize,
         at: i64,
-    ) -> Result<bool, etcd_client::Error> {
-        let options = GetOptions::new()
-            .with_range(slice.prefix_end.clone())
-            .with_keys_only()
-            .with_min_mod_revision(since + 1)
-            .with_limit(1)
-            .with_revision(at);
-        let resp = self
-            .client
-            .kv_client()
-            .get(slice.first_key(), Some(options))
-            .await?;
-        Ok(resp.kvs().is_empty() && usize::try_from(resp.count()) == Ok(len))
+    ) -> Result<bool, ProofFailed> {
+        let first = slice.first_key();
+        let held = Held {
+            key: &first,
+            range_end: &slice.prefix_end,
+            since,
+            cached: len,
+            // A prefix with a key the cache could not hold is not answered from the cache.
+            whole: !slice.incomplete.load(Ordering::Acquire),
+        };
+        let proof = prove_range(&self.client, held, Some(at), self.read_timeout).await?;
+        Ok(proof.unchanged)
     }
 
     /// Whether etcd answers a read of `slice`'s first key that carries no token, as it does

@@ -5,6 +5,7 @@ mod decode;
 mod identity;
 mod list;
 mod options;
+pub(crate) mod proof;
 mod request;
 mod resume;
 mod versions;
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, WatchOptions};
+use etcd_client::{Client, WatchOptions};
 use tokio::sync::{mpsc, OnceCell};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -25,7 +26,8 @@ use self::decode::{prefix_range_end, Decoder, Undecodable};
 pub(crate) use self::identity::Identity;
 use self::identity::{store_changed, Tally};
 use self::options::MIN_MESSAGE_BYTES;
-use self::request::{classify, classify_code, member_unreachable, named, read};
+use self::proof::{prove_range, Held, ProofFailed};
+use self::request::{classify, member_unreachable, named};
 use self::versions::{progress_is_trustworthy, warn_of_known_watch_bugs};
 use self::watch::{Responses, WatchTask};
 use super::hedged::{hedged, Hedged, HEDGE_AFTER};
@@ -372,82 +374,47 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
     fn freshness(
         &self,
         since: i64,
-        _cached: usize,
+        cached: usize,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         Box::pin(async move {
             self.token.renew_if_refused(&self.client).await;
-            // etcd filters by mod_revision before applying the limit, and counts the whole
-            // range: one key at most comes back, and `count` is the prefix's size.
-            let mut options = GetOptions::new()
-                .with_range(self.range_end.clone())
-                .with_keys_only()
-                .with_min_mod_revision(since + 1)
-                .with_limit(1);
-            if let Some(at) = at {
-                options = options.with_revision(at);
-            }
-            let resp = match read(
-                &self.client,
-                &self.first_key(),
-                options,
-                self.options.page_timeout,
-            )
-            .await
-            {
-                Hedged::Answered(resp) => resp,
-                Hedged::Failed(e) => return Err(self.failed(e, at.unwrap_or(0))),
-                Hedged::TimedOut => {
+            let first = self.first_key();
+            let held = Held {
+                key: &first,
+                range_end: &self.range_end,
+                since,
+                cached,
+                // A key that never failed to decode is in the cache: it holds the whole range.
+                whole: self.decode_errors() == 0,
+            };
+            let proof = match prove_range(&self.client, held, at, self.options.page_timeout).await {
+                Ok(proof) => proof,
+                Err(ProofFailed::Etcd(e, revision)) => return Err(self.failed(e, revision)),
+                Err(ProofFailed::TimedOut(what)) => {
                     return Err(Error::unavailable(format!(
-                        "reading the revision of {} timed out after {:?}",
+                        "reading {what} of {} for a freshness proof timed out after {:?}",
                         self.prefix(),
                         self.options.page_timeout
                     )))
                 }
             };
-            let current = resp.header().map_or(0, |h| h.revision());
-            if current < since {
+            if proof.current < since {
                 // Revisions of two stores do not compare: "no key newer than the cache's
                 // revision" holds trivially in a store that went back, so no proof stands
                 // until the cache is listed from it.
                 return Err(Error::store_replaced(
                     since + 1,
                     format!(
-                        "etcd is at revision {current}, below the cache's revision {since} of {}: the store was wiped or restored",
+                        "etcd is at revision {}, below the cache's revision {since} of {}: the store was wiped or restored",
+                        proof.current,
                         self.prefix()
                     ),
                 ));
             }
-            let revision = at.unwrap_or(current);
-            if !resp.kvs().is_empty() || revision <= since || since == 0 {
-                return Ok(Freshness {
-                    revision,
-                    unchanged: resp.kvs().is_empty() && since > 0,
-                });
-            }
-            let options = GetOptions::new()
-                .with_range(self.range_end.clone())
-                .with_count_only()
-                .with_revision(since);
-            let first = self.first_key();
-            let unchanged = match read(&self.client, &first, options, self.options.page_timeout)
-                .await
-            {
-                Hedged::Answered(then) => then.count() == resp.count(),
-                // `since` compacted away: no proof; the caller waits for the cache instead.
-                Hedged::Failed(e) if classify_code(&e) == Some(tonic::Code::OutOfRange) => false,
-                Hedged::Failed(e) => return Err(self.failed(e, since)),
-                Hedged::TimedOut => {
-                    return Err(Error::unavailable(format!(
-                        "counting the keys of {} at revision {since} timed out after {:?}",
-                        self.prefix(),
-                        self.options.page_timeout
-                    )))
-                }
-            };
             Ok(Freshness {
-                revision,
-                unchanged,
+                revision: proof.revision,
+                unchanged: proof.unchanged,
             })
         })
     }
