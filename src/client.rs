@@ -7,7 +7,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
 use crate::codec::{Codec, CodecError, DecodeError, DecodeErrorKind};
 use crate::listwatch::etcd::ConfigError;
-use crate::Object;
+use crate::object::Object;
 
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]

@@ -9,9 +9,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::object::Object;
 use crate::queue::Queue;
 use crate::store::Store;
-use crate::{lock, Object};
+use crate::sync::lock;
 
 pub use crate::queue::{Closed, Delta, DeltaType};
 
@@ -80,7 +81,7 @@ pub enum PopError {
 /// real final state is kept); `pop` hands out each key's whole list at once, and never the same
 /// key to two callers.
 ///
-/// The FIFO knows the cache ("known objects", usually the informer's [`Indexer`](crate::Indexer))
+/// The FIFO knows the cache ("known objects", usually the informer's [`Indexer`](crate::store::Indexer))
 /// so that deletes carry the last state of the key, relists detect vanished keys, and resyncs
 /// re-deliver cached objects.
 ///
@@ -586,7 +587,7 @@ fn dedup_deletes<T>(deltas: &mut Vec<Delta<T>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Indexer;
+    use crate::store::Indexer;
 
     fn obj(key: &str, rev: i64) -> Arc<Object<i64>> {
         Arc::new(Object::new(key, rev, rev))

@@ -132,11 +132,11 @@ impl Validity {
     /// Moves the end of the proof to `at`, as a renewal does, for tests.
     #[cfg(test)]
     pub(crate) fn renewed_until(&self, at: Instant) {
-        *crate::lock(&self.0) = at;
+        *crate::sync::lock(&self.0) = at;
     }
 
     pub(crate) fn is_valid(&self) -> bool {
-        Instant::now() < *crate::lock(&self.0)
+        Instant::now() < *crate::sync::lock(&self.0)
     }
 }
 
@@ -153,7 +153,7 @@ async fn keep_alive(
     let period = ttl / 3;
     let margin = ttl * 2 / 3;
     let retry = Duration::from_millis(100);
-    let mut last_ok = *crate::lock(&valid_until.0) - margin;
+    let mut last_ok = *crate::sync::lock(&valid_until.0) - margin;
     let mut stream = None;
     loop {
         let deadline = last_ok + margin;
@@ -195,7 +195,7 @@ async fn keep_alive(
         match renewed {
             Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                 last_ok = sent;
-                *crate::lock(&valid_until.0) = sent + margin;
+                *crate::sync::lock(&valid_until.0) = sent + margin;
             }
             Ok(Ok(Some(_))) => {
                 report(format!("lease {lease} expired or was revoked"));

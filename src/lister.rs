@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use crate::object::Object;
 use crate::store::{Indexer, StoreError, NAMESPACE_INDEX};
-use crate::Object;
 
 /// Reads an informer's cache; cheap to clone, never writes.
 ///

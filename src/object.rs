@@ -50,7 +50,7 @@ pub struct EncodedObject<'a> {
     pub value: &'a [u8],
     /// `[mod_revision, create_revision, version, lease]`.
     pub revisions: [i64; 4],
-    /// [`value_digest`](crate::value_digest) of the value as etcd stored it (0: unknown).
+    /// [`value_digest`](crate::object::value_digest) of the value as etcd stored it (0: unknown).
     pub digest: u64,
     /// Its values for each index, in the order of the sorted index names.
     pub index: IndexValues<'a>,
@@ -290,7 +290,7 @@ impl<T> Object<T> {
     /// The same object, marked as decoded from the value bytes `raw` (what etcd stored): it
     /// then has a [`stamp`](Self::stamp), so that a relist can keep it without decoding the
     /// listed value again. A [`ListerWatcher`](crate::ListerWatcher) of your own calls it on
-    /// what it decodes; [`EtcdListerWatcher`](crate::EtcdListerWatcher) does.
+    /// what it decodes; [`EtcdListerWatcher`](crate::listwatch::etcd::EtcdListerWatcher) does.
     ///
     /// ```
     /// use etcd_informer::{Object, Stamp};

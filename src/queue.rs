@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::listwatch::{BoxFuture, ListSink};
-use crate::Object;
+use crate::object::Object;
 
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,7 +198,7 @@ impl ReceivedAt {
     const MAX: usize = 8192;
 
     pub(crate) fn record(&self, revision: i64, at: std::time::Instant) {
-        let mut stamps = crate::lock(&self.0);
+        let mut stamps = crate::sync::lock(&self.0);
         if stamps.len() >= Self::MAX {
             stamps.pop_front();
         }
@@ -207,12 +207,12 @@ impl ReceivedAt {
 
     /// Forgets every stamp: the store was replaced and its revisions start over.
     pub(crate) fn clear(&self) {
-        crate::lock(&self.0).clear();
+        crate::sync::lock(&self.0).clear();
     }
 
     /// The stamp of `revision`, dropping the older ones.
     pub(crate) fn take(&self, revision: i64) -> Option<std::time::Instant> {
-        let mut stamps = crate::lock(&self.0);
+        let mut stamps = crate::sync::lock(&self.0);
         while let Some(&(r, at)) = stamps.front() {
             if r > revision {
                 return None;

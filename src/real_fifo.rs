@@ -13,9 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
 
 use crate::listwatch::ListSink;
+use crate::object::EncodedObject;
+use crate::object::Object;
+use crate::object::Stamp;
 use crate::queue::{Closed, Delta, DeltaType, Queue};
 use crate::store::{Store, StoreContent};
-use crate::{lock, EncodedObject, Object, Stamp};
+use crate::sync::lock;
 
 /// A relist read page by page into the next store content.
 struct Building<T> {
@@ -636,7 +639,7 @@ impl<T: Send + Sync + 'static> Queue<T> for RealFifo<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Indexer;
+    use crate::store::Indexer;
 
     fn obj(key: &str, rev: i64) -> Arc<Object<i64>> {
         Arc::new(Object::new(key, rev, rev).read_from(rev.to_string().as_bytes()))

@@ -13,8 +13,9 @@ use tracing::Instrument;
 
 use crate::listwatch::{take_received, Error, ListResult, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
+use crate::object::Object;
 use crate::queue::{DeltaType, ReceivedAt, MAX_RESYNC_PERIOD};
-use crate::{lock, Object};
+use crate::sync::lock;
 
 pub use crate::backoff::Backoff;
 pub use crate::queue::Queue;
@@ -899,7 +900,7 @@ mod tests {
 
     impl std::io::Write for Captured {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            crate::lock(&self.0).extend_from_slice(buf);
+            crate::sync::lock(&self.0).extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -909,7 +910,7 @@ mod tests {
 
     impl Captured {
         fn lines(&self, level: &str) -> Vec<String> {
-            String::from_utf8_lossy(&crate::lock(&self.0))
+            String::from_utf8_lossy(&crate::sync::lock(&self.0))
                 .lines()
                 .filter(|l| l.contains(level))
                 .map(str::to_owned)

@@ -10,10 +10,10 @@ use super::options::RelistUnchanged;
 use super::processor::Processor;
 use super::shared_informer::SharedIndexInformer;
 use crate::metrics::{EventKind, InformerMetrics};
+use crate::object::Object;
 use crate::queue::{DeletedObject, Delta, DeltaType};
 use crate::real_fifo::Batch;
 use crate::store::{StoreContent, Txn};
-use crate::Object;
 
 impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Runs `apply` catching a panic (an index function, a bug): it is logged and recorded in

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::listwatch::ListerWatcher;
-use crate::lock;
 use crate::metrics::{AuditMetrics, AuditResult as Outcome};
+use crate::sync::lock;
 
 /// A key on which the cache and etcd disagree at the audited revision.
 #[derive(Debug)]

@@ -73,9 +73,9 @@ pub(super) fn compact<T>(queue: &mut VecDeque<Event<T>>) -> usize {
 mod tests {
     use super::*;
     use crate::informer::handler::DeletedObject;
-    use crate::Object;
+    use crate::object::Object;
 
-    fn o(key: &str, rev: i64) -> Arc<crate::Object<i64>> {
+    fn o(key: &str, rev: i64) -> Arc<crate::object::Object<i64>> {
         Arc::new(Object::new(key, rev, rev))
     }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::shared_informer::SharedIndexInformer;
+use crate::lister::Lister;
 use crate::listwatch::{Error as SourceError, ListerWatcher};
-use crate::Lister;
 
 /// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,7 @@ use super::options::InformerOptions;
 use super::shared_informer::SharedIndexInformer;
 use crate::codec::Codec;
 use crate::listwatch::etcd::{ConfigError, EtcdListerWatcher, EtcdOptions};
-use crate::lock;
+use crate::sync::lock;
 
 struct Entry {
     informer: Box<dyn Any + Send + Sync>,

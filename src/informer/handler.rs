@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::Object;
+use crate::object::Object;
 
 pub use crate::queue::DeletedObject;
 

@@ -32,8 +32,9 @@ pub use options::{
 pub use registration::{HandlerRegistration, REMOVE_PATIENCE};
 pub use shared_informer::{InformerError, SharedIndexInformer};
 
+use crate::lister::Lister;
 use crate::listwatch::ListerWatcher;
-use crate::{Indexer, Lister};
+use crate::store::Indexer;
 
 /// An informer with exactly one handler, fixed at construction (client-go's `NewInformer` /
 /// `NewIndexerInformer`).

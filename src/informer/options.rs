@@ -63,7 +63,7 @@ pub enum RelistUnchanged {
     Everyone,
 }
 
-/// Options of a [`SharedIndexInformer`](crate::SharedIndexInformer).
+/// Options of a [`SharedIndexInformer`](crate::informer::SharedIndexInformer).
 ///
 /// Start from `default()` and change what you need; the fields say what each does.
 ///
@@ -190,7 +190,7 @@ impl<T> InformerOptions<T> {
     pub fn with_index(
         mut self,
         name: impl Into<String>,
-        index: impl Fn(&crate::Object<T>) -> Vec<String> + Send + Sync + 'static,
+        index: impl Fn(&crate::object::Object<T>) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
         self.indexers.insert(name.into(), Arc::new(index));
         self

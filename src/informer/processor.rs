@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use super::backlog::{compact, is_initial, Arrivals};
 use super::handler::{Event, ResourceEventHandler};
 use super::watchdog::{watchdog, Watched, STUCK_AFTER};
-use crate::lock;
 use crate::metrics::HandlerMetrics;
+use crate::sync::lock;
 
 /// Capacity (in events) above which a drained backlog releases its memory.
 const SHRINK_ABOVE: usize = 1024;
@@ -751,15 +751,15 @@ mod tests {
 
     use super::*;
 
-    use crate::Object;
+    use crate::object::Object;
 
-    fn o(key: &str, rev: i64) -> Arc<crate::Object<i64>> {
+    fn o(key: &str, rev: i64) -> Arc<crate::object::Object<i64>> {
         Arc::new(Object::new(key, rev, rev))
     }
 
     #[test]
     fn stopping_waits_for_the_notification_in_progress_within_patience() {
-        use crate::ResourceEventHandlerFuncs;
+        use crate::informer::ResourceEventHandlerFuncs;
         use std::sync::atomic::AtomicBool;
         let release = Arc::new(AtomicBool::new(false));
         let entered = Arc::new(AtomicBool::new(false));

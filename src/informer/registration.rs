@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::handler::{Event, ResourceEventHandler};
 use super::processor::Listener;
 use super::shared_informer::{InformerError, Shared, SharedIndexInformer};
-use crate::lock;
 use crate::queue::clamp_resync;
+use crate::sync::lock;
 
 /// How long [`SharedIndexInformer::remove_event_handler`] waits at most for the handler to
 /// return from a notification in progress.

@@ -16,6 +16,7 @@ use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::options::{InformerOptions, Processing, RelistUnchanged};
 use super::processor::{merge_due, Processor};
 use crate::delta_fifo::DeltaFifo;
+use crate::lister::Lister;
 use crate::listwatch::ListerWatcher;
 use crate::metrics::{AuditMetrics, InformerMetrics};
 use crate::queue::clamp_resync;
@@ -26,7 +27,7 @@ use crate::reflector::{
 };
 use crate::snapshot::{SnapshotStart, Snapshots, WarmSource};
 use crate::store::{Indexer, Indexers, StoreError};
-use crate::{lock, Lister};
+use crate::sync::lock;
 
 /// A cache of a source kept current by one list-and-watch, shared by any number of handlers
 /// (client-go's `SharedIndexInformer`).
@@ -434,9 +435,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     pub fn add_index(
         &self,
         name: impl Into<String>,
-        index: impl Fn(&crate::Object<T>) -> Vec<String> + Send + Sync + 'static,
+        index: impl Fn(&crate::object::Object<T>) -> Vec<String> + Send + Sync + 'static,
     ) -> Result<(), InformerError> {
-        let index: crate::IndexFunc<T> = Arc::new(index);
+        let index: crate::store::IndexFunc<T> = Arc::new(index);
         self.add_indexers(Indexers::from([(name.into(), index)]))
     }
 

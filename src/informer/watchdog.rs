@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use crate::lock;
+use crate::sync::lock;
 
 /// How long one notification may take before the other handlers sharing its thread move to
 /// another thread.

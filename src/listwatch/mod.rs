@@ -1,7 +1,7 @@
 //! The source of objects: list everything at one revision, then watch the changes after it.
 //!
 //! [`ListerWatcher`] is the seam between the pipeline and where the data lives. The etcd source
-//! ([`EtcdListerWatcher`](crate::EtcdListerWatcher)) implements it over a key prefix;
+//! ([`EtcdListerWatcher`](crate::listwatch::etcd::EtcdListerWatcher)) implements it over a key prefix;
 //! [`ListWatch`] builds one from two closures, as client-go's `cache.ListWatch` does; the
 //! `testing` feature adds an in-memory one.
 
@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use tokio_stream::Stream;
 
-use crate::{EncodedObject, Object, Stamp};
+use crate::object::EncodedObject;
+use crate::object::Object;
+use crate::object::Stamp;
 
 pub mod etcd;
 mod hedged;

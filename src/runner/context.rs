@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use super::watched::{AnyObject, Watched};
 use crate::client::Fence;
+use crate::lister::Lister;
 use crate::listwatch::BoxFuture;
-use crate::{Lister, Object};
+use crate::object::Object;
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

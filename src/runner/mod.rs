@@ -13,10 +13,10 @@ use tracing::Instrument;
 use crate::informer::{AbortOnDrop, ResourceEventHandlerFuncs, SharedIndexInformer};
 use crate::leader_election::{ElectionError, LeaderElector};
 use crate::metrics::RunnerMetrics;
+use crate::object::Object;
 use crate::workqueue::{
     default_controller_rate_limiter, Priority, RateLimiter, WorkQueue, WorkQueueConfig,
 };
-use crate::Object;
 
 mod context;
 mod watched;
@@ -471,7 +471,7 @@ fn new_queue(
 /// The namespace of a `namespace/name` key (empty without one): a fairness group for
 /// [`Runner::fairness`].
 pub fn namespace_of(key: &str) -> String {
-    crate::split_key(key).0.to_owned()
+    crate::object::split_key(key).0.to_owned()
 }
 
 /// Refreshes the queue's in-flight metrics while a run lasts.

@@ -14,9 +14,9 @@ use super::watched::Watched;
 use crate::client::Fence;
 use crate::informer::ConsistencyError;
 use crate::listwatch::BoxFuture;
-use crate::lock;
 use crate::metrics::{ReconcileResult, RunnerMetrics};
 use crate::reflector::{panic_message, CatchUnwind};
+use crate::sync::lock;
 use crate::workqueue::WorkQueue;
 
 /// How long a key waits for the informers (to apply its last write, or to reach the revision
@@ -284,9 +284,9 @@ impl Workers {
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
+    use crate::informer::SharedIndexInformer;
     use crate::runner::Runner;
     use crate::testing::FakeSource;
-    use crate::SharedIndexInformer;
 
     /// Correctness review, finding 6: keys written once and never reconciled again must not be
     /// remembered for good.

@@ -21,8 +21,9 @@ use tokio::sync::watch;
 use super::header::Headers;
 use crate::listwatch::etcd::Identity;
 use crate::listwatch::BoxFuture;
+use crate::object::Object;
 use crate::queue::{DeltaType, Queue};
-use crate::{lock, Object};
+use crate::sync::lock;
 
 /// A cached key's state (values are raw bytes).
 pub(crate) type Kv = Arc<Object<Vec<u8>>>;

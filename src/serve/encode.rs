@@ -15,7 +15,7 @@ use tonic::Status;
 use tonic_prost::prost::Message;
 
 use super::cache::Found;
-use crate::Object;
+use crate::object::Object;
 
 const LENGTH_DELIMITED: u64 = 2;
 

@@ -16,7 +16,7 @@ use etcd_client::proto::PbResponseHeader;
 use etcd_client::Client;
 
 use crate::listwatch::etcd::Identity;
-use crate::lock;
+use crate::sync::lock;
 
 /// What the upstream's Status last said, and when it was asked.
 #[derive(Clone, Copy, Default)]

@@ -357,7 +357,7 @@ impl PbKvService for KvService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Object;
+    use crate::object::Object;
 
     fn kv(key: &str, create: i64, rev: i64, version: i64, value: &str) -> (Arc<[u8]>, Kv) {
         let mut o = Object::new(key, rev, value.as_bytes().to_vec());

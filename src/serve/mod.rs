@@ -84,11 +84,12 @@ use crate::codec::RawCodec;
 use crate::informer::audit::{AuditCounts, Audited};
 use crate::informer::{AbortOnDrop, DEFAULT_AUDIT_PERIOD};
 use crate::listwatch::etcd::DecodeErrorHandler;
+use crate::listwatch::etcd::EtcdListerWatcher;
+use crate::listwatch::etcd::EtcdOptions;
 use crate::listwatch::ListerWatcher;
 use crate::metrics::{AuditMetrics, ServerMetricHandles};
 use crate::queue::Queue;
 use crate::reflector::{Health, Reflector, ReflectorOptions, RevisionHandle};
-use crate::{EtcdListerWatcher, EtcdOptions};
 
 /// What can go wrong starting a [`CacheServer`].
 #[derive(Debug, thiserror::Error)]
@@ -1071,7 +1072,7 @@ mod tests {
         struct Buffer(Arc<Mutex<Vec<u8>>>);
         impl std::io::Write for Buffer {
             fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                crate::lock(&self.0).extend_from_slice(bytes);
+                crate::sync::lock(&self.0).extend_from_slice(bytes);
                 Ok(bytes.len())
             }
             fn flush(&mut self) -> std::io::Result<()> {
@@ -1087,7 +1088,7 @@ mod tests {
         let listen = listen.parse().expect("address");
         let decided =
             tracing::subscriber::with_default(subscriber, || tokenless_policy(options, listen));
-        let printed = String::from_utf8_lossy(&crate::lock(&buffer.0)).into_owned();
+        let printed = String::from_utf8_lossy(&crate::sync::lock(&buffer.0)).into_owned();
         (decided, printed)
     }
 

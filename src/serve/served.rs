@@ -19,10 +19,10 @@ use super::header::Headers;
 use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
 use crate::listwatch::etcd::proof::{prove_range, Held, ProofFailed};
-use crate::lock;
-use crate::reflector::RevisionHandle;
 #[cfg(doc)]
-use crate::EtcdListerWatcher;
+use crate::listwatch::etcd::EtcdListerWatcher;
+use crate::reflector::RevisionHandle;
+use crate::sync::lock;
 
 /// One served prefix: its cache, and the health of the reflector that fills it.
 pub(crate) struct Slice {
@@ -110,7 +110,7 @@ const RENEWABLE: [&str; 2] = [
 
 /// The refusal in `health` that stands (see [`Slice::refused`]), given `first`: when the
 /// renewable refusal that may be retried was first seen (kept by the caller).
-fn refusal(health: crate::Health, first: &mut Option<SystemTime>) -> Option<String> {
+fn refusal(health: crate::reflector::Health, first: &mut Option<SystemTime>) -> Option<String> {
     // A watch stream that opens counts as connected before etcd has answered its create,
     // so `first` is forgotten only once the cache is proven fresh after it (below).
     let (error, at) = match health.last_error {
@@ -687,8 +687,8 @@ mod tests {
     use super::*;
 
     /// A reflector's health after a failure with `error` at `at`.
-    fn failed(error: &str, at: SystemTime) -> crate::Health {
-        crate::Health {
+    fn failed(error: &str, at: SystemTime) -> crate::reflector::Health {
+        crate::reflector::Health {
             disconnected_since: Some(at),
             last_error: Some((error.to_owned(), at)),
             ..Default::default()

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use super::assignment::{shard_of, ShardBy};
 use crate::client::Fence;
 use crate::lease::Validity;
-use crate::lock;
 use crate::runner::Admitted;
+use crate::sync::lock;
 
 /// One held shard.
 #[derive(Debug)]

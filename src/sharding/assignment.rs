@@ -52,7 +52,7 @@ pub(crate) fn whole_key(key: &str) -> &str {
 
 /// The namespace of a `namespace/name` key (the empty string for a key without one).
 pub(crate) fn namespace(key: &str) -> &str {
-    crate::split_key(key).0
+    crate::object::split_key(key).0
 }
 
 #[cfg(test)]

@@ -78,13 +78,14 @@ use self::admission::ShardTable;
 use self::assignment::{namespace, owner_of, whole_key, ShardBy};
 use self::ownership::Records;
 use crate::client::Fence;
+use crate::codec::TextCodec;
 use crate::informer::{AbortOnDrop, ResourceEventHandlerFuncs, SharedIndexInformer};
 use crate::lease::KeptLease;
 use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::metrics::{Handoff, ShardMetrics};
 use crate::runner::{by_key, erase, Action, Context, Runner};
+use crate::sync::lock;
 use crate::workqueue::{Priority, WorkQueue};
-use crate::{lock, TextCodec};
 
 /// The number of shards by default: enough for rendezvous hashing to share them within about
 /// ±25% among a handful of replicas, few enough that a replica's records stay cheap.
@@ -457,7 +458,7 @@ impl Coordinator {
         };
         let informer = SharedIndexInformer::new(
             source,
-            crate::InformerOptions::default()
+            crate::informer::InformerOptions::default()
                 .with_name(format!("{}sharding", self.records.prefix())),
         );
         let wake = Arc::new(Notify::new());

@@ -37,10 +37,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{SnapshotError, SnapshotErrorKind};
+use crate::object::value_digest;
+use crate::object::IndexValues;
 use crate::object::ValueDigest;
 use crate::store::compact::{parse_record, write_record};
-use crate::value_digest;
-use crate::IndexValues;
 
 /// The file's first 8 bytes.
 pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";

@@ -58,9 +58,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::codec::Codec;
+use crate::object::Object;
 use crate::store::compact::write_record;
 use crate::store::{IndexFunc, Indexers, Item, Records, SnapshotContent};
-use crate::Object;
 
 pub(crate) use warm::WarmSource;
 

@@ -9,7 +9,10 @@ use crate::listwatch::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
     Resume, SourceIdentity, WatchStream,
 };
-use crate::{EncodedObject, IndexValues, Object, SharedRecord};
+use crate::object::EncodedObject;
+use crate::object::IndexValues;
+use crate::object::Object;
+use crate::object::SharedRecord;
 
 /// Wraps the informer's source: the first `list`/`list_into` may be answered from the
 /// snapshot; every other call, and every later list, goes to the source.
@@ -477,7 +480,7 @@ fn decode_chunks<T: Send + 'static>(
                     Err(kind) => Err(SnapshotError::new(path, kind).to_string()),
                 };
                 if let Err(reason) = sent {
-                    crate::lock(failed).get_or_insert(reason);
+                    crate::sync::lock(failed).get_or_insert(reason);
                     // The other threads stop at their next chunk.
                     next.store(chunks.len(), std::sync::atomic::Ordering::Relaxed);
                     return;
@@ -485,7 +488,7 @@ fn decode_chunks<T: Send + 'static>(
             });
         }
     });
-    let failed = crate::lock(&failed).take();
+    let failed = crate::sync::lock(&failed).take();
     failed.map_or(Ok(()), Err)
 }
 
@@ -521,12 +524,14 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
             let items = Arc::new(std::sync::Mutex::new(Vec::with_capacity(warm.keys)));
             let into = items.clone();
             let served = self
-                .serve(warm, move |objects| crate::lock(&into).extend(objects))
+                .serve(warm, move |objects| {
+                    crate::sync::lock(&into).extend(objects)
+                })
                 .await;
             let Some(revision) = served else {
                 return self.inner.list().await;
             };
-            let items = std::mem::take(&mut *crate::lock(&items));
+            let items = std::mem::take(&mut *crate::sync::lock(&items));
             Ok(ListResult { items, revision })
         })
     }

@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use super::table::Repr;
 use crate::codec::Codec;
-use crate::{EncodedObject, Object, Stamp};
+use crate::object::EncodedObject;
+use crate::object::Object;
+use crate::object::Stamp;
 
 const WHOLE: u8 = 1;
 
@@ -642,7 +644,7 @@ impl<T: Send + Sync + 'static> Repr<T> for PackedRepr<T> {
 mod tests {
     use super::*;
     use crate::codec::CodecError;
-    use crate::SharedRecord;
+    use crate::object::SharedRecord;
 
     /// Encodes `u32`s as decimal text; refuses to encode 13 and to decode "7".
     struct Picky;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::Object;
+use crate::object::Object;
 
 /// The name of the namespace index (client-go's `cache.NamespaceIndex`).
 pub const NAMESPACE_INDEX: &str = "namespace";

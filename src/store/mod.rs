@@ -16,7 +16,8 @@ pub(crate) use table::Item;
 
 use std::sync::Arc;
 
-use crate::{Object, Stamp};
+use crate::object::Object;
+use crate::object::Stamp;
 
 /// Read access to a set of objects by key: what the DeltaFIFO needs of the cache ("known
 /// objects") to find the last state of a key.

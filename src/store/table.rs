@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use super::slot_set::{key_hash, SlotSet};
 use super::{IndexFunc, Indexers};
-use crate::{EncodedObject, Object, Stamp};
+use crate::object::EncodedObject;
+use crate::object::Object;
+use crate::object::Stamp;
 
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
@@ -715,8 +717,8 @@ fn index_encoded<S: Clone + Eq + Borrow<str>>(
 mod tests {
     use super::*;
     use crate::codec::{Codec, CodecError};
+    use crate::object::IndexValues;
     use crate::store::compact::PackedRepr;
-    use crate::IndexValues;
 
     struct Decimal;
 

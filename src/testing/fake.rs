@@ -8,7 +8,8 @@ use crate::listwatch::{
     list_whole_into, BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink,
     ListerWatcher, Result, Resume, SourceIdentity, WatchEvent, WatchStream,
 };
-use crate::{lock, Object};
+use crate::object::Object;
+use crate::sync::lock;
 
 /// An in-memory, revisioned source that a test drives by hand (client-go's
 /// `FakeControllerSource`), so controllers can be unit-tested without etcd.

@@ -93,8 +93,8 @@ use tokio::time::Instant;
 
 use self::delayed::Delayed;
 use self::waiting::{Ticket, Waiting};
-use crate::lock;
 use crate::metrics::WorkQueueMetrics;
+use crate::sync::lock;
 
 /// Used as the ready time when `now + delay` cannot be represented.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::lock;
+use crate::sync::lock;
 
 /// Locks `m`. If the mutex is poisoned, the data is still used: every critical section in this
 /// module leaves the data consistent.

@@ -9,7 +9,7 @@ use etcd_client::proto::PbKeyValue;
 
 use super::options::DecodeErrorHandler;
 use crate::codec::{Codec, DecodeError, DecodeErrorKind};
-use crate::Object;
+use crate::object::Object;
 
 /// Turns etcd values into objects, reporting those that do not decode.
 pub(super) struct Decoder<T> {
@@ -49,7 +49,7 @@ const MAX_FIXED: usize = 4096;
 
 impl Undecodable {
     fn insert(&self, key: &[u8], mod_revision: i64) {
-        let mut keys = crate::lock(&self.keys);
+        let mut keys = crate::sync::lock(&self.keys);
         keys.fixed.remove(key);
         keys.failing.insert(key.into(), mod_revision);
         self.len
@@ -61,7 +61,7 @@ impl Undecodable {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let mut keys = crate::lock(&self.keys);
+        let mut keys = crate::sync::lock(&self.keys);
         if let Some(failed) = keys.failing.remove(key) {
             if keys.fixed.len() >= MAX_FIXED {
                 if let Some(any) = keys.fixed.keys().next().cloned() {
@@ -76,7 +76,7 @@ impl Undecodable {
 
     /// Forgets everything: a list reports anew what does not decode.
     pub(super) fn clear(&self) {
-        let mut keys = crate::lock(&self.keys);
+        let mut keys = crate::sync::lock(&self.keys);
         keys.failing.clear();
         keys.fixed.clear();
         self.len.store(0, Ordering::Relaxed);
@@ -88,7 +88,7 @@ impl Undecodable {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let mut keys = crate::lock(&self.keys);
+        let mut keys = crate::sync::lock(&self.keys);
         keys.fixed.retain(|_, (_, fixed_at)| *fixed_at > at);
         self.len
             .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
@@ -100,7 +100,7 @@ impl Undecodable {
         if self.len.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let keys = crate::lock(&self.keys);
+        let keys = crate::sync::lock(&self.keys);
         keys.failing.get(key) == Some(&mod_revision)
             || keys
                 .fixed

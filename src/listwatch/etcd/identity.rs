@@ -8,7 +8,7 @@ use etcd_client::{Client, GetOptions};
 
 use super::request::read;
 use crate::listwatch::hedged::Hedged;
-use crate::lock;
+use crate::sync::lock;
 
 /// Who answered: the identity of the etcd store, from response headers.
 ///

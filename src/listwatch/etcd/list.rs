@@ -14,7 +14,8 @@ use super::request::{is_message_too_large, member_unreachable};
 use super::EtcdListerWatcher;
 use crate::listwatch::hedged::{hedged, Hedged};
 use crate::listwatch::{Error, KeyRevisionsSink, ListResult, ListSink, Result};
-use crate::{lock, Stamp};
+use crate::object::Stamp;
+use crate::sync::lock;
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     /// Lists the prefix at one revision. Each page is decoded on a blocking thread while the

@@ -36,7 +36,7 @@ use super::{
     Resume, SourceIdentity, WatchStream,
 };
 use crate::codec::Codec;
-use crate::lock;
+use crate::sync::lock;
 
 pub use options::{
     connect, connect_options, ConfigError, DecodeErrorHandler, EtcdOptions, FIRST_PAGE, LIST_PAGES,
@@ -62,7 +62,7 @@ pub use options::{
 /// check each re-watch, and two informers sharing one would corrupt each other's checks. Give
 /// each informer its own source (sharing the `Client` is fine), or share the informer.
 ///
-/// Usually handed to a [`SharedIndexInformer`](crate::SharedIndexInformer); used alone, it lists
+/// Usually handed to a [`SharedIndexInformer`](crate::informer::SharedIndexInformer); used alone, it lists
 /// and watches:
 ///
 /// ```no_run

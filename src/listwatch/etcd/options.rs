@@ -64,7 +64,7 @@ pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
     Client::connect(endpoints, Some(connect_options())).await
 }
 
-/// Options of an [`EtcdListerWatcher`](crate::EtcdListerWatcher).
+/// Options of an [`EtcdListerWatcher`](crate::listwatch::etcd::EtcdListerWatcher).
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct EtcdOptions {
@@ -218,7 +218,7 @@ impl fmt::Debug for EtcdOptions {
     }
 }
 
-/// A bad argument to [`EtcdListerWatcher`](crate::EtcdListerWatcher).
+/// A bad argument to [`EtcdListerWatcher`](crate::listwatch::etcd::EtcdListerWatcher).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {

@@ -9,7 +9,7 @@ use super::request::{classify_code, read};
 use super::EtcdListerWatcher;
 use crate::listwatch::hedged::Hedged;
 use crate::listwatch::{Error, Result, Resume};
-use crate::lock;
+use crate::sync::lock;
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     /// [`ListerWatcher::can_resume`](crate::ListerWatcher::can_resume) for etcd (SEMANTICS

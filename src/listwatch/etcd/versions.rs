@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use crate::lock;
+use crate::sync::lock;
 
 /// A known etcd watch bug and what the source does about it.
 pub(super) struct Bug {

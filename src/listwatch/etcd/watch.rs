@@ -19,7 +19,7 @@ use super::identity::{store_changed, Identity, Tally};
 use super::request::{classify, named, read};
 use crate::listwatch::hedged::Hedged;
 use crate::listwatch::{Error, Result, WatchEvent};
-use crate::lock;
+use crate::sync::lock;
 
 /// The watch stream: etcd's responses, one at a time, flattened into events. A response is
 /// taken whole, so a revision's events are yielded without a wait in between.
@@ -451,10 +451,10 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
+    use crate::codec::TextCodec;
     use crate::listwatch::etcd::EtcdListerWatcher;
     use crate::listwatch::ListerWatcher;
     use crate::testing::etcd::{test_etcd, unique_prefix};
-    use crate::TextCodec;
 
     /// Issue 28, finding 5: etcd 3.4.23 can send a watch response again. The repeat must
     /// change nothing: no event forwarded twice, and the key tally moved once, so that the

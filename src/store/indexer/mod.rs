@@ -7,7 +7,9 @@ use super::index::{namespace_indexers, Indexers, StoreError};
 use super::table::{Item, Shared, Storage, Table};
 use super::Store;
 use crate::codec::Codec;
-use crate::{EncodedObject, Object, Stamp};
+use crate::object::EncodedObject;
+use crate::object::Object;
+use crate::object::Stamp;
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
 /// `threadSafeMap`).

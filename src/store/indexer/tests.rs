@@ -289,7 +289,7 @@ fn a_relist_after_a_warm_start_adopts_the_snapshots_records_without_copying_them
             revisions: [5, 5, 1, 0],
             digest: 9,
             index: Default::default(),
-            record: Some(crate::SharedRecord {
+            record: Some(crate::object::SharedRecord {
                 buffer: &buffer,
                 at,
                 len,

@@ -7,7 +7,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{lock, Object, ResourceEventHandlerFuncs};
+use crate::informer::ResourceEventHandlerFuncs;
+use crate::object::Object;
+use crate::sync::lock;
 
 /// `(mod_revision, value)` of a key: what the cache and etcd are compared on.
 pub(super) type State = BTreeMap<String, (i64, String)>;

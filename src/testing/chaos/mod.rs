@@ -73,15 +73,18 @@ use tokio::time::Instant;
 
 use self::checker::{diff, recorder, Checker, History, Kind, State};
 use super::etcd::{EtcdCluster, HarnessError};
+use crate::backoff::Backoff;
 use crate::codec::TextCodec;
+use crate::informer::InformerOptions;
+use crate::informer::SharedIndexInformer;
+use crate::listwatch::etcd::EtcdListerWatcher;
+use crate::listwatch::etcd::EtcdOptions;
+use crate::listwatch::WatchStream;
 use crate::listwatch::{
     BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher,
     Result as LwResult, Resume, SourceIdentity,
 };
-use crate::{
-    lock, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, SharedIndexInformer,
-    WatchStream,
-};
+use crate::sync::lock;
 
 pub use report::{ChaosError, RoundReport};
 pub use schedule::{fault_schedule, Endpoints, Fault};
