@@ -582,10 +582,10 @@ impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
             // come first.
             let answer = tokio::select! {
                 answer = upstream.raw(request, path) => answer?,
-                _ = drained(draining.clone()) => return Err(super::watch::stopped()),
+                _ = drained(draining.clone()) => return Err(super::status::stopped()),
             };
             let (metadata, stream, extensions) = answer.into_parts();
-            let stopped = Err(super::watch::stopped());
+            let stopped = Err(super::status::stopped());
             let stream = Box::pin(UntilDrained::new(stream, draining, stopped));
             Ok(Response::from_parts(
                 metadata,

@@ -24,7 +24,7 @@ use tonic_prost::prost::Message;
 use super::cache::{to_pb, Found, Kv};
 use super::encode::{range_response, RangeCodec};
 use super::served::Served;
-use super::watch::{no_leader, requires_leader, stopped};
+use super::status::{no_leader, requires_leader, stopped};
 
 // etcd's RangeRequest enums (rpc.proto).
 const SORT_NONE: i32 = 0;

@@ -36,7 +36,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{SnapshotError, SnapshotErrorKind};
+use super::error::{SnapshotError, SnapshotErrorKind};
 use crate::object::value_digest;
 use crate::object::IndexValues;
 use crate::object::ValueDigest;

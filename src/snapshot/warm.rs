@@ -3,8 +3,9 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::error::{SnapshotError, SnapshotErrorKind};
 use super::format::{self, Page};
-use super::{SnapshotError, SnapshotErrorKind, SnapshotOptions, SnapshotStart};
+use super::{SnapshotOptions, SnapshotStart};
 use crate::listwatch::{
     BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
     Resume, SourceIdentity, WatchStream,
