@@ -398,13 +398,6 @@ impl<T> DeltaFifo<T> {
                         inner.initial_population_count -= 1;
                     }
                     let result = process(&deltas, is_in_initial_list);
-                    // Only these move what an informer's waits look at.
-                    let applied_moved = inner.queue.is_empty();
-                    if applied_moved {
-                        self.drained(&inner);
-                    }
-                    let moved = applied_moved
-                        || (is_in_initial_list && inner.initial_population_count == 0);
                     if let Err(PopError::Requeue { after, .. }) = &result {
                         inner.not_before.insert(key.clone(), now + *after);
                         Self::add_if_not_present_locked(&mut inner, key.clone(), deltas);
@@ -414,6 +407,14 @@ impl<T> DeltaFifo<T> {
                         inner.items.shrink_to_fit();
                         inner.queue.shrink_to_fit();
                     }
+                    // Only these move what an informer's waits look at; a key requeued is not
+                    // applied.
+                    let applied_moved = inner.queue.is_empty();
+                    if applied_moved {
+                        self.drained(&inner);
+                    }
+                    let moved = applied_moved
+                        || (is_in_initial_list && inner.initial_population_count == 0);
                     drop(inner);
                     if moved {
                         self.wake_applied_waiters();
@@ -474,9 +475,15 @@ impl<T> DeltaFifo<T> {
     fn replace_queued(&self, inner: &mut Inner<T>) {
         inner.replaces_queued += 1;
         if inner.queue.is_empty() {
-            self.replaces_applied
-                .store(inner.replaces_queued, Ordering::Release);
+            self.drained(inner);
         }
+    }
+
+    /// Whether a relist is queued that the consumer has not applied whole yet: until it has,
+    /// what was proven of the cache before (the old store's, after a wipe) says nothing.
+    pub(crate) fn relist_pending(&self) -> bool {
+        let inner = self.lock();
+        self.replaces_applied.load(Ordering::Acquire) < inner.replaces_queued
     }
 
     /// Records that the consumer has applied everything queued: every change read up to the
@@ -713,6 +720,39 @@ mod tests {
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
         future.poll(&mut cx).is_ready()
+    }
+
+    /// The informer's consistent reads wait for a relist to be applied whole (issue 50):
+    /// counted once the queue drains after it, at once when it queued nothing, never while a
+    /// key of it is requeued.
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_counts_as_applied_once_drained_and_not_while_requeued() {
+        let (f, _) = fifo_with(&[]);
+        Queue::replace(&f, vec![], 3, false);
+        assert_eq!(
+            f.replaces_applied(),
+            1,
+            "an empty relist is applied at once"
+        );
+        assert_eq!(f.applied_revision(), 3);
+        assert!(!f.relist_pending());
+        Queue::replace(&f, vec![obj("a", 4), obj("b", 4)], 4, true);
+        assert!(f.relist_pending());
+        let requeued = f
+            .pop(|_, _| {
+                Err(PopError::Requeue {
+                    reason: "boom".into(),
+                    after: Duration::from_secs(1),
+                })
+            })
+            .await;
+        assert!(matches!(requeued, Popped::Failed { .. }));
+        assert!(matches!(f.pop(|_, _| Ok(())).await, Popped::Processed(_)));
+        assert_eq!(f.replaces_applied(), 1, "a key of the relist is requeued");
+        assert!(matches!(f.pop(|_, _| Ok(())).await, Popped::Processed(_)));
+        assert_eq!(f.replaces_applied(), 2);
+        assert_eq!(f.applied_revision(), 4);
+        assert!(!f.relist_pending());
     }
 
     #[tokio::test]

@@ -564,13 +564,13 @@ async fn freshness_is_proven_at_the_revisions_it_names_not_at_the_watchs() {
             }
         }
     }
-    let fresh = lw.freshness(s, 1, Some(deleted)).await.unwrap();
+    let fresh = lw.freshness(s, Some(1), Some(deleted)).await.unwrap();
     assert!(
         !fresh.unchanged,
         "a cache holding a at {s} is not etcd at {deleted}"
     );
     // And what is true is still proven: nothing changed on this prefix since the rewrite.
-    let fresh = lw.freshness(rewritten, 1, None).await.unwrap();
+    let fresh = lw.freshness(rewritten, Some(1), None).await.unwrap();
     assert!(fresh.unchanged, "{fresh:?}");
 }
 
@@ -757,7 +757,7 @@ impl etcd_informer::ListerWatcher<String> for DoctoredSource {
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        cached: Option<usize>,
         at: Option<i64>,
     ) -> etcd_informer::listwatch::BoxFuture<
         '_,

@@ -148,7 +148,7 @@ impl ListerWatcher<ConfigMap> for Expiring {
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        cached: Option<usize>,
         at: Option<i64>,
     ) -> BoxFuture<'_, LwResult<Freshness>> {
         self.inner.freshness(since, cached, at)

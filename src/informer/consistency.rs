@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::shared_informer::SharedIndexInformer;
+use super::shared_informer::{Queue, SharedIndexInformer};
 use crate::lister::Lister;
 use crate::listwatch::{Error as SourceError, ListerWatcher};
 
@@ -86,10 +86,13 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     async fn freshness(&self, at: Option<i64>) -> Result<Proof, ConsistencyError> {
         let synced = self.has_synced();
         let (since, cached, writes) = self.revision_len_and_writes();
+        // Only the revision-atomic mode's cache is exactly the source's content at its
+        // revision; the DeltaFIFO's may hold later changes too.
+        let exact = matches!(self.shared.queue, Queue::Atomic(_)).then_some(cached);
         let fresh = self
             .shared
             .source
-            .freshness(since, cached, at)
+            .freshness(since, exact, at)
             .await
             .map_err(|source| ConsistencyError::Source {
                 informer: self.shared.name.clone(),

@@ -469,6 +469,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     pub fn proven_revision(&self) -> i64 {
         match &self.shared.queue {
             Queue::Atomic(_) => self.shared.indexer.proven_revision(),
+            // A proof made before a relist that is still on its way (the old store's, after
+            // a wipe) proves nothing of the new content.
+            Queue::DeltaFifo(fifo) if fifo.relist_pending() => fifo.applied_revision(),
             Queue::DeltaFifo(fifo) => fifo
                 .applied_revision()
                 .max(self.shared.indexer.proven_revision()),

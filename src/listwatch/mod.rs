@@ -392,7 +392,7 @@ pub enum Resume {
 ///     fn watch(&self, after: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
 ///         self.inner.watch(after)
 ///     }
-///     fn freshness(&self, since: i64, cached: usize, at: Option<i64>) -> BoxFuture<'_, Result<Freshness>> {
+///     fn freshness(&self, since: i64, cached: Option<usize>, at: Option<i64>) -> BoxFuture<'_, Result<Freshness>> {
 ///         self.inner.freshness(since, cached, at)
 ///     }
 ///     fn liveness_bound(&self) -> Option<Duration> {
@@ -423,14 +423,16 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
         T: 'static;
     /// The changes after `after_revision` (exclusive).
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>>;
-    /// Whether a cache that holds `cached` objects and every change up to `since` is the
-    /// source's content at `at` (or, with `None`, at the source's current revision, read
-    /// linearizably). Behind the informer's consistent reads. A source that cannot tell
-    /// returns an error that says so.
+    /// Whether a cache that holds every change up to `since` is the source's content at `at`
+    /// (or, with `None`, at the source's current revision, read linearizably). `cached` is
+    /// `Some(n)` when the cache is exactly the source's content at `since`, `n` objects (the
+    /// revision-atomic mode), `None` when it may hold later changes too (the DeltaFIFO mode):
+    /// only an exact count may stand in for the source's own count at `since`. Behind the
+    /// informer's consistent reads. A source that cannot tell returns an error that says so.
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        cached: Option<usize>,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>>;
     /// How long a live watch of this source can go without yielding anything: a source that
@@ -507,7 +509,7 @@ macro_rules! forward_lister_watcher {
             fn freshness(
                 &self,
                 since: i64,
-                cached: usize,
+                cached: Option<usize>,
                 at: Option<i64>,
             ) -> BoxFuture<'_, Result<Freshness>> {
                 (**self).freshness(since, cached, at)
@@ -580,7 +582,12 @@ where
     }
     /// Closures cannot read the source's current revision: consistent reads of an informer
     /// over a `ListWatch` fail with this error.
-    fn freshness(&self, _: i64, _: usize, _: Option<i64>) -> BoxFuture<'_, Result<Freshness>> {
+    fn freshness(
+        &self,
+        _: i64,
+        _: Option<usize>,
+        _: Option<i64>,
+    ) -> BoxFuture<'_, Result<Freshness>> {
         Box::pin(async {
             Err(Error::transient(
                 "a ListWatch made of closures cannot read its source's current revision; implement ListerWatcher::freshness for consistent reads",

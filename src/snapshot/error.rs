@@ -2,6 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
+/// The snapshot file layout this build writes and reads (here, below the format that writes
+/// it and the error that names it).
+pub(crate) const VERSION: u32 = 3;
+
 /// Why a snapshot file could not be used: the file and the reason.
 #[derive(Debug, thiserror::Error)]
 #[error("snapshot {}: {kind}", path.display())]
@@ -41,7 +45,7 @@ pub enum SnapshotErrorKind {
     #[error("not a snapshot file (no magic)")]
     NotASnapshot,
     /// Written in a format version this build does not read.
-    #[error("format version {0}, which this build does not read")]
+    #[error("format version {0}, this build reads {VERSION}")]
     Version(u32),
     /// Its checksum does not match its bytes.
     #[error("corrupt: checksum {computed:016x} of its bytes, {stored:016x} stored")]

@@ -36,7 +36,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::error::{SnapshotError, SnapshotErrorKind};
+use super::error::{SnapshotError, SnapshotErrorKind, VERSION};
 use crate::object::value_digest;
 use crate::object::IndexValues;
 use crate::object::ValueDigest;
@@ -44,8 +44,6 @@ use crate::store::compact::{parse_record, write_record};
 
 /// The file's first 8 bytes.
 pub(super) const MAGIC: &[u8; 8] = b"EISNAP\r\n";
-/// The layout this build writes and reads.
-pub(super) const VERSION: u32 = 3;
 /// Bytes before the prefix's length.
 const FIXED_HEADER: usize = 56;
 /// The most indexes a snapshot may name.

@@ -570,7 +570,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        cached: Option<usize>,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         self.inner.freshness(since, cached, at)

@@ -376,7 +376,7 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
     fn freshness(
         &self,
         since: i64,
-        _cached: usize,
+        _cached: Option<usize>,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         let mut inner = self.lock();

@@ -147,7 +147,7 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        cached: Option<usize>,
         at: Option<i64>,
     ) -> BoxFuture<'_, LwResult<Freshness>> {
         self.inner.freshness(since, cached, at)

@@ -374,7 +374,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
     fn freshness(
         &self,
         since: i64,
-        cached: usize,
+        cached: Option<usize>,
         at: Option<i64>,
     ) -> BoxFuture<'_, Result<Freshness>> {
         Box::pin(async move {
@@ -384,9 +384,10 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 key: &first,
                 range_end: &self.range_end,
                 since,
-                cached,
-                // A key that never failed to decode is in the cache: it holds the whole range.
-                whole: self.decode_errors() == 0,
+                cached: cached.unwrap_or(0),
+                // Exact, and no key ever failed to decode (so none is missing from it): the
+                // cache holds the whole range at `since`.
+                whole: cached.is_some() && self.decode_errors() == 0,
             };
             let proof = match prove_range(&self.client, held, at, self.options.page_timeout).await {
                 Ok(proof) => proof,

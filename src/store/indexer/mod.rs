@@ -9,6 +9,11 @@ use super::Store;
 use crate::codec::Codec;
 use crate::object::EncodedObject;
 use crate::object::Object;
+
+/// How often a warm start's sample of records must meet an index value before its set is
+/// reserved for the keys the sample's count stands for (4 of a sample of 64: a value of at
+/// least about 1 key in 16, where the estimate is within a small factor).
+const RESERVE_SEEN: usize = 4;
 use crate::object::Stamp;
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
@@ -177,7 +182,10 @@ impl<T> StoreContent<T> {
             for &value in sample.iter().flat_map(|e| e.index.get(i)) {
                 *seen.entry(value).or_default() += 1;
             }
-            for (value, n) in seen {
+            // Only a value the sample met often is reserved for: one met once stands for
+            // `keys / 64` keys by the sample's count, but is usually one key's own (a name, a
+            // uid), and a set reserved for a million keys holds its memory for good.
+            for (value, n) in seen.into_iter().filter(|&(_, n)| n >= RESERVE_SEEN) {
                 table.reserve_index(name, value, n * per_record);
             }
         }
