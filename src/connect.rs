@@ -249,6 +249,19 @@ impl ConnectConfig {
         })
     }
 
+    /// Connects without waiting for etcd: the connection is made on the first request, so a
+    /// server can start (and say it is not ready) before etcd does. With a user, etcd is asked
+    /// for a token now, and must answer.
+    pub async fn connect_lazily(&self) -> Result<Client, ConnectError> {
+        let urls = self.urls();
+        Client::connect(&urls, Some(self.options()?))
+            .await
+            .map_err(|source| ConnectError::Etcd {
+                endpoints: urls,
+                source,
+            })
+    }
+
     /// Connects, and checks with one request that etcd answers and accepts the TLS handshake
     /// and the credentials, so that a wrong CA, certificate or password is one clear error at
     /// start rather than a watch retrying forever.

@@ -17,8 +17,14 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::report::Readiness;
+
 /// etcd's read-only HTTP endpoints: metrics, health and readiness, version.
 const FORWARDED: [&str; 5] = ["/metrics", "/health", "/readyz", "/livez", "/version"];
+
+/// The server's own health on the clients' port, where etcd's gRPC proxy answers its own:
+/// the paths above are etcd's.
+const OWN_HEALTH: &str = "/proxy/health";
 
 /// The largest answer read from the upstream: etcd's `/metrics` is some hundreds of KiB.
 const MAX_ANSWER: u64 = 16 << 20;
@@ -29,7 +35,11 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 /// Answers a request no gRPC service took: a gRPC call is Unimplemented (as etcd answers an
 /// unknown method), a `GET` of one of etcd's read-only endpoints is etcd's answer; anything
 /// else is not found.
-pub(crate) async fn answer(endpoints: Arc<[String]>, request: Request) -> Response {
+pub(crate) async fn answer(
+    endpoints: Arc<[String]>,
+    readiness: Readiness,
+    request: Request,
+) -> Response {
     let grpc = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -37,12 +47,27 @@ pub(crate) async fn answer(endpoints: Arc<[String]>, request: Request) -> Respon
     if grpc {
         return tonic::Status::unimplemented("").into_http();
     }
+    if request.method() == Method::GET && request.uri().path() == OWN_HEALTH {
+        return health(&readiness);
+    }
     if request.method() != Method::GET || !FORWARDED.contains(&request.uri().path()) {
         // Go's answer for a path nothing serves, as etcd gives it.
         return (StatusCode::NOT_FOUND, "404 page not found\n").into_response();
     }
     let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
     forward(&endpoints, path).await
+}
+
+/// The server's own health, as etcd answers its `/health` (see [`Readiness::etcd_health`]).
+fn health(readiness: &Readiness) -> Response {
+    let (status, body) = readiness.etcd_health();
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Asks the upstream endpoints in turn for `path_and_query` and answers with the first answer,

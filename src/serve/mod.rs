@@ -59,7 +59,8 @@
 //! | `forward.rs` | the upstream: requests forwarded with the client's token, the services only forwarded (Lease, Auth, Maintenance...) |
 //! | `header.rs` | response headers as etcd's, and the leader as etcd last named it |
 //! | `status.rs` | the errors the server answers with, in etcd's words |
-//! | `health.rs`, `http.rs`, `stats.rs` | gRPC health, the HTTP endpoints, counts and metrics |
+//! | `report.rs` | what a running server reports: readiness and why not, stats, metrics samples |
+//! | `health.rs`, `http.rs`, `stats.rs` | gRPC health, the HTTP endpoints, counts and metric handles |
 //!
 //! Imports point one way: the services (`kv`, `watch`) use `served`, `access`, `cache` and
 //! `forward`; `served` uses `cache`, `forward` and `header`; nothing below imports a service
@@ -87,6 +88,7 @@ mod health;
 mod http;
 mod kv;
 mod options;
+mod report;
 mod served;
 mod server;
 mod stats;
@@ -96,5 +98,6 @@ mod watch;
 #[cfg(feature = "tls")]
 pub use self::options::ServerTls;
 pub use self::options::{CacheServerOptions, UpstreamUser};
+pub use self::report::Readiness;
 pub use self::server::{CacheServer, RunningServer, ServeError};
 pub use self::stats::ServerStats;

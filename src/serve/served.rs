@@ -385,6 +385,33 @@ impl Served {
         !*self.draining.borrow() && self.headers.known() && self.slices.iter().all(Slice::ready)
     }
 
+    /// Why the server is not [ready](Self::ready), in one line; `None` when it is.
+    pub(crate) fn why_not_ready(&self) -> Option<String> {
+        if *self.draining.borrow() {
+            return Some("draining: the server is stopping".into());
+        }
+        for slice in &self.slices {
+            if slice.ready() {
+                continue;
+            }
+            let prefix = String::from_utf8_lossy(&slice.prefix);
+            let health = slice.reflected.health();
+            let listed = slice.cache.position().synced;
+            let what = match (listed, health.last_error) {
+                (false, Some((error, _))) => {
+                    format!("the cache of {prefix} has not listed: {error}")
+                }
+                (false, None) => format!("the cache of {prefix} is listing"),
+                (true, Some((error, _))) => {
+                    format!("the watch of {prefix} is not connected: {error}")
+                }
+                (true, None) => format!("the watch of {prefix} is not connected"),
+            };
+            return Some(what);
+        }
+        (!self.headers.known()).then(|| "the upstream's identity is not known yet".into())
+    }
+
     /// The lowest revision of the caches: one every cache has reached.
     pub(crate) fn revision(&self) -> i64 {
         self.slices

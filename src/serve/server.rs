@@ -22,9 +22,10 @@ use super::forward::{
 use super::header::Headers;
 use super::health::Health as HealthService;
 use super::kv::{KvFront, KvService};
+use super::report::{sample_metrics, stats_of, Readiness};
 use super::served::{OwnIdentity, Served, Slice};
+use super::stats::ServerMetrics;
 use super::stats::ServerStats;
-use super::stats::{PrefixSample, ServerMetrics};
 use super::watch::WatchService;
 use crate::codec::RawCodec;
 use crate::informer::audit::{AuditCounts, Audited};
@@ -332,9 +333,10 @@ impl CacheServer {
         });
         // etcd's HTTP endpoints on the same port (HTTP/1), answered by the upstream.
         let urls: Arc<[String]> = urls.into();
+        let readiness = Readiness(served.clone());
         let routes = grpc
             .into_axum_router()
-            .fallback(move |request| super::http::answer(urls.clone(), request));
+            .fallback(move |request| super::http::answer(urls.clone(), readiness.clone(), request));
         let router = builder
             .accept_http1(true)
             .add_routes(tonic::service::Routes::from(routes));
@@ -436,6 +438,12 @@ impl RunningServer {
         self.served.ready()
     }
 
+    /// A handle that answers whether the server is ready, for as long as it is kept, also
+    /// while [`shutdown`](Self::shutdown) drains it: for health endpoints of one's own.
+    pub fn readiness(&self) -> Readiness {
+        Readiness(self.served.clone())
+    }
+
     /// Serves until the server fails or is shut down.
     pub async fn wait(mut self) -> Result<(), ServeError> {
         match self.serving.take() {
@@ -445,6 +453,29 @@ impl RunningServer {
             },
             None => Ok(()),
         }
+    }
+
+    /// Serves until the server fails, or until `signal` completes (SIGTERM, say), then drains
+    /// and stops as [`shutdown`](Self::shutdown) does.
+    pub async fn serve_until(
+        mut self,
+        signal: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ServeError> {
+        let Some(mut serving) = self.serving.take() else {
+            return Ok(());
+        };
+        tokio::select! {
+            served = &mut serving => {
+                return match served {
+                    Ok(result) => result.map_err(ServeError::from),
+                    Err(e) => Err(ServeError::Task(e.to_string())),
+                };
+            }
+            () = signal => {}
+        }
+        self.serving = Some(serving);
+        self.shutdown().await;
+        Ok(())
     }
 
     /// Drains the server, then stops it and its caches (what the `cache_server` example does
@@ -559,94 +590,6 @@ fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0]
-}
-
-/// The server's counters and its caches' sizes.
-fn stats_of(served: &Served) -> ServerStats {
-    let (mut keys, mut revisions, mut bytes) = (0, 0, 0);
-    for slice in &served.slices {
-        let (r, b) = slice.cache.history_size();
-        keys += slice.cache.len();
-        revisions += r;
-        bytes += b;
-    }
-    let incomplete = served
-        .slices
-        .iter()
-        .any(|s| s.incomplete.load(Ordering::Relaxed));
-    let prefixes: PrefixSample = served.slices.iter().map(|s| s.counts.sample()).sum();
-    let mut stats = served.metrics.stats(
-        served.revision(),
-        keys,
-        (revisions, bytes),
-        incomplete,
-        prefixes,
-    );
-    for slice in &served.slices {
-        let audits = slice.audits.get();
-        stats.audits.completed += audits.completed;
-        stats.audits.skipped += audits.skipped;
-        stats.audits.failed += audits.failed;
-        stats.audits.repairs += audits.repairs;
-    }
-    stats
-}
-
-/// Samples the server's counters into the crate's metrics (`handles`) every second.
-async fn sample_metrics(served: Arc<Served>, handles: ServerMetricHandles) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut refused = vec![false; served.slices.len()];
-    loop {
-        tick.tick().await;
-        for (slice, was) in served.slices.iter().zip(refused.iter_mut()) {
-            let error = slice.refused();
-            if error.is_some() == *was {
-                continue;
-            }
-            *was = error.is_some();
-            let prefix = String::from_utf8_lossy(&slice.prefix);
-            match error {
-                Some(error) => {
-                    tracing::error!(%prefix, %error, "etcd refuses the cache server's own list and watch (auth turned on? give the server a user, ETCDCTL_USER); every request of the prefix is forwarded and its cached watches ended until a list succeeds")
-                }
-                None => {
-                    tracing::info!(%prefix, "etcd accepts the cache server's list again; serving the prefix from its cache")
-                }
-            }
-            // Watch sessions look again: their watches of the prefix end.
-            served.changed.send_modify(|n| *n = n.wrapping_add(1));
-        }
-        for (i, was) in refused.iter().enumerate() {
-            if *was {
-                // etcd may have turned its auth off again: then its reflector need not wait
-                // out the backoff its refusals stretched (up to 30 s, every read forwarded).
-                let served = served.clone();
-                tokio::spawn(async move {
-                    let slice = &served.slices[i];
-                    if served.answers_tokenless(slice).await {
-                        slice.retry.notify_waiters();
-                    }
-                });
-            }
-        }
-        let stats = stats_of(&served);
-        handles.sample(stats.watch_streams, stats.forwarded);
-        for (i, slice) in served.slices.iter().enumerate() {
-            let s = slice.counts.sample();
-            handles.sample_prefix(
-                i,
-                [
-                    s.watches,
-                    s.events_sent,
-                    s.slow_forwarded,
-                    s.taken_back,
-                    s.ranges,
-                ],
-                slice.cache.history_size(),
-                slice.reflected.health().seconds_since_proven_fresh(),
-            );
-        }
-    }
 }
 
 /// Starts one prefix's cache: its source (raw bytes), the cache, and the reflector between

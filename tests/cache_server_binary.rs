@@ -1,0 +1,477 @@
+//! The `etcd-cache-server` binary as an operator runs it, against real etcd: its command line
+//! (help, version, errors, flags, environment and config file), readiness while etcd is
+//! missing, its own metrics and health, a drain on SIGTERM, and servers in tiers.
+#![cfg(feature = "cli")]
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, WatchOptions};
+use etcd_informer::testing::etcd::EtcdServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BIN: &str = env!("CARGO_BIN_EXE_etcd-cache-server");
+
+/// A loopback address nothing listens on (yet).
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address")
+}
+
+/// Runs the binary to its end with `args` and only `env` of the binary's own variables.
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command.args(args).env_clear().envs(env.iter().copied());
+    if let Ok(path) = std::env::var("PATH") {
+        command.env("PATH", path);
+    }
+    command.output().expect("the binary runs")
+}
+
+/// The binary serving, killed when dropped.
+struct Server(Child);
+
+impl Server {
+    fn start(args: &[String]) -> Server {
+        let child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "warn,etcd_informer=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the binary starts");
+        Server(child)
+    }
+
+    fn terminate(&self) {
+        // SAFETY: a plain signal to our own child's pid.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+    }
+
+    /// Waits for the process to exit, up to `within`.
+    async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A plain HTTP/1.0 GET: the status and body; `None` if nothing answers.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+            .await
+            .ok()?
+            .ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    Some((status, body))
+}
+
+/// Waits until `path` on `addr` answers `status`, up to `within`.
+async fn until_status(addr: SocketAddr, path: &str, status: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = http_get(addr, path).await;
+        if got.as_ref().is_some_and(|(s, _)| *s == status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} on {addr} did not answer {status} within {within:?}: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The key of the next event on `events`.
+async fn next_key(events: &mut etcd_client::WatchStream) -> Vec<u8> {
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(30), events.message())
+            .await
+            .expect("the watch delivers")
+            .expect("the watch goes on")
+            .expect("the watch is open");
+        if let Some(kv) = resp.events().iter().find_map(|e| e.kv()) {
+            return kv.key().to_vec();
+        }
+    }
+}
+
+async fn client_of(addr: SocketAddr) -> Client {
+    Client::connect([addr.to_string()], None)
+        .await
+        .expect("a client of the server")
+}
+
+fn args(etcd: &str, listen: SocketAddr, metrics: SocketAddr, prefix: &str) -> Vec<String> {
+    [
+        "--endpoints",
+        etcd,
+        "--listen-addr",
+        &listen.to_string(),
+        "--metrics-addr",
+        &metrics.to_string(),
+        "--prefix",
+        prefix,
+        "--drain-timeout",
+        "3s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+#[test]
+fn help_and_version_print_and_exit_without_listening() {
+    let listen = free_addr();
+    let help = run(&["--help", "--listen-addr", &listen.to_string()], &[]);
+    assert!(help.status.success(), "{help:?}");
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("Usage: etcd-cache-server"), "{text}");
+    assert!(text.contains("ETCD_CACHE_SERVER_ENDPOINTS"), "{text}");
+    let version = run(&["--version"], &[]);
+    assert!(version.status.success(), "{version:?}");
+    let text = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        text.contains(env!("CARGO_PKG_VERSION")) && text.contains("commit "),
+        "{text}"
+    );
+    assert!(
+        std::net::TcpStream::connect(listen).is_err(),
+        "nothing listens after --help"
+    );
+}
+
+#[test]
+fn a_bad_flag_value_or_file_is_an_error_that_names_it() {
+    let unknown = run(&["--listen-adress", "127.0.0.1:1"], &[]);
+    assert_eq!(unknown.status.code(), Some(2), "{unknown:?}");
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("--listen-adress"));
+    let bad = run(&["--prefix", "/a/", "--read-timeout", "soon"], &[]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--read-timeout"));
+    let missing = run(
+        &["--config-file", "/nonexistent/etcd-cache-server.yaml"],
+        &[],
+    );
+    assert_eq!(missing.status.code(), Some(2), "{missing:?}");
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/etcd-cache-server.yaml")
+    );
+    let none = run(&[], &[]);
+    assert_eq!(none.status.code(), Some(2), "no prefix: {none:?}");
+}
+
+/// Every setting, by flag, by environment variable and by config file, read back from the
+/// effective configuration (`--print-config`); and the precedence between them.
+#[test]
+fn every_setting_comes_from_a_flag_the_environment_or_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("x.pem");
+    std::fs::write(&pem, "not read by --print-config").unwrap();
+    let pem = pem.to_str().unwrap();
+    let settings: Vec<(&str, &str)> = vec![
+        ("endpoints", "10.0.0.1:2379,10.0.0.2:2379"),
+        ("prefix", "/registry/pods/,/registry/nodes/"),
+        ("listen-addr", "127.0.0.1:33790"),
+        ("metrics-addr", "127.0.0.1:33791"),
+        ("cert-file", pem),
+        ("key-file", pem),
+        ("trusted-ca-file", pem),
+        ("cacert", pem),
+        ("cert", pem),
+        ("key", pem),
+        ("user", "reader:secret"),
+        ("history-revisions", "123"),
+        ("history-bytes", "4567"),
+        ("read-timeout", "7s"),
+        ("progress-interval", "11s"),
+        ("max-request-bytes", "8910"),
+        ("access-ttl", "1500ms"),
+        ("identity-refresh", "2s"),
+        ("audit-period", "13s"),
+        ("drain-timeout", "17s"),
+        ("trust-clients-as-server", "true"),
+    ];
+    let by_flags: Vec<String> = settings
+        .iter()
+        .flat_map(|(k, v)| [format!("--{k}"), v.to_string()])
+        .chain(["--print-config".to_owned()])
+        .collect();
+    let by_flags = run(
+        &by_flags.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    assert!(by_flags.status.success(), "{by_flags:?}");
+    let expected = String::from_utf8_lossy(&by_flags.stdout).into_owned();
+    for (key, value) in &settings {
+        let shown = match *key {
+            "user" => "reader:***".to_owned(),
+            "endpoints" | "prefix" => value.split(',').next().unwrap().to_owned(),
+            _ => value.to_string(),
+        };
+        assert!(
+            expected.contains(&shown),
+            "{key}: {shown} not in the effective settings:\n{expected}"
+        );
+    }
+    assert!(!expected.contains("secret"), "the password is never shown");
+
+    let vars: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| {
+            let var = format!("ETCD_CACHE_SERVER_{}", k.to_uppercase().replace('-', "_"));
+            (var, v.to_string())
+        })
+        .collect();
+    let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let by_env = run(&["--print-config"], &env);
+    assert!(by_env.status.success(), "{by_env:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&by_env.stdout),
+        expected,
+        "by environment"
+    );
+
+    let file = dir.path().join("settings.yaml");
+    let yaml: String = settings
+        .iter()
+        .map(|(k, v)| match *k {
+            "endpoints" | "prefix" => format!(
+                "{k}:\n{}",
+                v.split(',')
+                    .map(|i| format!("  - {i}\n"))
+                    .collect::<String>()
+            ),
+            "user" => format!("{k}: \"{v}\"\n"),
+            _ => format!("{k}: {v}\n"),
+        })
+        .collect();
+    std::fs::write(&file, yaml).unwrap();
+    let file = file.to_str().unwrap();
+    let by_file = run(&["--config-file", file, "--print-config"], &[]);
+    assert!(by_file.status.success(), "{by_file:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&by_file.stdout),
+        expected,
+        "by file"
+    );
+
+    // A flag wins over its variable, which wins over the file.
+    let both = run(
+        &[
+            "--config-file",
+            file,
+            "--print-config",
+            "--history-revisions",
+            "1",
+        ],
+        &[
+            ("ETCD_CACHE_SERVER_HISTORY_REVISIONS", "2"),
+            ("ETCD_CACHE_SERVER_ACCESS_TTL", "3s"),
+        ],
+    );
+    let both = String::from_utf8_lossy(&both.stdout).into_owned();
+    assert!(both.contains("history-revisions: 1\n"), "{both}");
+    assert!(both.contains("access-ttl: 3s\n"), "{both}");
+    assert!(both.contains("read-timeout: 7s\n"), "{both}");
+}
+
+/// No etcd at the endpoints: not ready (both health answers 503) and a read through it fails,
+/// never an empty success; once etcd starts, ready and reading etcd's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_etcd_the_server_is_not_ready_and_answers_no_read() {
+    let etcd = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = etcd.client().await;
+    direct.kv_client().put("/app/a", "1", None).await.unwrap();
+    etcd.stop().await.unwrap();
+    let (listen, metrics) = (free_addr(), free_addr());
+    let server = Server::start(&args(&etcd.endpoint(), listen, metrics, "/app/"));
+    until_status(metrics, "/health", 503, Duration::from_secs(30)).await;
+    let reader = client_of(listen).await;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(5) {
+        let (status, body) = http_get(metrics, "/health").await.expect("/health answers");
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains(r#""health":"false""#), "{body}");
+        let own = http_get(listen, "/proxy/health")
+            .await
+            .expect("/proxy/health answers");
+        assert_eq!(own.0, 503, "{own:?}");
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            reader
+                .kv_client()
+                .get("/app/", Some(etcd_client::GetOptions::new().with_prefix())),
+        )
+        .await;
+        if let Ok(Ok(resp)) = read {
+            panic!("a read without etcd answered: {:?}", resp.kvs());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    etcd.start_again().await.unwrap();
+    until_status(metrics, "/health", 200, Duration::from_secs(60)).await;
+    until_status(listen, "/proxy/health", 200, Duration::from_secs(5)).await;
+    let resp = reader
+        .kv_client()
+        .get("/app/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .expect("a read once ready");
+    assert_eq!(resp.kvs().len(), 1);
+    drop(server);
+}
+
+/// With etcd: reads and watches through the binary, its own metrics and health, settings from
+/// a file and the environment that it then uses, and a drain on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_serves_reports_and_drains_on_sigterm() {
+    let etcd = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = etcd.client().await;
+    direct.kv_client().put("/app/a", "1", None).await.unwrap();
+    let (listen, metrics) = (free_addr(), free_addr());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    // The file sets where the metrics are served; the environment, the request size.
+    std::fs::write(
+        &file,
+        format!("metrics-addr: \"{metrics}\"\nprefix: [/app/]\n"),
+    )
+    .unwrap();
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "--config-file",
+            file.to_str().unwrap(),
+            "--endpoints",
+            &etcd.endpoint(),
+            "--listen-addr",
+            &listen.to_string(),
+            "--drain-timeout",
+            "3s",
+        ])
+        .env("ETCD_CACHE_SERVER_MAX_REQUEST_BYTES", "4096")
+        .stdout(Stdio::null());
+    let mut server = Server(command.spawn().expect("the binary starts"));
+    until_status(metrics, "/health", 200, Duration::from_secs(60)).await;
+    assert_eq!(http_get(metrics, "/readyz").await.map(|a| a.0), Some(200));
+    assert_eq!(http_get(metrics, "/livez").await.map(|a| a.0), Some(200));
+
+    let client = client_of(listen).await;
+    let got = client.kv_client().get("/app/a", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"1");
+    let refused = client
+        .kv_client()
+        .put("/app/big", vec![b'x'; 8192], None)
+        .await;
+    assert!(
+        refused.is_err(),
+        "a request over the environment's max-request-bytes"
+    );
+    let mut events = client
+        .watch_client()
+        .watch("/app/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    direct.kv_client().put("/app/b", "2", None).await.unwrap();
+    assert_eq!(next_key(&mut events).await, b"/app/b");
+
+    let (_, text) = http_get(metrics, "/metrics")
+        .await
+        .expect("/metrics answers");
+    assert!(text.contains("etcd_informer_server_"), "{text}");
+    assert!(text.contains("process_resident_memory_bytes"), "{text}");
+
+    // SIGTERM: not ready while it drains (the watch keeps a client connected), then exit 0.
+    let terminated = Instant::now();
+    server.terminate();
+    until_status(metrics, "/health", 503, Duration::from_secs(3)).await;
+    let status = server
+        .exited(Duration::from_secs(15))
+        .await
+        .expect("the server exits after its drain timeout");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        terminated.elapsed() < Duration::from_secs(3 + 10),
+        "exited within the drain timeout: {:?}",
+        terminated.elapsed()
+    );
+}
+
+/// Servers in tiers: B's upstream is A. A read, a watch, a write and a past revision through
+/// B, and A killed and started again under B's watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_in_tiers_read_watch_and_ride_the_first_tiers_restart() {
+    let etcd = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let direct = etcd.client().await;
+    let first = direct.kv_client().put("/t/a", "1", None).await.unwrap();
+    let first = first.header().unwrap().revision();
+    direct.kv_client().put("/t/a", "2", None).await.unwrap();
+    let (a, a_metrics, b, b_metrics) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let a_args = args(&etcd.endpoint(), a, a_metrics, "/t/");
+    let mut server_a = Server::start(&a_args);
+    until_status(a_metrics, "/health", 200, Duration::from_secs(60)).await;
+    let _server_b = Server::start(&args(&a.to_string(), b, b_metrics, "/t/"));
+    until_status(b_metrics, "/health", 200, Duration::from_secs(60)).await;
+
+    let client = client_of(b).await;
+    let got = client.kv_client().get("/t/a", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"2");
+    let past = client
+        .kv_client()
+        .get(
+            "/t/a",
+            Some(etcd_client::GetOptions::new().with_revision(first)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(past.kvs()[0].value(), b"1", "a past revision through B");
+    let mut events = client
+        .watch_client()
+        .watch("/t/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    client
+        .kv_client()
+        .put("/t/b", "written through B", None)
+        .await
+        .unwrap();
+    assert_eq!(next_key(&mut events).await, b"/t/b");
+
+    // A dies and comes back on the same address: B's watch goes on.
+    let _ = server_a.0.kill();
+    let _ = server_a.0.wait();
+    server_a = Server::start(&a_args);
+    until_status(a_metrics, "/health", 200, Duration::from_secs(60)).await;
+    direct.kv_client().put("/t/c", "3", None).await.unwrap();
+    assert_eq!(
+        next_key(&mut events).await,
+        b"/t/c",
+        "B's watch after A's restart"
+    );
+    drop(server_a);
+}
