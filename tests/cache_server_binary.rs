@@ -36,7 +36,8 @@ impl Server {
     fn start(args: &[String]) -> Server {
         let child = Command::new(BIN)
             .args(args)
-            .env("RUST_LOG", "warn,etcd_informer=info")
+            // The servers' own logs on failures only: tests start and stop etcd under them.
+            .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -119,6 +120,39 @@ async fn next_key(events: &mut etcd_client::WatchStream) -> Vec<u8> {
             return kv.key().to_vec();
         }
     }
+}
+
+/// gRPC's standard health check (`grpc.health.v1`), as Kubernetes' gRPC probes send it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    service: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckResponse {
+    #[prost(int32, tag = "1")]
+    status: i32,
+}
+
+/// The server's answer to a gRPC health check: 1 SERVING, 2 NOT_SERVING.
+async fn grpc_health(addr: SocketAddr) -> i32 {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect for a health check");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check");
+    let request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    let answer: tonic::Response<HealthCheckResponse> = grpc
+        .unary(request, path, tonic_prost::ProstCodec::default())
+        .await
+        .expect("a health answer");
+    answer.into_inner().status
 }
 
 async fn client_of(addr: SocketAddr) -> Client {
@@ -337,6 +371,7 @@ async fn without_etcd_the_server_is_not_ready_and_answers_no_read() {
     etcd.start_again().await.unwrap();
     until_status(metrics, "/health", 200, Duration::from_secs(60)).await;
     until_status(listen, "/proxy/health", 200, Duration::from_secs(5)).await;
+    assert_eq!(grpc_health(listen).await, 1, "SERVING");
     let resp = reader
         .kv_client()
         .get("/app/", Some(etcd_client::GetOptions::new().with_prefix()))
@@ -375,6 +410,7 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
             "3s",
         ])
         .env("ETCD_CACHE_SERVER_MAX_REQUEST_BYTES", "4096")
+        .env("RUST_LOG", "error")
         .stdout(Stdio::null());
     let mut server = Server(command.spawn().expect("the binary starts"));
     until_status(metrics, "/health", 200, Duration::from_secs(60)).await;
