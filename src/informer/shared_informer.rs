@@ -292,6 +292,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 // Only this mode's cache is exactly etcd at one revision, as the audit needs.
                 let relist = Arc::new(Notify::new());
                 reflector = reflector.with_relist_trigger(relist.clone());
+                let _verify = self.verify_warm_start(relist.clone());
                 let auditor = self
                     .shared
                     .auditor
