@@ -44,3 +44,62 @@ async fn a_stalled_consumer_holds_the_reflector_at_the_queues_bound() {
     }
     task.abort();
 }
+
+/// Issue 50, item 5: a relist not taken for a replaced store compares each key's whole stamp
+/// (revisions and the value's digest), as its reuse does: a value changed under an equal
+/// `mod_revision` (a store rewritten past the cache without the tally noticing) reaches the
+/// handlers as an update, not as an unchanged key.
+#[tokio::test]
+async fn a_relist_hears_a_value_changed_under_an_equal_mod_revision() {
+    use etcd_informer::listwatch::{ListResult, ListWatch, WatchStream};
+    use etcd_informer::{InformerOptions, Object, ResourceEventHandlerFuncs, SharedIndexInformer};
+    let lists = Arc::new(AtomicUsize::new(0));
+    let listed = lists.clone();
+    let source = ListWatch::new(
+        move || {
+            let n = listed.fetch_add(1, Ordering::SeqCst);
+            let value = if n == 0 { "before" } else { "after" };
+            async move {
+                let object = Object::new("a", 5, value.to_owned()).read_from(value.as_bytes());
+                Ok(ListResult {
+                    items: vec![object],
+                    revision: 10,
+                })
+            }
+        },
+        // The first watch ends at once as if compacted: a relist that is not a replaced store.
+        |_after| async {
+            let ended: WatchStream<String> =
+                Box::pin(tokio_stream::iter(vec![etcd_informer::WatchEvent::Error(
+                    Error::expired(10, "compacted"),
+                )]));
+            Ok(ended)
+        },
+    );
+    let informer = SharedIndexInformer::new(source, InformerOptions::default().with_name("stamps"));
+    let updates = Arc::new(Mutex::new(Vec::new()));
+    let heard = updates.clone();
+    informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::<String>::new().on_update(move |_, new| {
+                heard.lock().unwrap().push(new.value.clone());
+            }),
+        )
+        .unwrap();
+    let run = tokio::spawn(informer.clone().run());
+    eventually("relisted", || lists.load(Ordering::SeqCst) >= 2).await;
+    eventually("the changed value heard", || {
+        updates.lock().unwrap().iter().any(|v| v == "after")
+    })
+    .await;
+    assert_eq!(
+        informer
+            .lister()
+            .get("a")
+            .map(|o| o.value.clone())
+            .as_deref(),
+        Some("after")
+    );
+    informer.stop();
+    let _ = run.await;
+}

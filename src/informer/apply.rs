@@ -13,7 +13,7 @@ use crate::metrics::{EventKind, InformerMetrics};
 use crate::object::Object;
 use crate::queue::{DeletedObject, Delta, DeltaType};
 use crate::real_fifo::Batch;
-use crate::store::{StoreContent, Txn};
+use crate::store::{Retired, StoreContent, Txn};
 
 impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// Runs `apply` catching a panic (an index function, a bug): it is logged and recorded in
@@ -252,7 +252,7 @@ fn apply_replace<T>(
             }
             let mut changed = Vec::new();
             txn.for_each_revision(&mut |key, revision| {
-                if !store_replaced && old.mod_revision(key) == Some(revision) {
+                if !store_replaced && unchanged(&old, txn, key, revision) {
                     old.take(key, false);
                 } else {
                     changed.push(key.to_owned());
@@ -294,7 +294,11 @@ fn apply_replace<T>(
                 };
                 events.push(match previous {
                     Some((revision, Some(old))) => {
-                        let notice = if revision == new.mod_revision {
+                        let same = match (old.stamp(), new.stamp()) {
+                            (Some(a), Some(b)) => a == b,
+                            _ => revision == new.mod_revision,
+                        };
+                        let notice = if same {
                             Notice::Unchanged
                         } else {
                             Notice::Change
@@ -322,12 +326,26 @@ fn apply_replace<T>(
                 metrics.events(EventKind::Added, txn.len() as u64);
                 return;
             }
-            txn.for_each_revision(&mut |key, revision| match old.take(key, false) {
-                Some((old_revision, _)) if old_revision == revision => {}
-                Some(_) => metrics.event(EventKind::Updated),
-                None => metrics.event(EventKind::Added),
+            txn.for_each_revision(&mut |key, revision| {
+                let same = unchanged(&old, txn, key, revision);
+                match old.take(key, false) {
+                    Some(_) if same => {}
+                    Some(_) => metrics.event(EventKind::Updated),
+                    None => metrics.event(EventKind::Added),
+                }
             });
             metrics.events(EventKind::Deleted, old.len() as u64);
         }
+    }
+}
+
+/// Whether a relist left `key` as the cache held it: the same stamp (its revisions and the
+/// value's digest, as a relist's reuse compares them: a value changed under an equal
+/// `mod_revision`, in a store rewritten past the cache, is a change), or the same
+/// `mod_revision` for objects that carry no stamp.
+fn unchanged<T>(old: &Retired<T>, txn: &Txn<'_, T>, key: &str, revision: i64) -> bool {
+    match (old.stamp(key), txn.stamp(key)) {
+        (Some(was), Some(is)) => was == is,
+        _ => old.mod_revision(key) == Some(revision),
     }
 }

@@ -11,7 +11,7 @@ pub use index::{
     namespace_index_func, namespace_indexers, IndexFunc, Indexers, StoreError, NAMESPACE_INDEX,
 };
 pub use indexer::{Indexer, StoreContent};
-pub(crate) use indexer::{Records, SnapshotContent, Txn};
+pub(crate) use indexer::{Records, Retired, SnapshotContent, Txn};
 pub(crate) use table::Item;
 
 use std::sync::Arc;

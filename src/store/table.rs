@@ -171,6 +171,8 @@ pub(super) trait Storage<T>: Send + Sync {
     fn get(&self, key: &str) -> Option<Arc<Object<T>>>;
     /// The `mod_revision` of the object under `key`, without unpacking it.
     fn mod_revision(&self, key: &str) -> Option<i64>;
+    /// The stamp of the object under `key`, without unpacking it.
+    fn stamp_of(&self, key: &str) -> Option<Stamp>;
     fn len(&self) -> usize;
     fn reserve(&mut self, additional: usize);
     /// Defers repacking while a list builds this table: keys it adopts from the cache keep
@@ -371,6 +373,10 @@ where
 
     fn mod_revision(&self, key: &str) -> Option<i64> {
         self.items.get(key).map(|s| self.repr.mod_revision(s))
+    }
+
+    fn stamp_of(&self, key: &str) -> Option<Stamp> {
+        self.items.get(key).and_then(|s| self.repr.stamp(s))
     }
 
     fn len(&self) -> usize {

@@ -688,6 +688,11 @@ impl<T> Retired<T> {
         self.0.mod_revision(key)
     }
 
+    /// The stamp of the object under `key`, without decoding it.
+    pub(crate) fn stamp(&self, key: &str) -> Option<Stamp> {
+        self.0.stamp_of(key)
+    }
+
     /// Every object left.
     pub(crate) fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>)) {
         self.0.for_each(f)
@@ -731,6 +736,11 @@ impl<T> Txn<'_, T> {
     /// The object under `key` (decoded again if the store is compact).
     pub(crate) fn get(&self, key: &str) -> Option<Arc<Object<T>>> {
         self.0.table.get(key)
+    }
+
+    /// The stamp of the object under `key`, without decoding it.
+    pub(crate) fn stamp(&self, key: &str) -> Option<Stamp> {
+        self.0.table.stamp_of(key)
     }
 
     /// Every object (decoded again if the store is compact).
