@@ -103,3 +103,79 @@ async fn a_relist_hears_a_value_changed_under_an_equal_mod_revision() {
     informer.stop();
     let _ = run.await;
 }
+
+/// Issue 50, item 5: a paged list is queued on a blocking thread; if that panics, the cache
+/// lacks the list, and the reflector lists again instead of watching on from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_whose_queueing_panicked_is_listed_again() {
+    use etcd_informer::listwatch::{BoxFuture, ListSink};
+    use etcd_informer::{
+        Batch, DeltaType, Indexer, Object, Queue, RealFifo, Reflector, ReflectorOptions,
+    };
+
+    /// A RealFifo whose first `finish_replace` panics.
+    struct Panicky {
+        fifo: Arc<RealFifo<String>>,
+        panicked: std::sync::atomic::AtomicBool,
+    }
+    impl Queue<String> for Panicky {
+        fn add_if_newer(&self, kind: DeltaType, obj: Arc<Object<String>>) -> bool {
+            self.fifo.add_if_newer(kind, obj)
+        }
+        fn delete(&self, key: &str, revision: i64, last: Option<Arc<Object<String>>>) -> bool {
+            self.fifo.delete(key, revision, last)
+        }
+        fn replace(&self, list: Vec<Arc<Object<String>>>, revision: i64, store_replaced: bool) {
+            self.fifo.replace(list, revision, store_replaced)
+        }
+        fn begin_replace(&self, reuse_from: Option<i64>) -> Option<Arc<dyn ListSink<String>>> {
+            self.fifo.begin_replace(reuse_from)
+        }
+        fn finish_replace(&self, revision: i64, store_replaced: bool) {
+            if !self.panicked.swap(true, Ordering::SeqCst) {
+                panic!("a repack failed");
+            }
+            self.fifo.finish_replace(revision, store_replaced)
+        }
+        fn resync(&self) {
+            self.fifo.resync()
+        }
+        fn commit(&self, revision: i64) {
+            self.fifo.commit(revision)
+        }
+        fn progress(&self, revision: i64) {
+            self.fifo.progress(revision)
+        }
+        fn room(&self) -> Option<BoxFuture<'_, ()>> {
+            self.fifo.room()
+        }
+    }
+
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let cache: Indexer<String> = Indexer::default();
+    let fifo = Arc::new(RealFifo::new(Arc::new(cache)));
+    let queue = Arc::new(Panicky {
+        fifo: fifo.clone(),
+        panicked: Default::default(),
+    });
+    let reflector = Reflector::new(source.clone(), queue, ReflectorOptions::default());
+    let health = reflector.revision();
+    let task = tokio::spawn(reflector.run());
+    eventually("listed again", || source.list_count() >= 2).await;
+    let popped = tokio::time::timeout(Duration::from_secs(10), fifo.pop(|batch| batch))
+        .await
+        .expect("the second list is queued")
+        .unwrap();
+    assert!(
+        matches!(popped, Batch::Replace { .. }),
+        "the relist, queued"
+    );
+    let last_error = health
+        .health()
+        .last_error
+        .map(|(e, _)| e)
+        .unwrap_or_default();
+    assert!(last_error.contains("a repack failed"), "{last_error}");
+    task.abort();
+}

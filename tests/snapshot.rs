@@ -1091,3 +1091,64 @@ async fn a_warm_start_keeps_no_record_that_no_longer_decodes() {
     assert_eq!(second.lister().list().len(), keys - 1);
     stop(second, run).await;
 }
+
+/// Issue 50, item 5: a codec that panics on a record of a compact cache's warm-start sample
+/// (an old value, since rewritten in etcd) starts the informer cold; it panicked the
+/// reflector on every restart before, and the informer never synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_that_panics_on_the_sample_starts_cold() {
+    use etcd_informer::testing::FakeSource;
+
+    #[derive(Clone, Default)]
+    struct Fragile(Arc<std::sync::atomic::AtomicBool>);
+    impl Codec<String> for Fragile {
+        fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+            let value = TextCodec.decode(bytes)?;
+            if value == "boom" && self.0.load(Ordering::SeqCst) {
+                panic!("the codec cannot take {value}");
+            }
+            Ok(value)
+        }
+        fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+            TextCodec.encode(value)
+        }
+    }
+    let path = snapshot_path("fragile");
+    let source = FakeSource::<String>::new();
+    for i in 0..5 {
+        source.put(&format!("ns/{i}"), i.to_string());
+    }
+    // Fewer keys than the sample: every record is sampled.
+    source.put("ns/boom", "boom".into());
+    let codec = Fragile::default();
+    let start = |codec: Fragile| {
+        let options = InformerOptions::default()
+            .with_compact_cache(codec.clone())
+            .with_snapshot_options(SnapshotOptions::new(&path, codec));
+        let informer = SharedIndexInformer::new(source.clone(), options);
+        let run = tokio::spawn(informer.clone().run());
+        (informer, run)
+    };
+    let (first, run) = start(codec.clone());
+    tokio::time::timeout(WITHIN, first.wait_for_cache_sync())
+        .await
+        .expect("synced");
+    first.stop();
+    run.await.unwrap();
+
+    // etcd holds another value now; the snapshot, the one the codec panics on.
+    source.put("ns/boom", "fine".into());
+    codec.0.store(true, Ordering::SeqCst);
+    let (second, run) = start(codec);
+    tokio::time::timeout(WITHIN, second.wait_for_cache_sync())
+        .await
+        .expect("synced despite the codec's panic");
+    assert!(
+        matches!(second.snapshot_start(), Some(SnapshotStart::Cold { .. })),
+        "{:?}",
+        second.snapshot_start()
+    );
+    assert_eq!(second.indexer().len(), 6);
+    second.stop();
+    run.await.unwrap();
+}

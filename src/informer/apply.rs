@@ -21,7 +21,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// stop; the changes of that batch may be partly applied.
     pub(super) fn apply_guarded(&self, apply: impl FnOnce()) {
         if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(apply)) {
-            let message = crate::reflector::panic_message(&*panic);
+            let message = crate::sync::panic_message(&*panic);
             tracing::error!(informer = %self.shared.name, panic = %message, "applying a change to the cache panicked");
             self.shared.apply_panics.fetch_add(1, Ordering::Relaxed);
             if let Some(handle) = self.shared.revision.get() {

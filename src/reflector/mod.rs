@@ -15,6 +15,7 @@ use crate::listwatch::{take_received, Error, ListResult, ListerWatcher, WatchEve
 use crate::metrics::{RelistMetrics, RelistReason};
 use crate::object::Object;
 use crate::queue::{DeltaType, ReceivedAt, MAX_RESYNC_PERIOD};
+use crate::sync::panic_message;
 
 mod health;
 
@@ -457,7 +458,19 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
                     tokio::task::spawn_blocking(move || fifo.finish_replace(revision, replaced))
                         .await;
                 if let Err(e) = finished {
-                    tracing::error!(error = %e, "queueing the list failed");
+                    // The cache lacks this list (a panic in a repack, say): watching on from
+                    // it would follow a cache that never took it. List again, after a backoff.
+                    let message = format!("queueing the list failed: {}", panic_or_error(e));
+                    tracing::error!("{message}; listing again");
+                    self.handle.failed(message);
+                    // A replaced store stays one: the next list must retire every cached key.
+                    if !matches!(reason, ListReason::StoreReplaced | ListReason::TallyDiffers) {
+                        reason = ListReason::Restarted;
+                    }
+                    if self.pause(backoff.next_delay()).await {
+                        backoff.reset();
+                    }
+                    continue;
                 }
             } else {
                 let items = list
@@ -741,12 +754,12 @@ impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
 }
 
 /// The text of a panic payload.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into())
+/// What a blocking task that failed said: its panic's message, or why it did not finish.
+fn panic_or_error(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(panic) => format!("panicked: {}", panic_message(&*panic)),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[cfg(test)]

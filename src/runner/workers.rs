@@ -15,8 +15,9 @@ use crate::client::Fence;
 use crate::informer::ConsistencyError;
 use crate::listwatch::BoxFuture;
 use crate::metrics::{ReconcileResult, RunnerMetrics};
-use crate::reflector::{panic_message, CatchUnwind};
+use crate::reflector::CatchUnwind;
 use crate::sync::lock;
+use crate::sync::panic_message;
 use crate::workqueue::WorkQueue;
 
 /// How long a key waits for the informers (to apply its last write, or to reach the revision

@@ -474,11 +474,20 @@ fn decode_chunks<T: Send + 'static>(
                 let Some(entries) = chunks.get(i) else {
                     return;
                 };
-                let sent = match decode(page, entries, codec) {
-                    Ok(decoded) => tx
+                // A codec that panics is a value that does not decode: a cold start.
+                let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    decode(page, entries, codec)
+                }));
+                let sent = match decoded {
+                    Ok(Ok(decoded)) => tx
                         .send(Ok(decoded))
                         .map_err(|_| "nobody takes the decoded values".to_owned()),
-                    Err(kind) => Err(SnapshotError::new(path, kind).to_string()),
+                    Ok(Err(kind)) => Err(SnapshotError::new(path, kind).to_string()),
+                    Err(panic) => Err(format!(
+                        "snapshot {}: the codec panicked: {}",
+                        path.display(),
+                        crate::sync::panic_message(&*panic)
+                    )),
                 };
                 if let Err(reason) = sent {
                     crate::sync::lock(failed).get_or_insert(reason);

@@ -38,9 +38,10 @@ pub(super) struct Undecodable {
 struct Keys {
     /// Failing now: the `mod_revision` each failed at.
     failing: HashMap<Box<[u8]>, i64>,
-    /// Failing no more: the `mod_revision` each failed at, and the revision it was fixed or
-    /// deleted at.
-    fixed: HashMap<Box<[u8]>, (i64, i64)>,
+    /// Failing no more: for each time it failed and was fixed, the `mod_revision` it failed at
+    /// and the revision it was fixed or deleted at (a key fixed and broken again within one
+    /// audit's span keeps both: the audit may ask of either).
+    fixed: HashMap<Box<[u8]>, Vec<(i64, i64)>>,
 }
 
 /// The most keys remembered as fixed; past it one is forgotten, at worst costing an audit a
@@ -50,7 +51,6 @@ const MAX_FIXED: usize = 4096;
 impl Undecodable {
     fn insert(&self, key: &[u8], mod_revision: i64) {
         let mut keys = crate::sync::lock(&self.keys);
-        keys.fixed.remove(key);
         keys.failing.insert(key.into(), mod_revision);
         self.len
             .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
@@ -63,12 +63,15 @@ impl Undecodable {
         }
         let mut keys = crate::sync::lock(&self.keys);
         if let Some(failed) = keys.failing.remove(key) {
-            if keys.fixed.len() >= MAX_FIXED {
+            if keys.fixed.len() >= MAX_FIXED && !keys.fixed.contains_key(key) {
                 if let Some(any) = keys.fixed.keys().next().cloned() {
                     keys.fixed.remove(&any);
                 }
             }
-            keys.fixed.insert(key.into(), (failed, revision));
+            keys.fixed
+                .entry(key.into())
+                .or_default()
+                .push((failed, revision));
         }
         self.len
             .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
@@ -89,7 +92,10 @@ impl Undecodable {
             return;
         }
         let mut keys = crate::sync::lock(&self.keys);
-        keys.fixed.retain(|_, (_, fixed_at)| *fixed_at > at);
+        keys.fixed.retain(|_, spans| {
+            spans.retain(|(_, fixed_at)| *fixed_at > at);
+            !spans.is_empty()
+        });
         self.len
             .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);
     }
@@ -105,7 +111,7 @@ impl Undecodable {
             || keys
                 .fixed
                 .get(key)
-                .is_some_and(|(failed, _)| *failed == mod_revision)
+                .is_some_and(|spans| spans.iter().any(|(failed, _)| *failed == mod_revision))
     }
 }
 
@@ -176,6 +182,25 @@ pub(super) fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 50, item 5: a key fixed and broken again before an audit at a revision where it
+    /// first failed still counts as undecodable there (it lost its "fixed" entry before, and
+    /// the audit took it for a lost event: a needless relist).
+    #[test]
+    fn a_key_fixed_and_broken_again_is_remembered_at_both_failures() {
+        let keys = Undecodable::default();
+        keys.insert(b"k", 5);
+        keys.remove(b"k", 7);
+        keys.insert(b"k", 9);
+        assert!(keys.holds(b"k", 5), "failed at 5, fixed at 7");
+        assert!(keys.holds(b"k", 9), "failing since 9");
+        keys.remove(b"k", 11);
+        keys.prune(8);
+        assert!(!keys.holds(b"k", 5), "no audit asks before 8 any more");
+        assert!(keys.holds(b"k", 9));
+        keys.prune(11);
+        assert!(!keys.holds(b"k", 9));
+    }
 
     #[test]
     fn range_end_of_prefix() {

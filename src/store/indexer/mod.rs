@@ -10,9 +10,8 @@ use crate::codec::Codec;
 use crate::object::EncodedObject;
 use crate::object::Object;
 
-/// How often a warm start's sample of records must meet an index value before its set is
-/// reserved for the keys the sample's count stands for (4 of a sample of 64: a value of at
-/// least about 1 key in 16, where the estimate is within a small factor).
+/// How often a warm start's sample must meet an index value before its set is reserved for
+/// the keys that count stands for (4 of 64: about 1 key in 16 or more, a fair estimate).
 const RESERVE_SEEN: usize = 4;
 use crate::object::Stamp;
 
@@ -161,7 +160,10 @@ impl<T> StoreContent<T> {
             set.dedup();
             set
         }
-        let agrees = sample.iter().all(|encoded| {
+        // A codec or index function that panics on the sample: decoded instead, where a panic
+        // starts cold (it panicked the reflector on every restart, and nothing synced).
+        let agrees = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sample.iter().all(|encoded| {
             table.decode_encoded(encoded).is_some_and(|obj| {
                 encoded.index.len() == sorted.len()
                     && sorted
@@ -171,7 +173,15 @@ impl<T> StoreContent<T> {
                             let values = f(&obj);
                             set(&values) == set(file)
                         })
+                })
             })
+        }))
+        .unwrap_or_else(|panic| {
+            tracing::warn!(
+                panic = %crate::sync::panic_message(&*panic),
+                "a warm start's sample panicked in the codec or an index function; decoding the snapshot instead"
+            );
+            false
         });
         if !agrees {
             return false;
@@ -182,9 +192,8 @@ impl<T> StoreContent<T> {
             for &value in sample.iter().flat_map(|e| e.index.get(i)) {
                 *seen.entry(value).or_default() += 1;
             }
-            // Only a value the sample met often is reserved for: one met once stands for
-            // `keys / 64` keys by the sample's count, but is usually one key's own (a name, a
-            // uid), and a set reserved for a million keys holds its memory for good.
+            // A value met once stands for `keys / 64` keys but is usually one key's own (a
+            // name, a uid), and a reserved set holds its memory for good.
             for (value, n) in seen.into_iter().filter(|&(_, n)| n >= RESERVE_SEEN) {
                 table.reserve_index(name, value, n * per_record);
             }
