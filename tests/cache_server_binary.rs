@@ -108,6 +108,19 @@ async fn until_status(addr: SocketAddr, path: &str, status: u16, within: Duratio
     }
 }
 
+/// Waits for the server to confirm the watch: a change after this is delivered.
+async fn created(events: &mut etcd_client::WatchStream) {
+    let resp = tokio::time::timeout(Duration::from_secs(30), events.message())
+        .await
+        .expect("the watch is confirmed")
+        .expect("the watch goes on")
+        .expect("the watch is open");
+    assert!(
+        resp.created(),
+        "the first response confirms the watch: {resp:?}"
+    );
+}
+
 /// The key of the next event on `events`.
 async fn next_key(events: &mut etcd_client::WatchStream) -> Vec<u8> {
     loop {
@@ -433,6 +446,7 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
         .watch("/app/", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
+    created(&mut events).await;
     direct.kv_client().put("/app/b", "2", None).await.unwrap();
     assert_eq!(next_key(&mut events).await, b"/app/b");
 
@@ -442,10 +456,21 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
     assert!(text.contains("etcd_informer_server_"), "{text}");
     assert!(text.contains("process_resident_memory_bytes"), "{text}");
 
-    // SIGTERM: not ready while it drains (the watch keeps a client connected), then exit 0.
+    // SIGTERM: not ready while it drains, then exit 0. A client in the middle of sending a
+    // request keeps its connection, so the drain lasts until the drain timeout (3 s) and the
+    // health answers can be watched meanwhile.
+    let mut slow = tokio::net::TcpStream::connect(listen).await.unwrap();
+    slow.write_all(b"GET /proxy/health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
     let terminated = Instant::now();
     server.terminate();
     until_status(metrics, "/health", 503, Duration::from_secs(3)).await;
+    assert_eq!(
+        http_get(metrics, "/livez").await.map(|a| a.0),
+        Some(503),
+        "draining"
+    );
     let status = server
         .exited(Duration::from_secs(15))
         .await
@@ -456,6 +481,7 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
         "exited within the drain timeout: {:?}",
         terminated.elapsed()
     );
+    drop(slow);
 }
 
 /// Servers in tiers: B's upstream is A. A read, a watch, a write and a past revision through
@@ -491,6 +517,7 @@ async fn servers_in_tiers_read_watch_and_ride_the_first_tiers_restart() {
         .watch("/t/", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
+    created(&mut events).await;
     client
         .kv_client()
         .put("/t/b", "written through B", None)
