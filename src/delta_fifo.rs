@@ -118,6 +118,8 @@ pub struct DeltaFifo<T> {
     applied_moved: OnceLock<Arc<Notify>>,
     /// Relists drained from the queue (see `replaces_applied`).
     replaces_applied: AtomicU64,
+    /// `Inner::replaces_queued`, readable without the queue's lock (see `relist_pending`).
+    replaces_queued: AtomicU64,
 }
 
 struct Inner<T> {
@@ -165,6 +167,7 @@ impl<T: Send + Sync + 'static> DeltaFifo<T> {
             applied: AtomicI64::new(0),
             applied_moved: OnceLock::new(),
             replaces_applied: AtomicU64::new(0),
+            replaces_queued: AtomicU64::new(0),
         }
     }
 
@@ -474,6 +477,8 @@ impl<T> DeltaFifo<T> {
     /// applied at once.
     fn replace_queued(&self, inner: &mut Inner<T>) {
         inner.replaces_queued += 1;
+        self.replaces_queued
+            .store(inner.replaces_queued, Ordering::Release);
         if inner.queue.is_empty() {
             self.drained(inner);
         }
@@ -482,8 +487,9 @@ impl<T> DeltaFifo<T> {
     /// Whether a relist is queued that the consumer has not applied whole yet: until it has,
     /// what was proven of the cache before (the old store's, after a wipe) says nothing.
     pub(crate) fn relist_pending(&self) -> bool {
-        let inner = self.lock();
-        self.replaces_applied.load(Ordering::Acquire) < inner.replaces_queued
+        // Applied first: a relist queued after it only makes the answer more cautious.
+        let applied = self.replaces_applied.load(Ordering::Acquire);
+        applied < self.replaces_queued.load(Ordering::Acquire)
     }
 
     /// Records that the consumer has applied everything queued: every change read up to the

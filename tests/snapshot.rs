@@ -1072,6 +1072,11 @@ async fn a_warm_start_keeps_no_record_that_no_longer_decodes() {
         keys - 1,
         "every key but the bad one"
     );
+    // The relist after the removal, so that the source knows the key as undecodable.
+    eventually("the relist after the removal", WITHIN, || {
+        second.health().reflector.relists.audit >= 1
+    })
+    .await;
     let relative = bad.trim_start_matches(prefix.as_str());
     assert!(second.indexer().get_by_key(relative).is_none());
 

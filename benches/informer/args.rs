@@ -17,6 +17,9 @@ pub(super) struct Args {
     pub(super) processing: Processing,
     /// `--cache compact`: the restart scenario's informers keep a compact cache.
     pub(super) compact: bool,
+    /// `--index unique`: the restart scenario's informers also index each object by its own
+    /// key (a value per object, as names or uids are).
+    pub(super) unique_index: bool,
     // Hidden, for the memory child processes.
     pub(super) child: Option<String>,
     pub(super) endpoints: Vec<String>,
@@ -37,6 +40,7 @@ pub(super) fn parse_args() -> Args {
         latency_rate: 500,
         processing: Processing::default(),
         compact: false,
+        unique_index: false,
         child: None,
         endpoints: Vec::new(),
         prefix: None,
@@ -99,6 +103,13 @@ pub(super) fn parse_args() -> Args {
                     other => fail(format!("--cache {other:?}: expected default or compact")),
                 }
             }
+            "--index" => {
+                a.unique_index = match value().as_str() {
+                    "default" => false,
+                    "unique" => true,
+                    other => fail(format!("--index {other:?}: expected default or unique")),
+                }
+            }
             "--child" => a.child = Some(value()),
             "--endpoints" => a.endpoints = value().split(',').map(str::to_owned).collect(),
             "--prefix" => a.prefix = Some(value()),
@@ -107,7 +118,7 @@ pub(super) fn parse_args() -> Args {
                     "usage: cargo bench --bench informer -- [--keys N] [--value-bytes S] [--events M] \
                      [--handlers H] [--scenario {}] [--page-size P] [--runs R] [--writers W] \
                      [--latency-puts K] [--latency-rate PUTS_PER_S] [--processing atomic|delta-fifo] \
-                     [--cache default|compact]",
+                     [--cache default|compact] [--index default|unique]",
                     ALL_SCENARIOS.join("|")
                 );
                 std::process::exit(0);

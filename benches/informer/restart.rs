@@ -12,6 +12,9 @@ struct Start {
     current_s: f64,
     /// Bytes etcd sent to gRPC clients meanwhile (its own counter; only the informer reads).
     bytes: f64,
+    /// This process's resident set once the informer was current, beyond what it was before
+    /// the informer was created (both after giving freed memory back).
+    resident_mb: f64,
     how: String,
 }
 
@@ -33,6 +36,11 @@ async fn informer(b: &Bench, snapshot: Option<&std::path::Path>) -> SharedIndexI
     if b.args.compact {
         options = options.with_compact_cache(JsonCodec::<ConfigMap>::new());
     }
+    if b.args.unique_index {
+        options = options.with_index("by-key", |o: &etcd_informer::Object<ConfigMap>| {
+            vec![o.key().to_owned()]
+        });
+    }
     if let Some(path) = snapshot {
         options = options.with_snapshot_options(snapshot_options(path));
     }
@@ -42,6 +50,7 @@ async fn informer(b: &Bench, snapshot: Option<&std::path::Path>) -> SharedIndexI
 /// Starts an informer (warm from `snapshot` if given), measures it, and stops it.
 async fn measure_start(b: &Bench, snapshot: Option<&std::path::Path>) -> Start {
     trim_malloc();
+    let resident_before = rss_bytes();
     let target = b.current_revision().await;
     let endpoint = b.endpoints[0].clone();
     let before = etcd_sent_bytes(&endpoint);
@@ -67,6 +76,8 @@ async fn measure_start(b: &Bench, snapshot: Option<&std::path::Path>) -> Start {
     }
     let current_s = started.elapsed().as_secs_f64();
     let bytes = etcd_sent_bytes(&endpoint) - before;
+    trim_malloc();
+    let resident_mb = rss_bytes().saturating_sub(resident_before) as f64 / 1e6;
     let how = match informer.snapshot_start() {
         Some(start) => start.to_string(),
         None => "cold start (no snapshot option)".into(),
@@ -76,25 +87,28 @@ async fn measure_start(b: &Bench, snapshot: Option<&std::path::Path>) -> Start {
         synced_s: synced_s.unwrap_or(current_s),
         current_s,
         bytes,
+        resident_mb,
         how,
     }
 }
 
-fn medians(runs: &[Start]) -> (f64, f64, f64) {
+fn medians(runs: &[Start]) -> (f64, f64, f64, f64) {
     let pick = |f: fn(&Start) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     (
         pick(|s| s.synced_s),
         pick(|s| s.current_s),
         pick(|s| s.bytes),
+        pick(|s| s.resident_mb),
     )
 }
 
 fn describe(side: &str, s: &Start) {
     eprintln!(
-        "restart {side}: synced {:.3} s, current {:.3} s, {:.1} MB from etcd; {}",
+        "restart {side}: synced {:.3} s, current {:.3} s, {:.1} MB from etcd, {:.1} MB resident; {}",
         s.synced_s,
         s.current_s,
         s.bytes / 1e6,
+        s.resident_mb,
         s.how
     );
 }
@@ -177,9 +191,9 @@ pub(super) async fn scenario_restart(b: &Bench) -> Vec<Row> {
     }
     let _ = std::fs::remove_dir_all(&dir);
 
-    let (cold_synced, cold_current, cold_bytes) = medians(&cold);
-    let (warm_synced, warm_current, warm_bytes) = medians(&warm);
-    let (past_synced, past_current, past_bytes) = medians(&past);
+    let (cold_synced, cold_current, cold_bytes, cold_resident) = medians(&cold);
+    let (warm_synced, warm_current, warm_bytes, warm_resident) = medians(&warm);
+    let (past_synced, past_current, past_bytes, _) = medians(&past);
     let mut line = b.base_json("restart");
     line.insert("changes_while_down".into(), json!(changes));
     line.insert("snapshot_bytes".into(), json!(file_bytes));
@@ -207,6 +221,13 @@ pub(super) async fn scenario_restart(b: &Bench) -> Vec<Row> {
             format!("{name}_bytes"),
             json!(runs.iter().map(|s| s.bytes.round()).collect::<Vec<_>>()),
         );
+        line.insert(
+            format!("{name}_resident_mb"),
+            json!(runs
+                .iter()
+                .map(|s| round(s.resident_mb, 1))
+                .collect::<Vec<_>>()),
+        );
     }
     line.insert("past_synced_s_median".into(), json!(round(past_synced, 3)));
     line.insert("past_bytes_median".into(), json!(past_bytes.round()));
@@ -222,6 +243,19 @@ pub(super) async fn scenario_restart(b: &Bench) -> Vec<Row> {
                 unit: "s (cold / warm)".into(),
                 target: "<= 0.1 (10x faster)".into(),
                 met: Some(time_ratio <= 0.1),
+            },
+            true,
+        ),
+        emit(
+            line.clone(),
+            &Row {
+                scenario: "restart: warm resident memory".into(),
+                baseline: cold_resident,
+                informer: warm_resident,
+                ratio: warm_resident / cold_resident,
+                unit: "MB once current (cold / warm)".into(),
+                target: "<= 1.1".into(),
+                met: Some(warm_resident / cold_resident <= 1.1),
             },
             true,
         ),

@@ -87,8 +87,14 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let synced = self.has_synced();
         let (since, cached, writes) = self.revision_len_and_writes();
         // Only the revision-atomic mode's cache is exactly the source's content at its
-        // revision; the DeltaFIFO's may hold later changes too.
-        let exact = matches!(self.shared.queue, Queue::Atomic(_)).then_some(cached);
+        // revision (the DeltaFIFO's may hold later changes too), and only while it lacks no
+        // key it held (see `verify_warm_start`).
+        let exact = (matches!(self.shared.queue, Queue::Atomic(_))
+            && !self
+                .shared
+                .incomplete
+                .load(std::sync::atomic::Ordering::Acquire))
+        .then_some(cached);
         let fresh = self
             .shared
             .source

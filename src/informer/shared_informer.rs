@@ -136,6 +136,9 @@ pub(super) struct Shared<T> {
     pub(super) auditor: OnceLock<Arc<Audited<T>>>,
     /// Warm restart from a snapshot (issue 26): `None` when off.
     pub(super) snapshots: Option<Snapshots<T>>,
+    /// The cache lacks keys of the prefix that it held (records of a warm start that no
+    /// longer decode, removed): a freshness proof may not take its count for the prefix's.
+    pub(super) incomplete: AtomicBool,
     /// Woken (`notify_waiters`) whenever the cache's revision, its proof or its synced state
     /// may have moved: consistent reads wait on it (see `consistency.rs`).
     pub(super) moved: Arc<Notify>,
@@ -224,6 +227,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 audit: Arc::default(),
                 auditor: OnceLock::new(),
                 snapshots,
+                incomplete: AtomicBool::new(false),
                 moved,
                 name: options.name,
             }),

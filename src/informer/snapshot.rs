@@ -1,6 +1,7 @@
 //! The informer's side of warm restarts (see [`snapshot`](crate::snapshot)): writing its
 //! cache on a period and when it stops, and how it started.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -9,6 +10,7 @@ use tracing::Instrument;
 use super::controller::AbortOnDrop;
 use super::shared_informer::{Queue, SharedIndexInformer};
 use crate::snapshot::{write, SnapshotError, SnapshotErrorKind, SnapshotStart};
+use crate::store::Indexer;
 
 /// How long after a warm start's sync its records are decoded (see `verify_warm_start`).
 const VERIFY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -109,16 +111,17 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         }
     }
 
-    /// Starts writing the snapshot every period, while the returned guard and the informer
-    /// live; `None` without snapshots.
-    /// After a warm start, decodes every record the snapshot installed, once, off the
-    /// runtime: a compact cache's records go in undecoded, checked by a sample of 64, so a
-    /// change to the type that breaks a minority of values would pass, and `len`, the indexes
-    /// and the audit would count records that `get` and `list` omit. A record that does not
-    /// decode is removed, as a cold start would never have cached it, and the reflector relists
-    /// (`relist`): the source then reports each such key, as after a cold start, and knows it as
-    /// undecodable. The informer is synced meanwhile; the pass starts a second after the sync
-    /// and, at a million keys, takes a core for a few seconds.
+    /// After a warm start, decodes every record the snapshot installed, off the runtime: a
+    /// compact cache's records go in undecoded, checked by a sample of 64, so a change to the
+    /// type that breaks a minority of values would pass, and `len`, the indexes and the audit
+    /// would count records that `get` and `list` omit. A record that does not decode (or whose
+    /// codec panics) is removed, as a cold start would never have cached it, and the reflector
+    /// relists (`relist`): the source then reports each such key, as after a cold start, and
+    /// knows it as undecodable. The pass runs again once that relist is applied, until one
+    /// removes nothing: a relist already under way could have reused a record before it was
+    /// removed. From the first removal on, the cache is not taken as the whole prefix by a
+    /// consistency proof. The informer is synced meanwhile; the pass starts a second after the
+    /// sync and, at a million keys, takes a core for a few seconds.
     pub(super) fn verify_warm_start(&self, relist: Arc<Notify>) -> Option<AbortOnDrop<()>> {
         self.shared.snapshots.as_ref()?;
         let span = tracing::info_span!("verify_warm_start", informer = %self.shared.name);
@@ -134,43 +137,30 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             // The changes made while the informer was down come first: the pass competes with
             // applying them for a core.
             tokio::time::sleep(VERIFY_AFTER).await;
-            let (indexer, name) = (
-                informer.shared.indexer.clone(),
-                informer.shared.name.clone(),
-            );
-            drop(informer);
-            let removed = tokio::task::spawn_blocking(move || {
-                let mut removed = Vec::new();
-                for key in indexer.list_keys() {
-                    if indexer.get_by_key(&key).is_some() {
-                        continue;
-                    }
-                    // Still held but not decodable (not deleted meanwhile): removed.
-                    let gone = indexer.transaction(|txn| {
-                        let before = txn.len();
-                        if txn.get(&key).is_none() {
-                            txn.delete(&key);
-                        }
-                        txn.len() < before
-                    });
-                    if gone {
-                        removed.push(key);
-                    }
+            loop {
+                let indexer = informer.shared.indexer.clone();
+                let removed = tokio::task::spawn_blocking(move || remove_undecodable(&indexer))
+                    .await
+                    .ok()?;
+                if removed.is_empty() {
+                    return Some(());
                 }
-                removed
-            })
-            .await
-            .ok()?;
-            if !removed.is_empty() {
+                informer.shared.incomplete.store(true, Ordering::Release);
                 tracing::warn!(
-                    informer = %name,
                     count = removed.len(),
                     keys = ?removed.iter().take(10).collect::<Vec<_>>(),
                     "records of the snapshot that no longer decode were removed from the cache; relisting"
                 );
+                let applied = informer.shared.queue.replaces_applied();
                 relist.notify_one();
+                super::shared_informer::wait_until(|| {
+                    informer.shared.queue.replaces_applied() > applied || informer.is_stopped()
+                })
+                .await;
+                if informer.is_stopped() {
+                    return None;
+                }
             }
-            Some(())
         };
         Some(AbortOnDrop(tokio::spawn(
             async move {
@@ -180,6 +170,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         )))
     }
 
+    /// Starts writing the snapshot every period, while the returned guard and the informer
+    /// live; `None` without snapshots.
     pub(super) fn write_snapshots_periodically(&self) -> Option<AbortOnDrop<()>> {
         let period = self.shared.snapshots.as_ref()?.options.period;
         // Below a second, writing a large cache could take most of the time.
@@ -200,4 +192,36 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             }
         })))
     }
+}
+
+/// Removes every record of `indexer` that does not decode (a codec that panics counts as one
+/// that refuses); returns their keys.
+fn remove_undecodable<T: Send + Sync + 'static>(indexer: &Indexer<T>) -> Vec<Arc<str>> {
+    let decodes = |key: &str| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            indexer.get_by_key(key).is_some()
+        }))
+        .unwrap_or(false)
+    };
+    let mut removed = Vec::new();
+    for key in indexer.list_keys() {
+        if decodes(&key) {
+            continue;
+        }
+        // Still held and still not decodable (not deleted or rewritten meanwhile): removed.
+        let gone = indexer.transaction(|txn| {
+            let before = txn.len();
+            let held =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| txn.get(&key).is_some()))
+                    .unwrap_or(false);
+            if !held {
+                txn.delete(&key);
+            }
+            txn.len() < before
+        });
+        if gone {
+            removed.push(key);
+        }
+    }
+    removed
 }

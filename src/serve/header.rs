@@ -39,10 +39,19 @@ pub(crate) struct Headers {
     held: Arc<Mutex<Option<Held>>>,
     /// The upstream's etcd version, `(major, minor, patch)` (`None` until heard).
     version: Arc<Mutex<Option<(u32, u32, u32)>>>,
-    /// The upstream's last Status named no leader, or could not be read: the server is then
+    /// The upstream has named no leader for [`NO_LEADER_AFTER`] or longer: the server is then
     /// as a member cut off from its cluster, and refuses what asks for a leader.
     no_leader: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Since when the upstream's answers have named no leader.
+    leaderless_since: Arc<Mutex<Option<Instant>>>,
 }
+
+/// How long the upstream must name no leader before the server gives up on what asks for one:
+/// etcd ends such streams after three election timeouts in a row without a leader
+/// (`monitorLeader`, 1 s each by default), so an ordinary election never ends them. A Status
+/// that goes unanswered says nothing of the leader (etcd's own member, paused or cut off,
+/// ends nothing either).
+const NO_LEADER_AFTER: Duration = Duration::from_secs(3);
 
 impl Headers {
     /// A header naming the upstream, at `revision`.
@@ -127,7 +136,7 @@ impl Headers {
         })
     }
 
-    /// Whether the upstream has no leader, as its last Status said (or could not say).
+    /// Whether the upstream has named no leader for [`NO_LEADER_AFTER`] or longer.
     pub(crate) fn no_leader(&self) -> bool {
         *self.no_leader.borrow()
     }
@@ -135,6 +144,23 @@ impl Headers {
     /// Follows [`no_leader`](Self::no_leader).
     pub(crate) fn watch_leader(&self) -> tokio::sync::watch::Receiver<bool> {
         self.no_leader.subscribe()
+    }
+
+    /// Records what a Status said of the leader: a leader ends a leaderless spell at once; no
+    /// leader counts once it has lasted [`NO_LEADER_AFTER`].
+    fn leader_named(&self, has_leader: bool) {
+        let given_up = {
+            let mut since = lock(&self.leaderless_since);
+            if has_leader {
+                *since = None;
+                false
+            } else {
+                since.get_or_insert_with(Instant::now).elapsed() >= NO_LEADER_AFTER
+            }
+        };
+        if has_leader || given_up {
+            self.leader_known(has_leader);
+        }
     }
 
     fn leader_known(&self, has_leader: bool) {
@@ -155,7 +181,7 @@ impl Headers {
             .map_err(|_| {
                 etcd_client::Error::WatchError("no answer to Status within 5 s".into())
             })??;
-        self.leader_known(status.leader() != 0);
+        self.leader_named(status.leader() != 0);
         let mut numbers = status.version().split('.').map(|n| n.parse::<u32>().ok());
         if let (Some(Some(major)), Some(Some(minor))) = (numbers.next(), numbers.next()) {
             let patch = numbers.next().flatten().unwrap_or(0);
@@ -188,8 +214,8 @@ impl Headers {
     pub(crate) async fn keep_fresh(self, client: Client, period: Duration) {
         loop {
             if let Err(e) = self.refresh(&client).await {
+                // Nothing said of the leader: what was known stands (see NO_LEADER_AFTER).
                 tracing::warn!(error = %e, "cannot read the upstream's status");
-                self.leader_known(false);
             }
             tokio::time::sleep(period).await;
         }

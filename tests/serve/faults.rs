@@ -1073,6 +1073,56 @@ async fn a_client_that_requires_a_leader_hears_when_there_is_none_as_from_etcd()
     server.shutdown().await;
 }
 
+/// Issue 53, item 1: an upstream that does not answer for a while (paused 11 s: its Status
+/// times out) has said nothing of its leader; etcd's own member, paused as long, ends no
+/// `hasleader` watch, and neither does the server (it ended every one at the first
+/// unanswered Status).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_requires_a_leader_rides_an_upstream_that_pauses() {
+    let etcd = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = connect([etcd.endpoint()]).await.expect("connect");
+    let p = "/registry/paused/";
+    put(&client, &format!("{p}a"), "1").await;
+    let mut options = CacheServerOptions::default();
+    options.identity_refresh = Duration::from_millis(500);
+    let server = start_server_with(&client, etcd.endpoints(), p, options).await;
+    let require_leader = etcd_client::ConnectOptions::new().with_require_leader(true);
+    let via = Client::connect([server.local_addr().to_string()], Some(require_leader))
+        .await
+        .expect("connect to the server");
+    let (_requests, mut responses) = via
+        .watch_client()
+        .watch(p, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch")
+        .split();
+    let created = responses.message().await.expect("stream").expect("open");
+    assert!(created.created());
+    etcd.pause().expect("pause etcd");
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    etcd.resume().expect("resume etcd");
+    put(&client, &format!("{p}b"), "2").await;
+    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match responses.message().await {
+                Ok(Some(resp)) => {
+                    if resp.events().iter().any(|e| {
+                        e.kv()
+                            .is_some_and(|kv| kv.key() == format!("{p}b").as_bytes())
+                    }) {
+                        return Ok(());
+                    }
+                }
+                other => return Err(outcome(other)),
+            }
+        }
+    })
+    .await
+    .expect("the watch delivers the put after the pause");
+    assert_eq!(heard, Ok(()), "the watch went on");
+    server.shutdown().await;
+}
+
 /// Issue 37 (via issue 34): servers in front of one store must never show a client its raft
 /// term going back, which a client takes for a restored store (the informer relists and
 /// retires every key). A server's Status is read every few seconds, so after an election a

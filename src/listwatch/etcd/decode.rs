@@ -48,6 +48,9 @@ struct Keys {
 /// relist it did not need (the DeltaFifo mode, without audits, never prunes them).
 const MAX_FIXED: usize = 4096;
 
+/// The most spans of one key remembered as fixed (the oldest is forgotten first).
+const MAX_SPANS: usize = 8;
+
 impl Undecodable {
     fn insert(&self, key: &[u8], mod_revision: i64) {
         let mut keys = crate::sync::lock(&self.keys);
@@ -68,10 +71,12 @@ impl Undecodable {
                     keys.fixed.remove(&any);
                 }
             }
-            keys.fixed
-                .entry(key.into())
-                .or_default()
-                .push((failed, revision));
+            let spans = keys.fixed.entry(key.into()).or_default();
+            // Without audits nothing prunes them: a key that keeps breaking keeps its last few.
+            if spans.len() >= MAX_SPANS {
+                spans.remove(0);
+            }
+            spans.push((failed, revision));
         }
         self.len
             .store(keys.failing.len() + keys.fixed.len(), Ordering::Relaxed);

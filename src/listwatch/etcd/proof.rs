@@ -9,8 +9,8 @@
 //! the same size. This needs no old revision, so a quiet range stays provable after etcd
 //! compacted past `since`. It holds only for a cache that holds every key of the range at
 //! `since` ([`Held::whole`]): one that lacks a key whose value did not decode could match the
-//! count with another set of keys. Otherwise, or when the counts differ, the range is counted
-//! at `since` too, which compaction can refuse: not proven.
+//! count with another set of keys. Otherwise the range is counted at `since` too, which
+//! compaction can refuse: not proven.
 
 use std::time::Duration;
 
@@ -58,7 +58,7 @@ pub(crate) enum ProofFailed {
 
 /// Asks etcd whether `held` is the range's content at `at` (or now, read linearizably): one
 /// keys-only read filtered to keys written after `since` (etcd's count is the whole range's),
-/// and a count at `since` only when the counts differ. Each read is hedged across members and
+/// and a count at `since` only for a cache that may lack keys. Each read is hedged across members and
 /// bounded by `timeout`.
 pub(crate) async fn prove_range(
     client: &Client,
@@ -98,8 +98,12 @@ pub(crate) async fn prove_range(
     if current < since || since == 0 || !resp.kvs().is_empty() {
         return Ok(answer(false));
     }
-    if revision <= since || (whole && usize::try_from(resp.count()) == Ok(cached)) {
+    if revision <= since {
         return Ok(answer(true));
+    }
+    if whole {
+        // The keys now are some of the cache's: the same number, or fewer (a delete).
+        return Ok(answer(usize::try_from(resp.count()) == Ok(cached)));
     }
     let options = GetOptions::new()
         .with_range(range_end.to_vec())

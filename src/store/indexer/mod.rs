@@ -9,11 +9,11 @@ use super::Store;
 use crate::codec::Codec;
 use crate::object::EncodedObject;
 use crate::object::Object;
+use crate::object::Stamp;
 
 /// How often a warm start's sample must meet an index value before its set is reserved for
 /// the keys that count stands for (4 of 64: about 1 key in 16 or more, a fair estimate).
 const RESERVE_SEEN: usize = 4;
-use crate::object::Stamp;
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
 /// `threadSafeMap`).
