@@ -214,8 +214,14 @@ impl Headers {
     pub(crate) async fn keep_fresh(self, client: Client, period: Duration) {
         loop {
             if let Err(e) = self.refresh(&client).await {
-                // Nothing said of the leader: what was known stands (see NO_LEADER_AFTER).
                 tracing::warn!(error = %e, "cannot read the upstream's status");
+                // A member that answers "no leader" names none; a Status that goes unanswered
+                // says nothing of the leader, and what was known stands (see NO_LEADER_AFTER).
+                let named_none = matches!(&e, etcd_client::Error::GRpcStatus(s)
+                    if s.message() == "etcdserver: no leader");
+                if named_none {
+                    self.leader_named(false);
+                }
             }
             tokio::time::sleep(period).await;
         }
