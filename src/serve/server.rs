@@ -30,6 +30,7 @@ use super::watch::WatchService;
 use crate::codec::RawCodec;
 use crate::informer::audit::{AuditCounts, Audited};
 use crate::informer::AbortOnDrop;
+use crate::listwatch::etcd::prefix_range_end;
 use crate::listwatch::etcd::DecodeErrorHandler;
 use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::listwatch::ListerWatcher;
@@ -577,19 +578,6 @@ fn tokenless_policy(options: &CacheServerOptions, listen: SocketAddr) -> Tokenle
         }
         (false, _) => Tokenless::Forward,
     }
-}
-
-/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`); `\0`
-/// (every key) for an empty or all-`\xff` prefix.
-fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// Starts one prefix's cache: its source (raw bytes), the cache, and the reflector between

@@ -172,7 +172,7 @@ pub(super) fn relative<'k>(prefix: &[u8], full: &'k [u8]) -> &'k [u8] {
 }
 
 /// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
-pub(super) fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
+pub(crate) fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use self::auth::TokenRenewal;
-use self::decode::{prefix_range_end, Decoder, Undecodable};
+pub(crate) use self::decode::prefix_range_end;
+use self::decode::{Decoder, Undecodable};
 pub(crate) use self::identity::Identity;
 use self::identity::{store_changed, Tally};
 use self::options::MIN_MESSAGE_BYTES;
