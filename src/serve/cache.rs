@@ -19,7 +19,7 @@ use etcd_client::proto::PbKeyValue;
 use tokio::sync::watch;
 
 use super::header::Headers;
-use crate::listwatch::etcd::Identity;
+use crate::listwatch::etcd::{key_bytes, key_text, Identity};
 use crate::listwatch::BoxFuture;
 use crate::object::Object;
 use crate::queue::{DeltaType, Queue};
@@ -244,10 +244,12 @@ impl ServedCache {
         (state.history.len(), state.history_bytes)
     }
 
+    /// etcd's key of a key the source gave (relative, escaped if not UTF-8).
     fn absolute(&self, key: &str) -> Arc<[u8]> {
+        let key = key_bytes(key);
         let mut k = Vec::with_capacity(self.prefix.len() + key.len());
         k.extend_from_slice(&self.prefix);
-        k.extend_from_slice(key.as_bytes());
+        k.extend_from_slice(&key);
         k.into()
     }
 
@@ -315,8 +317,7 @@ impl ServedCache {
 
     /// Every key (relative to the prefix, in key order) with its `mod_revision`, and the
     /// cache's revision: what the audit compares with etcd. The lock is held only to copy
-    /// pointers; keys that are not UTF-8 are left out (the prefix is forwarded from the first
-    /// one on, see `Slice::incomplete`).
+    /// pointers; keys that are not UTF-8 in their escaped text, as the source gives them.
     pub(crate) fn key_revisions(&self) -> (i64, Vec<(Box<str>, i64)>) {
         let (revision, kvs) = {
             let state = lock(&self.state);
@@ -331,7 +332,7 @@ impl ServedCache {
             .into_iter()
             .filter_map(|(k, r)| {
                 let relative = k.get(self.prefix.len()..)?;
-                Some((std::str::from_utf8(relative).ok()?.into(), r))
+                Some((key_text(relative, true)?.into(), r))
             })
             .collect();
         (revision, keys)

@@ -20,6 +20,7 @@
 use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -97,12 +98,12 @@ impl Upstream {
     /// The upstream for the forwarded streams of the client connection `own` stands for: its
     /// own channel, opened now if this is the first ([`ClientIo`]); the shared one for a
     /// request that came on no accepted connection.
-    pub(crate) fn for_streams(&self, own: Option<&OwnUpstream>) -> Upstream {
+    pub(crate) fn for_streams(&self, own: Option<&Connection>) -> Upstream {
         let Some(own) = own else {
             return self.clone();
         };
         let channel = own
-            .0
+            .channel
             .get_or_init(|| OwnChannel::open(&self.endpoints, self.metrics.clone()))
             .channel
             .clone();
@@ -222,17 +223,33 @@ impl Upstream {
     }
 }
 
-/// A client connection's own upstream channel, opened with its first forwarded stream and
-/// closed once the client connection and its forwarded streams are gone. Every request on
-/// the connection carries it in its extensions.
+/// What the server keeps per client connection; every request on the connection carries it
+/// in its extensions.
 #[derive(Clone, Default)]
-pub(crate) struct OwnUpstream(Arc<OnceLock<OwnChannel>>);
+pub(crate) struct Connection {
+    /// The connection's own upstream channel, opened with its first forwarded stream and
+    /// closed once the client connection and its forwarded streams are gone.
+    channel: Arc<OnceLock<OwnChannel>>,
+    /// The highest revision a KV answer on the connection named: a serializable read on it
+    /// answers at this revision or later, as etcd's member would after answering it.
+    seen: Arc<AtomicI64>,
+}
 
-impl OwnUpstream {
+impl Connection {
+    /// A KV answer on the connection named `revision`.
+    pub(crate) fn saw(&self, revision: i64) {
+        self.seen.fetch_max(revision, Ordering::Relaxed);
+    }
+
+    /// See [`Connection::saw`].
+    pub(crate) fn seen(&self) -> i64 {
+        self.seen.load(Ordering::Relaxed)
+    }
+
     /// The one the request with `extensions` came with (over TLS too: tonic adds the inner
     /// connection's info beside its `TlsConnectInfo`).
-    pub(crate) fn of(extensions: &http::Extensions) -> Option<OwnUpstream> {
-        extensions.get::<OwnUpstream>().cloned()
+    pub(crate) fn of(extensions: &http::Extensions) -> Option<Connection> {
+        extensions.get::<Connection>().cloned()
     }
 }
 
@@ -260,27 +277,27 @@ impl Drop for OwnChannel {
     }
 }
 
-/// An accepted client connection, giving its requests its [`OwnUpstream`]. That is the only
+/// An accepted client connection, giving its requests its [`Connection`]. That is the only
 /// connection info its requests carry: tonic's `Request::remote_addr` and `peer_certs` are
 /// `None` on them (nothing here reads them).
 pub(crate) struct ClientIo {
     io: TcpStream,
-    own: OwnUpstream,
+    own: Connection,
 }
 
 impl From<TcpStream> for ClientIo {
     fn from(io: TcpStream) -> Self {
         ClientIo {
             io,
-            own: OwnUpstream::default(),
+            own: Connection::default(),
         }
     }
 }
 
 impl Connected for ClientIo {
-    type ConnectInfo = OwnUpstream;
+    type ConnectInfo = Connection;
 
-    fn connect_info(&self) -> OwnUpstream {
+    fn connect_info(&self) -> Connection {
         self.own.clone()
     }
 }
@@ -551,7 +568,7 @@ impl tonic::codegen::Service<Request<Streaming<Bytes>>> for Call {
             tracing::debug!(path = %path, "passing a call through");
             let streamed = STREAMED.contains(&path.path());
             let upstream = if streamed {
-                upstream.for_streams(OwnUpstream::of(request.extensions()).as_ref())
+                upstream.for_streams(Connection::of(request.extensions()).as_ref())
             } else {
                 upstream
             };

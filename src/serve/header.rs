@@ -53,6 +53,21 @@ pub(crate) struct Headers {
 /// ends nothing either).
 const NO_LEADER_AFTER: Duration = Duration::from_secs(3);
 
+/// Whether etcd `version` refuses a watch in the plain form (the id asked for, "permission
+/// denied" whatever the reason): 3.4.0-3.4.21 and 3.5.0-3.5.5. Later releases (etcd PRs 14296
+/// and 14322, in 3.4.22 and 3.5.6) answer id -1 with the reason: an invalid token, an empty
+/// user name, an old auth revision, or permission denied. An unknown version is taken for a
+/// current one.
+fn plain_watch_refusals(version: Option<(u32, u32, u32)>) -> bool {
+    match version {
+        Some((3, 4, patch)) => patch <= 21,
+        Some((3, 5, patch)) => patch <= 5,
+        Some((3, minor, _)) => minor < 4,
+        Some((major, _, _)) => major < 3,
+        None => false,
+    }
+}
+
 impl Headers {
     /// A header naming the upstream, at `revision`.
     pub(crate) fn header(&self, revision: i64) -> PbResponseHeader {
@@ -118,11 +133,10 @@ impl Headers {
         }
     }
 
-    /// Whether the upstream refuses a watch as etcd 3.5 and later do: every refusal as
-    /// "permission denied", under the watch id asked for (3.4 says why, under id -1). Assumed
-    /// until the upstream's version is known.
+    /// Whether the upstream refuses a watch in the plain form: every refusal as "permission
+    /// denied", under the watch id asked for. See [`plain_watch_refusals`].
     pub(crate) fn plain_watch_refusals(&self) -> bool {
-        lock(&self.version).is_none_or(|v| v >= (3, 5, 0))
+        plain_watch_refusals(*lock(&self.version))
     }
 
     /// Whether the upstream answers a progress request only once the stream's watches are
@@ -225,5 +239,29 @@ impl Headers {
             }
             tokio::time::sleep(period).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_forms_follow_etcd_releases() {
+        let plain = |v| plain_watch_refusals(Some(v));
+        assert!(plain((3, 4, 0)) && plain((3, 4, 21)) && plain((3, 5, 0)) && plain((3, 5, 5)));
+        assert!(!plain((3, 4, 22)) && !plain((3, 4, 23)) && !plain((3, 5, 6)));
+        assert!(!plain((3, 6, 0)) && !plain((4, 0, 0)) && !plain_watch_refusals(None));
+    }
+
+    #[test]
+    fn progress_answers_wait_for_synced_watches_from_3_4_25_and_3_5_8() {
+        let synced = |v| {
+            let headers = Headers::default();
+            *lock(&headers.version) = v;
+            headers.synced_progress()
+        };
+        assert!(!synced(None) && !synced(Some((3, 4, 24))) && !synced(Some((3, 5, 7))));
+        assert!(synced(Some((3, 4, 25))) && synced(Some((3, 5, 8))) && synced(Some((3, 6, 0))));
     }
 }

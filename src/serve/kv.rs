@@ -3,6 +3,7 @@
 //! write forwarded to the upstream.
 
 use std::cmp::Ordering;
+use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
 
 use etcd_client::proto::{
@@ -23,7 +24,8 @@ use tonic_prost::prost::Message;
 
 use super::cache::{to_pb, Found, Kv};
 use super::encode::{range_response, RangeCodec};
-use super::served::Served;
+use super::forward::Connection;
+use super::served::{Served, PROOF_REFUSED};
 use super::status::{no_leader, requires_leader, stopped};
 
 // etcd's RangeRequest enums (rpc.proto).
@@ -67,6 +69,15 @@ pub(crate) fn answer(r: &PbRangeRequest, found: Vec<(Arc<[u8]>, Kv)>) -> (Found,
                 && (r.min_create_revision == 0 || kv.create_revision >= r.min_create_revision)
         })
         .collect();
+    let filtered = r.max_mod_revision != 0
+        || r.min_mod_revision != 0
+        || r.max_create_revision != 0
+        || r.min_create_revision != 0;
+    if r.sort_order == SORT_NONE && !filtered && r.limit > 0 {
+        // etcd reads one key past the limit in key order before it sorts by another target
+        // (`Range` in its apply.go): a sort by value with no order sorts those keys only.
+        kvs.truncate(usize::try_from(r.limit.saturating_add(1)).unwrap_or(usize::MAX));
+    }
     let mut order = r.sort_order;
     if r.sort_target != TARGET_KEY && order == SORT_NONE {
         // etcd sorts ascending when only a target other than the key is given.
@@ -82,7 +93,9 @@ pub(crate) fn answer(r: &PbRangeRequest, found: Vec<(Arc<[u8]>, Kv)>) -> (Found,
                 _ => a.0.cmp(&b.0),
             }
         };
-        // Stable, from key order: ties stay in key order, as etcd's small sorts leave them.
+        // Stable, from key order: ties stay in key order, either way, as etcd's sort leaves
+        // them in the releases built with Go 1.19 or later for up to 12 keys. etcd promises
+        // no order of ties (Go's `sort.Sort`): this is one it can give, and the same each time.
         if order == SORT_DESCEND {
             kvs.sort_by(|a, b| by(b, a));
         } else {
@@ -118,11 +131,32 @@ pub(crate) enum RangeAnswer {
 /// Sends a Range to the upstream, with the client's credentials.
 async fn forward(served: &Served, request: Request<PbRangeRequest>) -> Result<RangeAnswer, Status> {
     served.metrics.forwarded("Range");
-    let answer = served
+    let connection = Connection::of(request.extensions());
+    let answer: Response<PbRangeResponse> = served
         .upstream
         .unary(request, "/etcdserverpb.KV/Range")
         .await?;
+    saw(connection.as_ref(), answer.get_ref().header.as_ref());
     Ok(RangeAnswer::Forwarded(answer))
+}
+
+/// The client on `connection` was answered `header`'s revision.
+fn saw(connection: Option<&Connection>, header: Option<&PbResponseHeader>) {
+    if let (Some(connection), Some(header)) = (connection, header) {
+        connection.saw(header.revision);
+    }
+}
+
+/// Whether a range from `key` to `end` (a Put's key alone when `end` is empty, every key from
+/// `key` when it is `\0`) overlaps the range from `from` to `to`.
+fn overlaps(key: &[u8], end: &[u8], from: &[u8], to: &[u8]) -> bool {
+    let starts_before_to = to.is_empty() || key < to;
+    let ends_after_from = match end {
+        [] => key >= from,
+        [0] => true,
+        end => end > from,
+    };
+    starts_before_to && ends_after_from
 }
 
 /// Answers a Range: from the cache when it can (see [`from_cache`]), after the access check
@@ -147,17 +181,29 @@ pub(crate) async fn range(
     served
         .may_read(request.metadata(), &r.key, &r.range_end)
         .await?;
+    let connection = Connection::of(request.extensions());
+    if r.serializable && !served.has_seen(slice, connection.as_ref()).await {
+        // The client was answered a later revision than the cache's (its own write, a read
+        // forwarded): etcd's member would answer at least that one.
+        return forward(served, request).await;
+    }
     let (metadata, _, r) = request.into_parts();
-    // etcd's revision the content is proven at, for a linearizable read.
-    let mut proven_at = 0;
-    if !r.serializable {
+    // etcd's revision the content is proven at: a linearizable read's own proof, or for a
+    // serializable read the last proof of the cache's content as it is.
+    let proven_at = if r.serializable {
+        slice.proven_at(slice.cache.position())
+    } else {
         let proven = served.linearize(slice).await;
-        if !slice.covers(&r.key, &r.range_end) {
-            // The cache gave up on the prefix meanwhile (a key it cannot hold).
+        let refused = proven
+            .as_ref()
+            .is_err_and(|s| s.message().starts_with(PROOF_REFUSED));
+        if refused || !slice.covers(&r.key, &r.range_end) {
+            // The proof was refused to the server, not to the client; or the cache stopped
+            // following etcd meanwhile (etcd refused its watch).
             return forward(served, Request::from_parts(metadata, Default::default(), r)).await;
         }
-        proven_at = proven?;
-    }
+        proven?
+    };
     // A past revision is answered from the history only while etcd holds it too; below the
     // history, or past the cache's revision, etcd answers: it is the judge of what a
     // revision holds, compacted or future.
@@ -178,6 +224,9 @@ pub(crate) async fn range(
         Counted::Count(count) => (Vec::new(), false, count),
     };
     slice.counts.ranged();
+    if let Some(connection) = &connection {
+        connection.saw(revision.max(proven_at));
+    }
     Ok(RangeAnswer::Cached {
         header: served.headers.header(revision.max(proven_at)),
         kvs,
@@ -310,10 +359,13 @@ impl PbKvService for KvService {
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
         self.served.metrics.forwarded("Put");
-        self.served
-            .upstream
+        let connection = Connection::of(request.extensions());
+        let key = request.get_ref().key.clone();
+        let answer: Response<PbPutResponse> = (self.served.upstream)
             .unary(request, "/etcdserverpb.KV/Put")
-            .await
+            .await?;
+        self.wrote(connection, &key, &[], answer.get_ref().header.as_ref());
+        Ok(answer)
     }
 
     async fn delete_range(
@@ -321,18 +373,28 @@ impl PbKvService for KvService {
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
         self.served.metrics.forwarded("DeleteRange");
-        self.served
-            .upstream
+        let connection = Connection::of(request.extensions());
+        let (key, end) = (
+            request.get_ref().key.clone(),
+            request.get_ref().range_end.clone(),
+        );
+        let answer: Response<PbDeleteResponse> = (self.served.upstream)
             .unary(request, "/etcdserverpb.KV/DeleteRange")
-            .await
+            .await?;
+        self.wrote(connection, &key, &end, answer.get_ref().header.as_ref());
+        Ok(answer)
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
         self.served.metrics.forwarded("Txn");
-        self.served
-            .upstream
+        let connection = Connection::of(request.extensions());
+        let answer: Response<PbTxnResponse> = (self.served.upstream)
             .unary(request, "/etcdserverpb.KV/Txn")
-            .await
+            .await?;
+        // Which prefixes a transaction wrote is not told apart: a serializable read after it
+        // is forwarded until the cache has passed its revision.
+        saw(connection.as_ref(), answer.get_ref().header.as_ref());
+        Ok(answer)
     }
 
     async fn compact(
@@ -351,6 +413,30 @@ impl PbKvService for KvService {
             slice.cache.compacted(revision);
         }
         Ok(answer)
+    }
+}
+
+impl KvService {
+    /// A write from `connection` of the range from `key` to `end` was answered with `header`:
+    /// the client saw its revision, and the caches of the prefixes it touched will reach it.
+    fn wrote(
+        &self,
+        connection: Option<Connection>,
+        key: &[u8],
+        end: &[u8],
+        header: Option<&PbResponseHeader>,
+    ) {
+        let Some(header) = header else {
+            return;
+        };
+        saw(connection.as_ref(), Some(header));
+        for slice in &self.served.slices {
+            if overlaps(key, end, &slice.prefix, &slice.prefix_end) {
+                slice
+                    .written
+                    .fetch_max(header.revision, AtomicOrdering::Relaxed);
+            }
+        }
     }
 }
 
@@ -388,6 +474,15 @@ mod tests {
         r.sort_target = TARGET_VALUE;
         let (kvs, _, _) = answer(&r, found.clone());
         assert_eq!(keys(&kvs), vec!["/c", "/b"]);
+        // With no order asked, etcd sorts only the keys its limit read: "/d" is not among them.
+        let mut four = found.clone();
+        four.push(kv("/d", 5, 7, 1, "w"));
+        let (kvs, more, count) = answer(&r, four.clone());
+        assert_eq!((keys(&kvs), more, count), (vec!["/c", "/b"], true, 4));
+        r.sort_order = SORT_ASCEND;
+        let (kvs, _, _) = answer(&r, four);
+        assert_eq!(keys(&kvs), vec!["/d", "/c"]);
+        r.sort_order = SORT_NONE;
         r.sort_order = SORT_DESCEND;
         r.sort_target = TARGET_MOD;
         r.limit = 0;
@@ -407,5 +502,15 @@ mod tests {
         };
         let (kvs, more, count) = answer(&r, found);
         assert_eq!((kvs.len(), more, count), (0, false, 3));
+    }
+
+    #[test]
+    fn a_write_touches_the_prefixes_its_range_overlaps() {
+        let (p, end) = (b"/p/".as_slice(), b"/p0".as_slice());
+        assert!(overlaps(b"/p/a", b"", p, end));
+        assert!(!overlaps(b"/q", b"", p, end) && !overlaps(b"/o", b"", p, end));
+        assert!(overlaps(b"/a", b"\0", p, end) && overlaps(b"/a", b"/p/b", p, end));
+        assert!(!overlaps(b"/a", b"/p/", p, end) && !overlaps(b"/p0", b"/q", p, end));
+        assert!(overlaps(b"/p/z", b"/q", p, end));
     }
 }

@@ -1,7 +1,6 @@
 //! What a running server reports of itself: whether it is ready and why not (its health as
 //! etcd words its own), its stats, and its metrics sampled every second.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,18 +80,10 @@ pub(crate) fn stats_of(served: &Served) -> ServerStats {
         revisions += r;
         bytes += b;
     }
-    let incomplete = served
-        .slices
-        .iter()
-        .any(|s| s.incomplete.load(Ordering::Relaxed));
     let prefixes: PrefixSample = served.slices.iter().map(|s| s.counts.sample()).sum();
-    let mut stats = served.metrics.stats(
-        served.revision(),
-        keys,
-        (revisions, bytes),
-        incomplete,
-        prefixes,
-    );
+    let mut stats = served
+        .metrics
+        .stats(served.revision(), keys, (revisions, bytes), prefixes);
     for slice in &served.slices {
         let audits = slice.audits.get();
         stats.audits.completed += audits.completed;

@@ -2,7 +2,7 @@
 //! headers, the access checks and the consistent-read proof.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::Status;
 
-use super::cache::ServedCache;
-use super::forward::{RunsAs, Upstream};
+use super::cache::{Position, ServedCache};
+use super::forward::{Connection, RunsAs, Upstream};
 use super::header::Headers;
 use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
@@ -29,9 +29,6 @@ pub(crate) struct Slice {
     pub(crate) prefix_end: Vec<u8>,
     pub(crate) cache: Arc<ServedCache>,
     pub(crate) reflected: RevisionHandle,
-    /// A key under the prefix could not be cached (not UTF-8): nothing of this prefix is
-    /// answered from the cache any more.
-    pub(crate) incomplete: Arc<AtomicBool>,
     /// What the prefix's audits found.
     pub(crate) audits: Arc<AuditCounts>,
     /// The consistent-read proof under way, which reads that arrive meanwhile share.
@@ -42,6 +39,12 @@ pub(crate) struct Slice {
     pub(crate) refused_since: Mutex<Option<SystemTime>>,
     /// Cuts the reflector's backoff short (`notify_waiters`): its next list can succeed.
     pub(crate) retry: Arc<tokio::sync::Notify>,
+    /// The highest revision of a write the server forwarded that touched the prefix: the
+    /// cache reaches it through its own watch.
+    pub(crate) written: AtomicI64,
+    /// The last proof: the cache's content at (revision, epoch) is etcd's at the third
+    /// revision. Serializable reads of that content may name it too.
+    pub(crate) proven: Mutex<(i64, u64, i64)>,
 }
 
 /// One consistent-read proof: that the cache's content at revision `since` (`len` keys) is
@@ -97,6 +100,11 @@ const REFUSALS: [&str; 5] = [
     "etcdserver: authentication failed",
 ];
 
+/// The consistent-read proof was refused to the server's own client: etcd would answer the
+/// client itself (its token), so its read is forwarded with it rather than failed.
+pub(crate) const PROOF_REFUSED: &str =
+    "etcd-informer cache server: etcd refused the server's consistent-read proof";
+
 /// Refusals a renewed token may end: etcd forgets simple tokens after their TTL and when it
 /// restarts, JWTs expire, and etcd answers a watch with a forgotten token "invalid auth token"
 /// (3.4) or "permission denied" (3.5). The reflector authenticates again before it retries
@@ -137,6 +145,25 @@ fn refusal(health: crate::reflector::Health, first: &mut Option<SystemTime>) -> 
 }
 
 impl Slice {
+    /// The cache's content at revision `since` was proven to be etcd's at `at`.
+    fn proved(&self, since: i64, at: i64) {
+        let position = self.cache.position();
+        if position.revision == since {
+            *lock(&self.proven) = (since, position.epoch, at);
+        }
+    }
+
+    /// The revision the cache's content at `position` is known to be etcd's at: the last
+    /// proof's, if it was of this content, else the cache's own.
+    pub(crate) fn proven_at(&self, position: Position) -> i64 {
+        let (since, epoch, at) = *lock(&self.proven);
+        if (since, epoch) == (position.revision, position.epoch) {
+            at.max(position.revision)
+        } else {
+            position.revision
+        }
+    }
+
     /// Whether etcd's range `[key, end)` lies within the prefix, and the cache has listed and
     /// holds every key of it, and still follows etcd (not [refused](Self::refused)).
     pub(crate) fn covers(&self, key: &[u8], end: &[u8]) -> bool {
@@ -161,9 +188,7 @@ impl Slice {
     /// Whether the cache has listed the prefix, holds every key of it, and still follows etcd
     /// (not [refused](Self::refused)).
     pub(crate) fn follows_etcd(&self) -> bool {
-        !self.incomplete.load(Ordering::Relaxed)
-            && self.cache.position().synced
-            && self.refused().is_none()
+        self.cache.position().synced && self.refused().is_none()
     }
 
     /// etcd's refusal of the cache's own list or watch, while it stands: the cache has stopped
@@ -412,6 +437,29 @@ impl Served {
         (!self.headers.known()).then(|| "the upstream's identity is not known yet".into())
     }
 
+    /// Whether a serializable read on `connection` can be answered from `slice`'s cache: it
+    /// has reached every revision a KV answer on that connection named (a serializable read
+    /// from etcd's member follows what that member answered before). When that revision is a
+    /// write into the prefix, its event is on its way through the cache's watch: waited for,
+    /// up to the read timeout. Otherwise (a write elsewhere, a read forwarded) the read is
+    /// forwarded until the cache has moved past it.
+    pub(crate) async fn has_seen(&self, slice: &Slice, connection: Option<&Connection>) -> bool {
+        let Some(seen) = connection.map(Connection::seen) else {
+            return true;
+        };
+        let mut position = slice.cache.subscribe();
+        if slice.proven_at(*position.borrow_and_update()) >= seen {
+            return true;
+        }
+        if slice.written.load(Ordering::Relaxed) < seen {
+            return false;
+        }
+        let reached = tokio::time::timeout(self.read_timeout, async {
+            position.wait_for(|p| p.revision >= seen).await.is_ok()
+        });
+        matches!(reached.await, Ok(true))
+    }
+
     /// The lowest revision of the caches: one every cache has reached.
     pub(crate) fn revision(&self) -> i64 {
         self.slices
@@ -444,7 +492,16 @@ impl Served {
                 .map_err(|_| {
                     unavailable("no answer from etcd for the consistent-read proof".into())
                 })?
-                .map_err(|e| unavailable(format!("consistent-read proof failed: {e}")))?;
+                .map_err(|e| {
+                    let error = e.to_string();
+                    if REFUSALS.iter().any(|refusal| error.contains(refusal)) {
+                        // The server's own credentials are not enough (auth turned on while it
+                        // runs without a user): see `PROOF_REFUSED`.
+                        Status::permission_denied(format!("{PROOF_REFUSED}: {error}"))
+                    } else {
+                        unavailable(format!("consistent-read proof failed: {e}"))
+                    }
+                })?;
             if before.revision <= target {
                 break (target, position);
             }
@@ -480,6 +537,7 @@ impl Served {
                 proven_at = Some(since);
                 let proof = self.prove_shared(slice, since, len, target);
                 if let Ok(true) = tokio::time::timeout_at(deadline, proof).await {
+                    slice.proved(since, target);
                     return Ok(target);
                 }
             }
@@ -586,8 +644,8 @@ impl Served {
             range_end: &slice.prefix_end,
             since,
             cached: len,
-            // A prefix with a key the cache could not hold is not answered from the cache.
-            whole: !slice.incomplete.load(Ordering::Acquire),
+            // Every key is held: a key that is not UTF-8 is escaped, a value is its bytes.
+            whole: true,
         };
         let proof = prove_range(&self.client, held, Some(at), self.read_timeout).await?;
         Ok(proof.unchanged)

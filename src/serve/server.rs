@@ -2,7 +2,6 @@
 //! handle (readiness, stats, drain, shutdown), and the tasks that keep each prefix's cache.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +30,6 @@ use crate::codec::RawCodec;
 use crate::informer::audit::{AuditCounts, Audited};
 use crate::informer::AbortOnDrop;
 use crate::listwatch::etcd::prefix_range_end;
-use crate::listwatch::etcd::DecodeErrorHandler;
 use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::listwatch::ListerWatcher;
 use crate::metrics::{AuditMetrics, ServerMetricHandles};
@@ -293,6 +291,7 @@ impl CacheServer {
                     .progress_interval
                     .clamp(Duration::from_millis(1), LONGEST_WAIT),
                 fragment_bytes: options.max_request_bytes,
+                last_word_within: options.drain_timeout,
             })
             .max_decoding_message_size(options.max_request_bytes)
             .max_encoding_message_size(usize::MAX),
@@ -590,28 +589,10 @@ fn start_slice(
     headers: &Headers,
 ) -> Result<(Slice, impl std::future::Future<Output = ()>), ServeError> {
     let prefix_text = String::from_utf8_lossy(prefix).into_owned();
-    // A key the source cannot take (not UTF-8) would be missing from the cache: from the
-    // first one on, every request of this prefix is forwarded instead of answered wrong.
-    let incomplete = Arc::new(AtomicBool::new(false));
-    let user_handler = options.etcd.on_decode_error.clone();
-    let flag = incomplete.clone();
-    let name = prefix_text.clone();
-    let wake = changed.clone();
-    let on_decode_error: DecodeErrorHandler = Arc::new(move |e| {
-        if !flag.swap(true, Ordering::Relaxed) {
-            tracing::error!(prefix = %name, key = %e.escaped_key(), "a key under a served prefix is not UTF-8; the cache server forwards every request of the prefix from now on");
-            // Watch sessions look again: their watches of the prefix end.
-            wake.send_modify(|n| *n = n.wrapping_add(1));
-        }
-        if let Some(h) = &user_handler {
-            h(e);
-        }
-    });
-    let etcd = options
-        .etcd
-        .clone()
-        .with_raw_prefix(true)
-        .with_on_decode_error(Some(on_decode_error));
+    // Values are bytes (they always decode), and a key that is not UTF-8 is carried escaped:
+    // the cache holds every key of the prefix as etcd does.
+    let mut etcd = options.etcd.clone().with_raw_prefix(true);
+    etcd.escape_keys = true;
     let source = EtcdListerWatcher::with_options(client.clone(), prefix.to_vec(), RawCodec, etcd)?;
     let cache = Arc::new(
         ServedCache::new(
@@ -635,12 +616,13 @@ fn start_slice(
         prefix_end: prefix_range_end(prefix),
         cache,
         reflected,
-        incomplete,
         audits,
         proof: std::sync::Mutex::new(None),
         counts: Default::default(),
         refused_since: Default::default(),
         retry,
+        written: Default::default(),
+        proven: Default::default(),
     };
     Ok((slice, run))
 }

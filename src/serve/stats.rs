@@ -47,9 +47,6 @@ pub struct ServerStats {
     /// and shared by its others, so that a client that stops reading them stalls no other
     /// client. It connects to each upstream endpoint, and closes with the client connection.
     pub client_upstreams: u64,
-    /// A key under the prefix could not be cached (it is not UTF-8): the server forwards every
-    /// request instead of answering from an incomplete cache.
-    pub forwarding_all: bool,
     /// What the audits of the prefixes' caches against etcd found, summed over the prefixes
     /// ([`CacheServerOptions::audit_period`](super::CacheServerOptions::audit_period)).
     pub audits: AuditHealth,
@@ -165,7 +162,6 @@ impl ServerMetrics {
         revision: i64,
         keys: usize,
         history: (usize, usize),
-        forwarding_all: bool,
         prefixes: PrefixSample,
     ) -> ServerStats {
         let m = &self.0;
@@ -183,7 +179,6 @@ impl ServerMetrics {
             forwarded: m.forwarded.load(Ordering::Relaxed),
             proofs: prefixes.proofs,
             client_upstreams: m.client_upstreams.load(Ordering::Relaxed).max(0) as u64,
-            forwarding_all,
             audits: AuditHealth::default(),
         }
     }

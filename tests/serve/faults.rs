@@ -489,7 +489,7 @@ async fn open_watches_stay_open_through_a_relist_of_the_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_that_cannot_be_told_as_events_ends_open_watches_as_a_compaction_does() {
     let p = "/registry/relisted-twice/";
-    let (_cluster, all, server, (_requests, mut watch)) =
+    let (_cluster, all, server, (mut requests, mut watch)) =
         relisted_while_watched(p, &[("k5", "v1"), ("k5", "v2")]).await;
     let cancelled = loop {
         let r = tokio::time::timeout(Duration::from_secs(60), watch.message())
@@ -503,6 +503,18 @@ async fn a_relist_that_cannot_be_told_as_events_ends_open_watches_as_a_compactio
         }
     };
     assert!(cancelled.compact_revision() > 0, "{cancelled:?}");
+    // Issue 53, item 7: etcd keeps the id of a watch it ended as compacted until the client
+    // cancels it, and acknowledges that cancel (etcd-client waits for it).
+    requests
+        .cancel(cancelled.watch_id())
+        .await
+        .expect("send the cancel");
+    let acknowledged = next_response("the cancel", &mut watch).await;
+    assert_eq!(
+        (acknowledged.watch_id(), acknowledged.canceled()),
+        (cancelled.watch_id(), true),
+        "{acknowledged:?}"
+    );
     let via = connect([server.local_addr().to_string()])
         .await
         .expect("connect");
@@ -768,6 +780,21 @@ async fn auth_turned_on_while_serving() {
     let root_via = Client::connect([via_addr.clone()], Some(root))
         .await
         .expect("root through the server");
+    // Issue 53, item 4: root reads at once, before the server has noticed that etcd refuses
+    // it: the consistent-read proof is refused to the server (it has no user), not to root,
+    // whose read is forwarded with its token (before: "consistent-read proof failed: ...
+    // user name is empty", where etcd answers).
+    let at_once = root_via.kv_client().get(format!("{p}a"), None).await;
+    let direct = root_direct.kv_client().get(format!("{p}a"), None).await;
+    assert_eq!(
+        at_once
+            .map(|r| r.kvs()[0].value().to_vec())
+            .map_err(|e| e.to_string()),
+        direct
+            .map(|r| r.kvs()[0].value().to_vec())
+            .map_err(|e| e.to_string()),
+        "a linearizable read as root right after auth is turned on"
+    );
 
     // The watch the server served from its cache ends, with the reason.
     let ended = tokio::time::timeout(WITHIN, async {
@@ -1416,4 +1443,150 @@ async fn a_token_etcd_forgot_is_renewed_and_served_watches_go_on() {
         );
         assert_eq!(event_revisions(&r), [written]);
     }
+}
+
+/// Issue 53, item 7: a create etcd refuses for the client's access takes no watch id: the
+/// next create with an automatic id gets the one the refused create would have had, as from
+/// etcd (whose answer to the refusal is -1, or the id asked for in older releases), both for a
+/// range served from the cache and for one forwarded to etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_takes_no_watch_id() {
+    let p = "/registry/ids/";
+    let (etcd, client) = etcd_with_root(p).await;
+    let mut auth = client.auth_client();
+    auth.role_add("ok-reader").await.expect("role add");
+    auth.role_grant_permission(
+        "ok-reader",
+        etcd_client::Permission::read(format!("{p}ok/")).with_prefix(),
+    )
+    .await
+    .expect("grant");
+    auth.user_add("limited", "pwd", None).await.expect("user");
+    auth.user_grant_role("limited", "ok-reader")
+        .await
+        .expect("grant role");
+    auth.auth_enable().await.expect("auth enable");
+    let root = etcd_client::ConnectOptions::new().with_user("root", "rootpwd");
+    let root_direct = Client::connect(etcd.endpoints(), Some(root))
+        .await
+        .expect("root on etcd");
+    // A server that is root follows etcd, and serves the prefix from its cache.
+    let server = start_server(&root_direct, etcd.endpoints(), p).await;
+    let limited = || Some(etcd_client::ConnectOptions::new().with_user("limited", "pwd"));
+    let direct = Client::connect(etcd.endpoints(), limited())
+        .await
+        .expect("limited on etcd");
+    let via = Client::connect([server.local_addr().to_string()], limited())
+        .await
+        .expect("limited through the server");
+    let mut seen = Vec::new();
+    for (name, target) in [("etcd", &direct), ("the cache server", &via)] {
+        let (mut requests, mut responses) = watch_prefix(target, &format!("{p}ok/")).await;
+        let mut answers = Vec::new();
+        for key in [
+            format!("{p}secret"),
+            format!("{p}ok/a"),
+            "/registry/elsewhere".to_owned(),
+            format!("{p}ok/b"),
+        ] {
+            requests.watch(key, None).await.expect("send");
+            let r = next_response(name, &mut responses).await;
+            answers.push((r.watch_id(), r.created(), r.canceled()));
+        }
+        seen.push(answers);
+    }
+    assert_eq!(seen[0], seen[1], "etcd (left) and the cache server (right)");
+    let ids: Vec<i64> = seen[0].iter().filter(|a| !a.2).map(|a| a.0).collect();
+    assert_eq!(ids, [1, 2], "{:?}", seen[0]);
+}
+
+/// Issue 53, item 3: a stream's last word (here the drain's "server stopped") goes after what
+/// the client has not read yet, within the drain timeout: a client whose buffers are full
+/// reads every event it was sent and then the error, which tells clientv3 to go to another
+/// server. Before, the word was dropped when the buffer was full and the stream ended with
+/// OK, which clientv3 takes as final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_stream_ends_with_its_reason_after_what_the_client_had_not_read() {
+    let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = shared_client().await;
+    let p = unique_prefix("serve_last_word");
+    // The history holds every event: the watch is served from the cache.
+    let options = CacheServerOptions::default()
+        .with_history_bytes(256 << 20)
+        .with_drain_timeout(Duration::from_secs(15));
+    let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
+    let from = put(&client, &format!("{p}first"), "x").await;
+    // 48 MiB of events: more than the stream's buffer and the transport's windows hold.
+    let value = "v".repeat(16 << 10);
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (client, p, value) = (client.clone(), p.clone(), value.clone());
+            tokio::spawn(async move {
+                for i in 0..768 {
+                    put(&client, &format!("{p}{w}/{i}"), &value).await;
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    let last = put(&client, &format!("{p}last"), "x").await;
+    caught_up(&server, last).await;
+    let via = connect([server.local_addr().to_string()])
+        .await
+        .expect("connect to the cache server");
+    let (_requests, mut responses) = via
+        .watch_client()
+        .max_decoding_message_size(64 << 20)
+        .watch(
+            p.as_str(),
+            Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        )
+        .await
+        .expect("watch")
+        .split();
+    let created = next_response("created", &mut responses).await;
+    assert!(created.created());
+    // The client reads nothing until its stream is full (the server sends nothing more),
+    // and then the drain begins.
+    let deadline = std::time::Instant::now() + WITHIN;
+    let mut sent = u64::MAX;
+    loop {
+        assert_eq!(
+            server.stats().slow_watches_forwarded,
+            0,
+            "served from the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = server.stats().events_sent;
+        if now == sent {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream never filled"
+        );
+        sent = now;
+    }
+    let drained = tokio::spawn(server.shutdown());
+    let mut events = 0;
+    let end = loop {
+        match tokio::time::timeout(WITHIN, responses.message()).await {
+            Err(_) => panic!("no end after {events} events"),
+            Ok(Ok(Some(r))) => events += r.events().len(),
+            Ok(Ok(None)) => break "ended with OK".to_owned(),
+            Ok(Err(e)) => break e.to_string(),
+        }
+    };
+    assert!(
+        end.contains("server stopped"),
+        "the stream's end after {events} events: {end}"
+    );
+    assert!(
+        events as u64 >= sent && sent > 0,
+        "{events} events read, {sent} sent"
+    );
+    drop((_requests, responses, via));
+    drained.await.expect("drained");
 }

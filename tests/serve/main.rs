@@ -12,6 +12,7 @@ mod clients;
 mod common;
 mod etcdctl;
 mod faults;
+mod fidelity;
 mod parity;
 mod replicas;
 

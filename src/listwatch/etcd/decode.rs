@@ -1,6 +1,7 @@
 //! From etcd's bytes to objects: keys relative to the prefix, values through the codec, and
 //! the report of what does not decode.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,8 @@ pub(super) struct Decoder<T> {
     pub(super) errors: Arc<AtomicU64>,
     pub(super) on_error: Option<DecodeErrorHandler>,
     pub(super) undecodable: Arc<Undecodable>,
+    /// See [`EtcdOptions::escape_keys`](super::EtcdOptions).
+    pub(super) escape_keys: bool,
 }
 
 /// The keys under the prefix that are not objects (the key is not UTF-8, or the value does
@@ -123,7 +126,7 @@ impl Undecodable {
 impl<T: 'static> Decoder<T> {
     /// The key relative to the prefix; a key that is not UTF-8 is reported.
     pub(super) fn key(&self, full: &[u8], revision: i64) -> Option<Arc<str>> {
-        let key = relative_key(&self.prefix, full);
+        let key = relative_key(&self.prefix, full, self.escape_keys);
         if key.is_none() {
             self.report(full, revision, DecodeErrorKind::KeyNotUtf8);
         }
@@ -159,11 +162,52 @@ impl<T: 'static> Decoder<T> {
     }
 }
 
-/// `full` without `prefix`, if it is UTF-8.
-pub(super) fn relative_key(prefix: &[u8], full: &[u8]) -> Option<Arc<str>> {
-    std::str::from_utf8(relative(prefix, full))
-        .ok()
-        .map(Arc::from)
+/// `full` without `prefix`, if it is UTF-8 or keys are escaped (see [`key_text`]).
+pub(super) fn relative_key(prefix: &[u8], full: &[u8], escape: bool) -> Option<Arc<str>> {
+    key_text(relative(prefix, full), escape).map(Arc::from)
+}
+
+/// Marks a key carried as text that is not its own bytes (U+10FFFF, a noncharacter): the
+/// rest is its bytes in hex.
+const ESCAPED: char = '\u{10FFFF}';
+
+/// A key as text: its bytes when they are UTF-8; otherwise, when keys are escaped, the mark
+/// and the bytes in hex (as is a UTF-8 key that itself starts with the mark, so that no two
+/// keys share a text), and `None` when they are not. The escaped form costs only the keys
+/// that take it: the informer's sources never escape.
+pub(crate) fn key_text(key: &[u8], escape: bool) -> Option<Cow<'_, str>> {
+    match std::str::from_utf8(key) {
+        Ok(text) if !(escape && text.starts_with(ESCAPED)) => Some(Cow::Borrowed(text)),
+        _ if escape => Some(Cow::Owned(escape_key(key))),
+        _ => None,
+    }
+}
+
+/// The escaped text of `key` (see [`key_text`]).
+pub(crate) fn escape_key(key: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(ESCAPED.len_utf8() + 2 * key.len());
+    text.push(ESCAPED);
+    for byte in key {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
+/// The bytes of a key [`key_text`] gave with escaping on.
+pub(crate) fn key_bytes(text: &str) -> Cow<'_, [u8]> {
+    let Some(hex) = text.strip_prefix(ESCAPED) else {
+        return Cow::Borrowed(text.as_bytes());
+    };
+    let digits = hex.as_bytes();
+    let bytes = digits
+        .chunks(2)
+        .map(|pair| {
+            let pair = std::str::from_utf8(pair).unwrap_or("");
+            u8::from_str_radix(pair, 16).unwrap_or(0)
+        })
+        .collect();
+    Cow::Owned(bytes)
 }
 
 /// `full` without `prefix`.
@@ -205,6 +249,28 @@ mod tests {
         assert!(keys.holds(b"k", 9));
         keys.prune(11);
         assert!(!keys.holds(b"k", 9));
+    }
+
+    #[test]
+    fn escaped_keys_are_their_bytes_and_no_other_key() {
+        let odd = b"/p/\xff\xfe";
+        let text = key_text(odd, true).expect("escaped");
+        assert_eq!(key_bytes(&text), odd.as_slice());
+        assert_eq!(
+            key_text(odd, false),
+            None,
+            "the informer's sources report it"
+        );
+        assert_eq!(key_text(b"/p/a", true).as_deref(), Some("/p/a"));
+        // A UTF-8 key that looks escaped is escaped too: no two keys share a text.
+        let looks = "\u{10FFFF}2f".to_string();
+        let text = key_text(looks.as_bytes(), true).expect("escaped");
+        assert_ne!(text, looks);
+        assert_eq!(key_bytes(&text), looks.as_bytes());
+        assert_eq!(
+            key_text(looks.as_bytes(), false).as_deref(),
+            Some(looks.as_str())
+        );
     }
 
     #[test]

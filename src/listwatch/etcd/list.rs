@@ -7,7 +7,7 @@ use etcd_client::proto::PbKeyValue;
 use etcd_client::{GetOptions, GetResponse, KvClient};
 use tokio::time::Instant;
 
-use super::decode::relative;
+use super::decode::{key_text, relative};
 use super::identity::Tally;
 use super::options::{FIRST_PAGE, LIST_PAGES};
 use super::request::{is_message_too_large, member_unreachable};
@@ -116,16 +116,12 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 let mut objects = Vec::with_capacity(kvs.len());
                 let mut kept = 0;
                 for kv in kvs {
-                    let unchanged = std::str::from_utf8(relative(&decoder.prefix, &kv.key))
-                        .is_ok_and(|key| {
-                            let stamp = Stamp::new(
-                                kv.mod_revision,
-                                kv.create_revision,
-                                kv.version,
-                                &kv.value,
-                            );
-                            sink.unchanged(key, &stamp)
-                        });
+                    let key = key_text(relative(&decoder.prefix, &kv.key), decoder.escape_keys);
+                    let unchanged = key.is_some_and(|key| {
+                        let stamp =
+                            Stamp::new(kv.mod_revision, kv.create_revision, kv.version, &kv.value);
+                        sink.unchanged(&key, &stamp)
+                    });
                     if unchanged {
                         kept += 1;
                         continue;
@@ -256,7 +252,8 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 .into_iter()
                 .filter(|kv| !self.undecodable.holds(&kv.key, kv.mod_revision))
                 .filter_map(|kv| {
-                    let key = std::str::from_utf8(relative(&self.prefix, &kv.key)).ok()?;
+                    let key = relative(&self.prefix, &kv.key);
+                    let key = key_text(key, self.options.escape_keys)?;
                     Some((Arc::from(key), kv.mod_revision))
                 })
                 .collect();

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use self::auth::TokenRenewal;
-pub(crate) use self::decode::prefix_range_end;
+pub(crate) use self::decode::{key_bytes, key_text, prefix_range_end};
 use self::decode::{Decoder, Undecodable};
 pub(crate) use self::identity::Identity;
 use self::identity::{store_changed, Tally};
@@ -192,6 +192,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             errors: self.decode_errors.clone(),
             on_error: self.options.on_decode_error.clone(),
             undecodable: self.undecodable.clone(),
+            escape_keys: self.options.escape_keys,
         }
     }
 

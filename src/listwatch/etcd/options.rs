@@ -87,6 +87,10 @@ pub struct EtcdOptions {
     /// Accept a prefix that does not end with `/` (then `/a` also matches `/ab`); the empty
     /// prefix then watches the whole keyspace.
     pub raw_prefix: bool,
+    /// Carry a key that is not UTF-8 as text ([`escape_key`](super::decode::escape_key))
+    /// instead of reporting it undecodable: for the cache server, whose clients read etcd's
+    /// bytes.
+    pub(crate) escape_keys: bool,
     /// A watch that has heard nothing on its stream for this long (default 1 s) probes it: it
     /// creates a second watch on the same stream and cancels it, which etcd members and etcd's
     /// gRPC proxy both answer at once (etcd versions whose progress revisions can be trusted are
@@ -191,6 +195,7 @@ impl Default for EtcdOptions {
             page_timeout: Duration::from_secs(60),
             prev_kv: false,
             raw_prefix: false,
+            escape_keys: false,
             // A hung member is noticed within 2 s: a probe goes out after 1 s of silence and is
             // answered within milliseconds; a live stream never stays silent longer.
             progress_interval: Duration::from_secs(1),

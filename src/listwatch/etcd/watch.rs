@@ -305,7 +305,11 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                         Some(obj) if obj.version == 1 => WatchEvent::Added(obj),
                         Some(obj) => WatchEvent::Modified(obj),
                         // Undecodable (already reported): from now on the key is absent.
-                        None => match relative_key(&self.decoder.prefix, &kv.key) {
+                        None => match relative_key(
+                            &self.decoder.prefix,
+                            &kv.key,
+                            self.decoder.escape_keys,
+                        ) {
                             Some(key) => WatchEvent::Deleted {
                                 key,
                                 revision,

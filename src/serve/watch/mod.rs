@@ -13,14 +13,14 @@
 //! handled in order; a create that waits for etcd (the client's access, a start etcd may have
 //! compacted) holds back the requests after it, not the stream's other watches.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
@@ -38,7 +38,7 @@ pub(crate) use self::service::WatchService;
 
 use self::fragment::fragments;
 use super::cache::{in_range, Position, RevisionError};
-use super::forward::{OwnUpstream, RunsAs, TOKENLESS_REFUSED};
+use super::forward::{Connection, RunsAs, TOKENLESS_REFUSED};
 use super::served::Served;
 use super::status::{no_leader, stopped};
 
@@ -91,11 +91,14 @@ struct Session {
     served: Arc<Served>,
     metadata: tonic::metadata::MetadataMap,
     /// The client connection's own upstream connection, for its forwarded watches.
-    own_upstream: Option<OwnUpstream>,
+    connection: Option<Connection>,
     tx: mpsc::Sender<Group>,
     watches: BTreeMap<i64, Watch>,
     /// Watches forwarded to the upstream.
     forwarded: BTreeMap<i64, Forwarded>,
+    /// Watches the cache cancelled as compacted: etcd keeps such an id taken until the client
+    /// cancels it, and acknowledges that cancel.
+    ended: BTreeSet<i64>,
     /// Responses that go before any event: created, canceled, progress.
     control: VecDeque<PbWatchResponse>,
     next_id: i64,
@@ -110,6 +113,12 @@ struct Session {
     /// A create whose checks with etcd are under way (may the client read the range, does
     /// etcd still hold its start): the stream's other watches go on meanwhile.
     checking: Option<Checking>,
+    /// A forwarded create whose answer etcd has not given yet: the stream's next requests wait
+    /// for it to be relayed, so that creates are answered in order.
+    announcing: Option<(i64, oneshot::Receiver<bool>)>,
+    /// How long a stream's last word (a drain, no leader) waits behind what the client has not
+    /// read yet: the server's drain timeout.
+    last_word_within: Duration,
     /// The client asked for a leader (`hasleader` metadata): the stream ends when the
     /// upstream has none, as etcd ends it when its member loses the leader.
     require_leader: bool,
@@ -169,6 +178,7 @@ const NOT_YET: i64 = i64::MAX;
 
 /// A create request waiting for etcd's answers before it is answered.
 struct Checking {
+    /// The id the client asked for; 0 for the next free one, taken once the watch is.
     id: i64,
     key: Vec<u8>,
     request: PbWatchRequest,
@@ -208,7 +218,7 @@ impl Session {
         let mut reading = true;
         loop {
             // Requests in order, until one waits for etcd.
-            while self.checking.is_none() {
+            while self.checking.is_none() && self.announcing.is_none() {
                 let Some(request) = self.backlog.pop_front() else {
                     break;
                 };
@@ -226,6 +236,18 @@ impl Session {
                 }, if self.checking.is_some() => {
                     if let Some(checking) = self.checking.take() {
                         self.created(checking, checked);
+                    }
+                }
+                took_id = async {
+                    match self.announcing.as_mut() {
+                        Some((_, announcing)) => announcing.await.unwrap_or(true),
+                        None => true,
+                    }
+                }, if self.announcing.is_some() => {
+                    if let Some((id, _)) = self.announcing.take() {
+                        if !took_id {
+                            self.refused_forward(id);
+                        }
                     }
                 }
                 request = requests.next(), if room && reading => match request {
@@ -262,17 +284,40 @@ impl Session {
                 _ = async { leader.wait_for(|no_leader| *no_leader).await.is_ok() },
                     if self.require_leader =>
                 {
-                    // A client that does not read gets the end of the stream without it.
-                    let _ = self.tx.try_send(Err(no_leader()));
-                    return;
+                    return last_word(&tx, self.last_word_within, no_leader()).await;
                 }
                 // The server drains: the client watches again elsewhere.
                 _ = async { draining.wait_for(|draining| *draining).await.is_ok() } => {
-                    let _ = self.tx.try_send(Err(stopped()));
-                    return;
+                    return last_word(&tx, self.last_word_within, stopped()).await;
                 }
             }
         }
+    }
+
+    /// Whether `id` names a watch of the stream (served, forwarded, or ended by etcd and not
+    /// yet cancelled by the client).
+    fn taken(&self, id: i64) -> bool {
+        self.watches.contains_key(&id)
+            || self.forwarded.contains_key(&id)
+            || self.ended.contains(&id)
+    }
+
+    /// etcd refused the forwarded create of watch `id`: as etcd, the stream keeps no watch
+    /// under it, and an automatic id it took is the next one again.
+    fn refused_forward(&mut self, id: i64) {
+        self.forwarded.remove(&id);
+        if self.next_id == id + 1 {
+            self.next_id = id;
+        }
+    }
+
+    /// The next free watch id, taken.
+    fn next_free_id(&mut self) -> i64 {
+        while self.taken(self.next_id) {
+            self.next_id += 1;
+        }
+        self.next_id += 1;
+        self.next_id - 1
     }
 
     fn header(&self, revision: i64) -> Option<etcd_client::proto::PbResponseHeader> {
@@ -294,18 +339,9 @@ impl Session {
                     self.refuse_create("mvcc: watcher range is empty");
                     return;
                 }
-                let id = if create.watch_id != 0 {
-                    create.watch_id
-                } else {
-                    while self.watches.contains_key(&self.next_id)
-                        || self.forwarded.contains_key(&self.next_id)
-                    {
-                        self.next_id += 1;
-                    }
-                    self.next_id += 1;
-                    self.next_id - 1
-                };
-                if self.watches.contains_key(&id) || self.forwarded.contains_key(&id) {
+                // An automatic id is taken once the watch is: a refused create leaves it free.
+                let id = create.watch_id;
+                if id != 0 && self.taken(id) {
                     self.refuse_create("mvcc: duplicate watch ID provided on the WatchStream");
                     return;
                 }
@@ -350,7 +386,7 @@ impl Session {
                     forwarded.task.abort();
                     true
                 } else {
-                    false
+                    self.ended.remove(&id)
                 };
                 // etcd answers a cancel of an unknown watch with nothing.
                 if known {
@@ -364,6 +400,11 @@ impl Session {
             }
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
                 if self.progress.is_some() {
+                    return;
+                }
+                // etcd 3.4.25+ and 3.5.8+ answer for the stream's watches: with none, nothing.
+                let none = self.watches.is_empty() && self.forwarded.is_empty();
+                if none && self.served.headers.synced_progress() {
                     return;
                 }
                 // etcd (3.4.25+, 3.5.8+) answers once every watch of the stream is synced. A
@@ -412,8 +453,8 @@ impl Session {
             return;
         };
         if let Err(refused) = checked.access {
-            // etcd's text of the gRPC error, as grpc-go prints it; etcd 3.5 and later name no
-            // reason but this server's own refusal, which says what to do.
+            // etcd's text of the gRPC error, as grpc-go prints it; the plain form (older
+            // releases) names no reason but this server's own refusal, which says what to do.
             let plain = self.served.headers.plain_watch_refusals();
             let (watch_id, refused) = match plain {
                 true if refused.message() != TOKENLESS_REFUSED => (
@@ -437,6 +478,7 @@ impl Session {
             });
             return;
         }
+        let id = if id != 0 { id } else { self.next_free_id() };
         let watch = slice.map(|slice| {
             let position = self.served.slices[slice].cache.position();
             Watch {
@@ -463,8 +505,9 @@ impl Session {
             // up, or etcd cancels it as compacted, as a client of etcd would see.
             back => {
                 tracing::debug!(id, start = create.start_revision, "watch forwarded");
-                create.watch_id = 0;
-                self.forward(id, PbWatchRequestUnion::CreateRequest(create), false, back);
+                let requested = std::mem::take(&mut create.watch_id);
+                let create = PbWatchRequestUnion::CreateRequest(create);
+                self.forward_as(id, requested, create, false, back);
                 return;
             }
         };
@@ -582,15 +625,10 @@ impl Session {
             let from = watch.next;
             self.turn = id.saturating_add(1);
             let slice = &self.served.slices[watch.slice];
-            let stopped = if slice.incomplete.load(std::sync::atomic::Ordering::Relaxed) {
-                // The cache lacks a key of this prefix from now on.
-                Some("a key under the prefix is not UTF-8 and cannot be cached".to_owned())
-            } else {
-                // The cache has stopped following etcd.
-                slice.refused().map(|error| {
-                    format!("etcd refuses the server's own watch of the prefix ({error})")
-                })
-            };
+            // The cache has stopped following etcd.
+            let stopped = slice.refused().map(|error| {
+                format!("etcd refuses the server's own watch of the prefix ({error})")
+            });
             if let Some(why) = stopped {
                 // The client watches again, and that watch is forwarded to etcd.
                 self.watches.remove(&id);
@@ -664,6 +702,7 @@ impl Session {
                     // The store was replaced: the client lists again.
                     tracing::info!(id, from = watch.next, "watch of a replaced store cancelled");
                     self.watches.remove(&id);
+                    self.ended.insert(id);
                     counts.watches(-1);
                     let cancel = PbWatchResponse {
                         header: self.header(cache.position().revision),
@@ -716,6 +755,18 @@ impl Session {
             return Some((vec![response], applied));
         }
         Some((fragments(response, self.fragment_bytes), applied))
+    }
+}
+
+/// Ends a stream with `status`, after what the client has not read yet (clientv3 moves to
+/// another server on it, and takes a stream ended without it as final). A client that reads
+/// nothing `within` loses it: the stream ends anyway.
+async fn last_word(tx: &mpsc::Sender<Group>, within: Duration, status: Status) {
+    if tokio::time::timeout(within, tx.send(Err(status)))
+        .await
+        .is_err()
+    {
+        tracing::debug!("a watch stream's last word was not read in time");
     }
 }
 

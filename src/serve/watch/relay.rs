@@ -1,14 +1,26 @@
 //! Relays of forwarded watches: a watch the cache cannot serve (its range outside the
 //! prefix, or its start below the history) runs on its own upstream stream, its responses
-//! relayed under the client's id, and goes back to the cache once etcd has caught it up.
+//! relayed under the client's id, and goes back to the cache once etcd has caught it up. An
+//! upstream stream lost after etcd created the watch is opened again from the next revision
+//! the client is owed, as clientv3 resumes a watch on another member: the client sees no gap,
+//! no repeat, and no cancel.
+
+use tokio::sync::oneshot;
 
 use super::*;
+use crate::serve::forward::Upstream;
+
+/// The first wait before a lost upstream stream is opened again; it doubles up to
+/// [`RESUME_AT_MOST`] while the upstream cannot be reached, and starts over once it answers.
+const RESUME_FIRST: Duration = Duration::from_millis(100);
+const RESUME_AT_MOST: Duration = Duration::from_secs(2);
 
 impl Session {
     /// Forwards a watch on its own upstream stream, relaying its responses under the id `id`.
     /// A watch the client already heard created (`announced`: moved from the cache) is not
-    /// announced again. A watch the cache can serve (`back`) goes back to it once etcd has
-    /// caught it up to about the cache's revision.
+    /// announced again; one that is not holds back the stream's next requests until its
+    /// answer is relayed, as etcd answers a stream's creates in order. A watch the cache can
+    /// serve (`back`) goes back to it once etcd has caught it up to about the cache's revision.
     pub(super) fn forward(
         &mut self,
         id: i64,
@@ -16,183 +28,70 @@ impl Session {
         announced: bool,
         back: Option<Watch>,
     ) {
-        let back_to = back.as_ref().map(|w| (w.slice, w.epoch));
-        let caught_up = self.caught_up.clone();
+        self.forward_as(id, id, create, announced, back);
+    }
+
+    /// [`Session::forward`], for a client that asked for the id `requested` (0: the next
+    /// free one, which is `id`): what etcd names in the plain form of a refusal.
+    pub(super) fn forward_as(
+        &mut self,
+        id: i64,
+        requested: i64,
+        create: PbWatchRequestUnion,
+        announced: bool,
+        back: Option<Watch>,
+    ) {
         self.forwards += 1;
-        let seq = self.forwards;
-        let served = self.served.clone();
-        let upstream = served.upstream.for_streams(self.own_upstream.as_ref());
-        let metadata = self.metadata.clone();
-        let tx = self.tx.clone();
         let start = match &create {
             PbWatchRequestUnion::CreateRequest(c) => c.start_revision,
             _ => 0,
         };
         let from_now = start <= 0;
         let delivered = Arc::new(AtomicI64::new(if from_now { NOT_YET } else { start - 1 }));
-        let relayed = delivered.clone();
         let progress_answers = Arc::new(AtomicU64::new(0));
-        let answers = progress_answers.clone();
-        let answered = self.progress_answered.clone();
-        // The request side: the create, then the progress requests the client's are passed
-        // on as; it stays open as long as the relay runs.
-        let (requests, rx) = mpsc::channel(2);
-        let upstream_requests = requests.clone();
-        let create = PbWatchRequest {
-            request_union: Some(create),
+        // The client's progress requests, passed on to whichever upstream stream is open.
+        let (requests, client_requests) = mpsc::channel(2);
+        let (announce, announced_rx) = oneshot::channel();
+        if !announced {
+            self.announcing = Some((id, announced_rx));
+        }
+        self.served.metrics.forwarded("Watch");
+        let relay = Relay {
+            id,
+            requested,
+            seq: self.forwards,
+            upstream: self.served.upstream.for_streams(self.connection.as_ref()),
+            served: self.served.clone(),
+            metadata: self.metadata.clone(),
+            announced,
+            tx: self.tx.clone(),
+            create,
+            from_now,
+            relayed: delivered.clone(),
+            answers: progress_answers.clone(),
+            answered: self.progress_answered.clone(),
+            client_requests,
+            progress_pending: false,
+            caught_up: self.caught_up.clone(),
+            back_to: back.as_ref().map(|w| (w.slice, w.epoch)),
+            created: announced,
+            announce: Some(announce),
+            wait: CACHE_CATCH_UP,
         };
-        served.metrics.forwarded("Watch");
         let task = tokio::spawn(
-            async move {
-                let _ = requests.send(create).await;
-                // etcd checked the client's access when the watch was created; what is left
-                // of it runs as the server (the client's token may have expired).
-                let (metadata, runs_as) = if announced {
-                    (served.own_identity)
-                        .moved_watch_metadata(&served.client, &metadata)
-                        .await
-                } else {
-                    (metadata, RunsAs::Client)
-                };
-                let path = PathAndQuery::from_static(WATCH_PATH);
-                let opened = upstream
-                    .streaming::<_, PbWatchRequest, PbWatchResponse>(
-                        &metadata,
-                        runs_as,
-                        ReceiverStream::new(rx),
-                        path,
-                    )
-                    .await;
-                // An upstream failure cancels this watch alone, as etcd cancels one watch of a
-                // stream: the client's other watches go on.
-                let cancel = |created: bool, status: Status| {
-                    Ok(vec![PbWatchResponse {
-                        header: Some(served.headers.header(served.revision())),
-                        watch_id: id,
-                        created,
-                        canceled: true,
-                        cancel_reason: format!(
-                            "rpc error: code = {:?} desc = {}",
-                            status.code(),
-                            status.message()
-                        ),
-                        ..Default::default()
-                    }])
-                };
-                let mut responses = match opened {
-                    Ok(responses) => responses.into_inner(),
-                    Err(status) => {
-                        let _ = tx.send(cancel(!announced, status)).await;
-                        return;
-                    }
-                };
-                let mut created = announced;
-                let mut fragments = Vec::new();
-                let mut wait = CACHE_CATCH_UP;
-                // etcd's revision when it created the watch: the end of its catch-up.
-                let mut created_at = i64::MAX;
-                loop {
-                    let Some(response) = responses.next().await else {
-                        // The upstream ended the stream without a word for this watch.
-                        let ended = Status::unavailable("the upstream ended the watch stream");
-                        let _ = tx.send(cancel(!created, ended)).await;
-                        break;
-                    };
-                    let end = match response {
-                        // etcd's answer to a progress request passed on (the client's own
-                        // answer is the session's): it has sent every event up to it.
-                        Ok(response) if response.watch_id == -1 && !response.canceled => {
-                            // Before 3.4.25 and 3.5.8 etcd answered at once, ahead of a watch
-                            // still catching up: then only a watch past the revision etcd was
-                            // at when it created it is taken at etcd's word (as a client of
-                            // etcd itself would be).
-                            let now = response.header.as_ref().map_or(0, |h| h.revision);
-                            let known = relayed.load(Ordering::Relaxed);
-                            let synced = served.headers.synced_progress()
-                                || (known != NOT_YET && known >= created_at);
-                            if synced && now > known {
-                                relayed.store(now, Ordering::Relaxed);
-                            }
-                            answers.fetch_add(1, Ordering::Relaxed);
-                            answered.notify_one();
-                            false
-                        }
-                        Ok(mut response) => {
-                            if response.created {
-                                created_at = response.header.as_ref().map_or(0, |h| h.revision);
-                            }
-                            response.watch_id = id;
-                            let canceled = response.canceled;
-                            if response.created && created {
-                                if !canceled && response.events.is_empty() {
-                                    continue;
-                                }
-                                response.created = false;
-                            }
-                            created |= response.created;
-                            // What the client has now received all of: whole revisions up to
-                            // the last event (etcd splits one only when asked to fragment), or
-                            // the revision of a created-from-now or a progress notification,
-                            // which etcd sends only once the watch is synced.
-                            let now = response.header.as_ref().map_or(0, |h| h.revision);
-                            let received = match response.events.last() {
-                                Some(_) if response.fragment => None,
-                                Some(event) => event.kv.as_ref().map(|kv| kv.mod_revision),
-                                None if response.created && from_now => Some(now),
-                                None if !response.created && !canceled => Some(now),
-                                None => None,
-                            };
-                            // A response's fragments go to the client back to back.
-                            let whole = !response.fragment;
-                            fragments.push(response);
-                            if !whole {
-                                continue;
-                            }
-                            if tx.send(Ok(std::mem::take(&mut fragments))).await.is_err() {
-                                return;
-                            }
-                            if let Some(received) = received {
-                                let known = relayed.load(Ordering::Relaxed);
-                                if known == NOT_YET || received > known {
-                                    relayed.store(received, Ordering::Relaxed);
-                                }
-                                let back = match back_to {
-                                    Some((slice, epoch)) if !canceled => {
-                                        cache_serves(&served, slice, epoch, received, &mut wait)
-                                            .await
-                                    }
-                                    _ => false,
-                                };
-                                let next = received + 1;
-                                if back && caught_up.send(CaughtUp { id, seq, next }).is_ok() {
-                                    tracing::info!(id, next, "forwarded watch back to the cache");
-                                    return;
-                                }
-                            }
-                            canceled
-                        }
-                        Err(status) => {
-                            let _ = tx.send(cancel(!created, status)).await;
-                            true
-                        }
-                    };
-                    if end {
-                        break;
-                    }
-                }
-                drop(requests);
-            }
-            .instrument(tracing::debug_span!("forwarded_watch", id)),
+            relay
+                .run()
+                .instrument(tracing::debug_span!("forwarded_watch", id)),
         );
         self.forwarded.insert(
             id,
             Forwarded {
                 task,
                 delivered,
-                requests: upstream_requests,
+                requests,
                 progress_answers,
                 back,
-                seq,
+                seq: self.forwards,
             },
         );
     }
@@ -220,6 +119,287 @@ impl Session {
         counts.taken_back();
         self.watches.insert(id, watch);
         self.maybe_behind = true;
+    }
+}
+
+/// One forwarded watch's relay (see [`Session::forward`]).
+struct Relay {
+    id: i64,
+    /// The id the client asked for (0: the next free one).
+    requested: i64,
+    /// The forward's [`Forwarded::seq`].
+    seq: u64,
+    served: Arc<Served>,
+    upstream: Upstream,
+    metadata: tonic::metadata::MetadataMap,
+    /// Moved from the cache: the client heard it created, and it runs as the server.
+    announced: bool,
+    tx: mpsc::Sender<Group>,
+    /// The create request, whose start is moved on when a lost stream is opened again.
+    create: PbWatchRequestUnion,
+    /// Created from etcd's next revision.
+    from_now: bool,
+    /// [`Forwarded::delivered`].
+    relayed: Arc<AtomicI64>,
+    /// [`Forwarded::progress_answers`].
+    answers: Arc<AtomicU64>,
+    /// Woken when etcd answers a progress request.
+    answered: Arc<Notify>,
+    client_requests: mpsc::Receiver<PbWatchRequest>,
+    /// A progress request passed on and not answered yet: asked again on a reopened stream.
+    progress_pending: bool,
+    caught_up: mpsc::UnboundedSender<CaughtUp>,
+    /// The cache and store epoch that can serve the watch again.
+    back_to: Option<(usize, u64)>,
+    /// The client has heard the watch created.
+    created: bool,
+    /// Told once the client's answer to the create is in its stream: whether the watch took
+    /// its id (etcd refused it, or it is created).
+    announce: Option<oneshot::Sender<bool>>,
+    /// See [`cache_serves`].
+    wait: Duration,
+}
+
+/// How one upstream stream of a relay ended.
+enum Ended {
+    /// The relay is over: the watch was cancelled (by etcd, or for an error a client of etcd
+    /// would also get), went back to the cache, or the client is gone.
+    Done,
+    /// The stream failed after etcd created the watch.
+    Lost(Status),
+}
+
+impl Relay {
+    async fn run(mut self) {
+        let mut backoff = RESUME_FIRST;
+        loop {
+            let relayed_before = self.relayed.load(Ordering::Relaxed);
+            let lost = match self.attempt().await {
+                Ended::Done => return,
+                Ended::Lost(status) => status,
+            };
+            let delivered = self.relayed.load(Ordering::Relaxed);
+            if !self.created || delivered == NOT_YET || !resumable(&lost) {
+                self.cancel(lost).await;
+                return;
+            }
+            if delivered != relayed_before {
+                backoff = RESUME_FIRST;
+            }
+            if self.back_to_cache(delivered).await {
+                return;
+            }
+            let next = delivered + 1;
+            tracing::info!(id = self.id, next, error = %lost.message(), "forwarded watch's upstream stream lost: opening it again");
+            if let PbWatchRequestUnion::CreateRequest(create) = &mut self.create {
+                create.start_revision = next;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.tx.closed() => return,
+            }
+            backoff = (backoff * 2).min(RESUME_AT_MOST);
+        }
+    }
+
+    /// Cancels the watch for `status`, as etcd cancels one watch of a stream: the client's
+    /// other watches go on.
+    async fn cancel(&mut self, status: Status) {
+        let cancel = PbWatchResponse {
+            header: Some(self.served.headers.header(self.served.revision())),
+            watch_id: self.id,
+            created: !self.created,
+            canceled: true,
+            cancel_reason: format!(
+                "rpc error: code = {:?} desc = {}",
+                status.code(),
+                status.message()
+            ),
+            ..Default::default()
+        };
+        let _ = self.tx.send(Ok(vec![cancel])).await;
+        self.announced(true);
+    }
+
+    /// The client's answer to the create is in its stream (or never will be); `took_id`: the
+    /// watch keeps its id until the client cancels it.
+    fn announced(&mut self, took_id: bool) {
+        if let Some(announce) = self.announce.take() {
+            let _ = announce.send(took_id);
+        }
+    }
+
+    /// Hands the watch back to the cache, if it can serve it from past `received`.
+    async fn back_to_cache(&mut self, received: i64) -> bool {
+        let Some((slice, epoch)) = self.back_to else {
+            return false;
+        };
+        if !cache_serves(&self.served, slice, epoch, received, &mut self.wait).await {
+            return false;
+        }
+        let (id, seq, next) = (self.id, self.seq, received + 1);
+        if self.caught_up.send(CaughtUp { id, seq, next }).is_err() {
+            return false;
+        }
+        tracing::info!(id, next, "forwarded watch back to the cache");
+        true
+    }
+
+    /// Opens one upstream stream for the watch and relays it until it ends.
+    async fn attempt(&mut self) -> Ended {
+        // etcd checked the client's access when the watch was created; what is left of a
+        // watch moved from the cache runs as the server (the client's token may have expired).
+        let (metadata, runs_as) = if self.announced {
+            (self.served.own_identity)
+                .moved_watch_metadata(&self.served.client, &self.metadata)
+                .await
+        } else {
+            (self.metadata.clone(), RunsAs::Client)
+        };
+        let (upstream_requests, rx) = mpsc::channel(2);
+        let _ = upstream_requests.try_send(PbWatchRequest {
+            request_union: Some(self.create.clone()),
+        });
+        if self.progress_pending {
+            let _ = upstream_requests.try_send(progress_request());
+        }
+        let opened = self
+            .upstream
+            .streaming::<_, PbWatchRequest, PbWatchResponse>(
+                &metadata,
+                runs_as,
+                ReceiverStream::new(rx),
+                PathAndQuery::from_static(WATCH_PATH),
+            )
+            .await;
+        let mut responses = match opened {
+            Ok(responses) => responses.into_inner(),
+            Err(status) => return Ended::Lost(status),
+        };
+        let mut fragments = Vec::new();
+        // etcd's revision when it created the watch: the end of its catch-up.
+        let mut created_at = i64::MAX;
+        let mut asking = true;
+        loop {
+            let response = tokio::select! {
+                request = self.client_requests.recv(), if asking => {
+                    match request {
+                        Some(request) => {
+                            self.progress_pending = true;
+                            let _ = upstream_requests.send(request).await;
+                        }
+                        None => asking = false,
+                    }
+                    continue;
+                }
+                response = responses.next() => response,
+            };
+            let Some(response) = response else {
+                return Ended::Lost(Status::unavailable("the upstream ended the watch stream"));
+            };
+            let mut response = match response {
+                Ok(response) => response,
+                Err(status) => return Ended::Lost(status),
+            };
+            if response.watch_id == -1 && !response.canceled {
+                // etcd's answer to a progress request passed on (the client's own answer is
+                // the session's): it has sent every event up to it. Before 3.4.25 and 3.5.8
+                // etcd answered at once, ahead of a watch still catching up: then only a watch
+                // past the revision etcd was at when it created it is taken at etcd's word (as
+                // a client of etcd itself would be).
+                let now = response.header.as_ref().map_or(0, |h| h.revision);
+                let known = self.relayed.load(Ordering::Relaxed);
+                let synced = self.served.headers.synced_progress()
+                    || (known != NOT_YET && known >= created_at);
+                if synced && now > known {
+                    self.relayed.store(now, Ordering::Relaxed);
+                }
+                self.progress_pending = false;
+                self.answers.fetch_add(1, Ordering::Relaxed);
+                self.answered.notify_one();
+                continue;
+            }
+            if response.created {
+                created_at = response.header.as_ref().map_or(0, |h| h.revision);
+            }
+            let canceled = response.canceled;
+            // etcd refused the create (the client's access): it took no id, and says so under
+            // id -1, or under the id asked for in the plain form of older releases.
+            let refused =
+                response.created && canceled && response.compact_revision == 0 && !self.created;
+            response.watch_id = match refused {
+                true if response.watch_id == -1 => -1,
+                true => self.requested,
+                false => self.id,
+            };
+            if response.created && self.created {
+                // Created again (a reopened stream, or a watch moved from the cache).
+                if !canceled && response.events.is_empty() {
+                    continue;
+                }
+                response.created = false;
+            }
+            let first_created = response.created;
+            self.created |= response.created;
+            // What the client has now received all of: whole revisions up to the last event
+            // (etcd splits one only when asked to fragment), or the revision of a
+            // created-from-now or a progress notification, which etcd sends only once the
+            // watch is synced.
+            let now = response.header.as_ref().map_or(0, |h| h.revision);
+            let received = match response.events.last() {
+                Some(_) if response.fragment => None,
+                Some(event) => event.kv.as_ref().map(|kv| kv.mod_revision),
+                None if response.created && self.from_now => Some(now),
+                None if !response.created && !canceled => Some(now),
+                None => None,
+            };
+            // A response's fragments go to the client back to back.
+            let whole = !response.fragment;
+            fragments.push(response);
+            if !whole {
+                continue;
+            }
+            if self
+                .tx
+                .send(Ok(std::mem::take(&mut fragments)))
+                .await
+                .is_err()
+            {
+                return Ended::Done;
+            }
+            if first_created || canceled {
+                self.announced(!refused);
+            }
+            if canceled {
+                return Ended::Done;
+            }
+            if let Some(received) = received {
+                let known = self.relayed.load(Ordering::Relaxed);
+                if known == NOT_YET || received > known {
+                    self.relayed.store(received, Ordering::Relaxed);
+                }
+                if self.back_to_cache(received).await {
+                    return Ended::Done;
+                }
+            }
+        }
+    }
+}
+
+/// Whether a lost upstream stream is opened again: for what clientv3 retries on (the member
+/// gone, a connection broken), not for etcd's "no leader", on which clientv3 closes the watch.
+fn resumable(status: &Status) -> bool {
+    use tonic::Code;
+    match status.code() {
+        Code::Unavailable => !status.message().contains("no leader"),
+        Code::Internal | Code::Unknown => true,
+        _ => false,
+    }
+}
+
+fn progress_request() -> PbWatchRequest {
+    PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
     }
 }
 

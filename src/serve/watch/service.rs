@@ -11,6 +11,8 @@ pub(crate) struct WatchService {
     pub(crate) progress_interval: Duration,
     /// The size at which a response to a watch created with `fragment` is split.
     pub(crate) fragment_bytes: usize,
+    /// See [`Session::last_word_within`].
+    pub(crate) last_word_within: Duration,
 }
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<PbWatchResponse, Status>> + Send>>;
@@ -24,7 +26,7 @@ impl PbWatchService for WatchService {
         request: Request<Streaming<PbWatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
         let (metadata, extensions, requests) = request.into_parts();
-        let own_upstream = OwnUpstream::of(&extensions);
+        let connection = Connection::of(&extensions);
         let require_leader = requires_leader(&metadata);
         if require_leader && self.served.headers.no_leader() {
             return Err(no_leader());
@@ -37,16 +39,19 @@ impl PbWatchService for WatchService {
         let session = Session {
             served: self.served.clone(),
             metadata,
-            own_upstream,
+            connection,
             tx,
             watches: BTreeMap::new(),
             forwarded: BTreeMap::new(),
+            ended: BTreeSet::new(),
             control: VecDeque::new(),
             next_id: 0,
             turn: 0,
             maybe_behind: false,
             backlog: VecDeque::new(),
             checking: None,
+            announcing: None,
+            last_word_within: self.last_word_within,
             require_leader,
             progress: None,
             progress_answered: Arc::new(Notify::new()),
