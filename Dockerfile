@@ -15,6 +15,8 @@ COPY Cargo.toml Cargo.lock build.rs README.md CHANGELOG.md ./
 COPY src src
 COPY proto proto
 COPY docs docs
+# h2 with a lenient :authority (vendor/h2/PATCHED.md), patched in through Cargo.toml.
+COPY vendor vendor
 # Cargo reads the manifest's targets: the examples, benches and tests must exist to build.
 COPY examples examples
 COPY benches benches

@@ -43,6 +43,8 @@
 //! | `etcd_informer_server_watches_taken_back_total` | counter | `prefix` (one served prefix) | forwarded watches (slow ones, or created below the history) served from the cache again once etcd had caught them up (sampled every second) |
 //! | `etcd_informer_server_ranges_total` | counter | `prefix` (one served prefix) | Ranges a cache server answered from its cache (sampled every second) |
 //! | `etcd_informer_server_forwarded_total` | counter | `prefix` (the server's prefixes, comma-separated) | requests a cache server forwarded to etcd, passed-through Lease, Maintenance and Auth calls not counted (sampled every second) |
+//! | `etcd_informer_server_forwarded_watches` | gauge | `prefix` (the server's prefixes, comma-separated) | watches a cache server forwards to etcd now, each an upstream stream (sampled every second) |
+//! | `etcd_informer_server_forwarded_watches_refused_total` | counter | `prefix` (the server's prefixes, comma-separated) | watch creates refused, and slow watches cancelled, for the cap on forwarded watches (sampled every second) |
 //! | `etcd_informer_server_history_revisions` | gauge | `prefix` (one served prefix) | revisions of history a cache server keeps (sampled every second) |
 //! | `etcd_informer_server_history_bytes` | gauge | `prefix` (one served prefix) | bytes of history a cache server keeps (sampled every second) |
 //! | `etcd_informer_server_seconds_since_proven_fresh` | gauge | `prefix` (one served prefix) | seconds since a cache server's list and watch last proved its cache fresh (sampled every second) |
@@ -206,6 +208,14 @@ pub fn describe() {
         describe_counter!(
             "etcd_informer_server_forwarded_total",
             "Requests a cache server forwarded to etcd."
+        );
+        describe_gauge!(
+            "etcd_informer_server_forwarded_watches",
+            "Watches a cache server forwards to etcd now, each an upstream stream."
+        );
+        describe_counter!(
+            "etcd_informer_server_forwarded_watches_refused_total",
+            "Watches a cache server refused or cancelled for its cap on forwarded watches."
         );
         describe_gauge!(
             "etcd_informer_server_history_revisions",
@@ -640,6 +650,8 @@ impl ShardMetrics {
 pub(crate) struct ServerMetricHandles {
     streams: Gauge,
     forwarded: Counter,
+    forwarded_watches: Gauge,
+    forwarded_watches_refused: Counter,
     prefixes: Vec<PrefixMetricHandles>,
 }
 
@@ -686,7 +698,9 @@ impl ServerMetricHandles {
         let _ = &all;
         ServerMetricHandles {
             streams: handle!(gauge, "etcd_informer_server_watch_streams", "prefix" => all.clone()),
-            forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => all),
+            forwarded: handle!(counter, "etcd_informer_server_forwarded_total", "prefix" => all.clone()),
+            forwarded_watches: handle!(gauge, "etcd_informer_server_forwarded_watches", "prefix" => all.clone()),
+            forwarded_watches_refused: handle!(counter, "etcd_informer_server_forwarded_watches_refused_total", "prefix" => all),
             prefixes: prefixes
                 .iter()
                 .map(|p| PrefixMetricHandles::new(p))
@@ -694,10 +708,13 @@ impl ServerMetricHandles {
         }
     }
 
-    /// Records the server's own counts: its open watch streams and its forwarded requests.
-    pub(crate) fn sample(&self, streams: u64, forwarded: u64) {
+    /// Records the server's own counts: its open watch streams, its forwarded requests, and
+    /// its forwarded watches (open, and refused for their cap).
+    pub(crate) fn sample(&self, streams: u64, forwarded: u64, watches: (u64, u64)) {
         self.streams.set(streams as f64);
         self.forwarded.absolute(forwarded);
+        self.forwarded_watches.set(watches.0 as f64);
+        self.forwarded_watches_refused.absolute(watches.1);
     }
 
     /// Records the counts of the `i`th prefix: (watches, events, slow, taken_back, ranges),

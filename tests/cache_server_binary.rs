@@ -34,8 +34,13 @@ struct Server(Child);
 
 impl Server {
     fn start(args: &[String]) -> Server {
+        Self::start_with(args, &[])
+    }
+
+    fn start_with(args: &[String], env: &[(&str, &str)]) -> Server {
         let child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             // The servers' own logs on failures only: tests start and stop etcd under them.
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
@@ -263,6 +268,8 @@ fn every_setting_comes_from_a_flag_the_environment_or_the_file() {
         ("audit-period", "13s"),
         ("drain-timeout", "17s"),
         ("trust-clients-as-server", "true"),
+        ("max-forwarded-watches", "4321"),
+        ("max-forwarded-watches-per-connection", "87"),
     ];
     let by_flags: Vec<String> = settings
         .iter()
@@ -537,4 +544,191 @@ async fn servers_in_tiers_read_watch_and_ride_the_first_tiers_restart() {
         "B's watch after A's restart"
     );
     drop(server_a);
+}
+
+/// The server's resident memory in bytes (Linux).
+fn resident(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.0.id()))
+        .expect("the server's /proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// Issue 54, items 1-3: one client cannot make the server hold more than its bounds, with
+/// the server in a process of its own so that its resident memory is its own. (1) Token-less
+/// ranges of 300 distinct 1 MiB keys, whose access answers the server used to keep until
+/// 10,000 of them. (2) Watches outside the prefix beyond the cap of forwarded watches per
+/// connection: refused with etcd's "too many requests", counted in the metrics. (3) Watch
+/// requests sent behind creates that wait for etcd (paused: each access check waits out its
+/// 1 s timeout): 8 streams, each sending up to 128 creates of 1 MiB keys (1 GiB in all, of
+/// which the server used to read up to 1,024 requests a stream ahead). Meanwhile another
+/// client is served, and the server's resident memory stays within 256 MiB of where it
+/// started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_make_the_server_hold_more_than_its_bounds() {
+    let etcd = EtcdServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd (set ETCD_BIN or put etcd on PATH): {e}"));
+    let direct = etcd.client().await;
+    let p = "/bounds/";
+    direct
+        .kv_client()
+        .put(format!("{p}a"), "1", None)
+        .await
+        .expect("put");
+    let (listen, metrics) = (free_addr(), free_addr());
+    let mut flags = args(&etcd.endpoint(), listen, metrics, p);
+    for flag in [
+        "--access-ttl",
+        "60s",
+        "--max-forwarded-watches-per-connection",
+        "50",
+    ] {
+        flags.push(flag.to_owned());
+    }
+    // glibc keeps freed blocks of a megabyte or more once it has raised its mmap threshold
+    // (up to 32 MiB): a fixed threshold hands them back, so that resident memory is what the
+    // server holds, not what its allocator kept.
+    let server = Server::start_with(&flags, &[("MALLOC_MMAP_THRESHOLD_", "131072")]);
+    until_status(metrics, "/readyz", 200, Duration::from_secs(30)).await;
+    let other = client_of(listen).await;
+    // Its access answer is remembered for the test's length: it is served while etcd pauses.
+    let read = || async {
+        let mut kv = other.kv_client();
+        let options = etcd_client::GetOptions::new().with_serializable();
+        kv.get(format!("{p}a"), Some(options)).await
+    };
+    read().await.expect("a read before the attack");
+    let before = resident(&server);
+    let mut peak = before;
+    let bound = 256 << 20;
+
+    // (1) Access answers for ever new 1 MiB keys.
+    let tokenless = client_of(listen).await;
+    for i in 0..300 {
+        let key = format!("{p}{i:08}{}", "k".repeat(1 << 20));
+        let _ = tokenless.kv_client().get(key, None).await;
+        if i % 50 == 0 {
+            peak = peak.max(resident(&server));
+        }
+    }
+    peak = peak.max(resident(&server));
+    assert!(
+        peak < before + bound,
+        "access answers of 1 MiB keys: resident {} MiB, from {} MiB",
+        peak >> 20,
+        before >> 20
+    );
+    read().await.expect("another client is served");
+
+    // (2) Forwarded watches beyond the cap of one connection.
+    let watcher = client_of(listen).await;
+    let (mut requests, mut responses) = watcher
+        .watch_client()
+        .watch("/outside/0", None)
+        .await
+        .expect("a watch outside the prefix")
+        .split();
+    for i in 1..60 {
+        requests
+            .watch(format!("/outside/{i}"), None)
+            .await
+            .expect("send");
+    }
+    let (mut created, mut refused) = (0, Vec::new());
+    while created + refused.len() < 60 {
+        let r = tokio::time::timeout(Duration::from_secs(20), responses.message())
+            .await
+            .expect("an answer")
+            .expect("the stream")
+            .expect("open");
+        if r.canceled() {
+            refused.push(r.cancel_reason().to_owned());
+        } else if r.created() {
+            created += 1;
+        }
+    }
+    assert_eq!((created, refused.len()), (50, 10), "{refused:?}");
+    assert!(refused[0].contains("too many requests"), "{refused:?}");
+    // The metrics are sampled every second.
+    let counted = |text: &str, name: &str, value: &str| {
+        text.lines()
+            .any(|l| l.starts_with(&format!("{name}{{")) && l.ends_with(&format!(" {value}")))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = http_get(metrics, "/metrics").await.expect("metrics");
+        let open = counted(&text, "etcd_informer_server_forwarded_watches", "50");
+        let over = counted(
+            &text,
+            "etcd_informer_server_forwarded_watches_refused_total",
+            "10",
+        );
+        if open && over {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    read().await.expect("another client is served");
+    // (3) Requests behind creates that wait for etcd.
+    etcd.pause().expect("pause etcd");
+    let key = format!("{p}{}", "k".repeat(1 << 20));
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let client = client_of(listen).await;
+        let key = key.clone();
+        streams.push(tokio::spawn(async move {
+            let (mut requests, responses) = client
+                .watch_client()
+                .watch(key.as_str(), None)
+                .await
+                .expect("a watch stream")
+                .split();
+            let sending = async {
+                for _ in 0..128 {
+                    if requests.watch(key.as_str(), None).await.is_err() {
+                        return;
+                    }
+                }
+            };
+            // Sends stall once the server stops reading: 10 s of trying is enough.
+            let _ = tokio::time::timeout(Duration::from_secs(10), sending).await;
+            (requests, responses)
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < deadline {
+        peak = peak.max(resident(&server));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let held: Vec<_> = futures_join(streams).await;
+    peak = peak.max(resident(&server));
+    assert!(
+        peak < before + bound,
+        "requests held behind slow creates: resident {} MiB, from {} MiB",
+        peak >> 20,
+        before >> 20
+    );
+    let served = tokio::time::timeout(Duration::from_secs(5), read()).await;
+    assert!(
+        matches!(served, Ok(Ok(_))),
+        "another client is served meanwhile: {served:?}"
+    );
+    // etcd stays paused to the end: the requests still on their way would otherwise be
+    // served, each a watch holding its 1 MiB key (as etcd's own watches hold theirs).
+    drop(held);
+}
+
+/// Waits for every task.
+async fn futures_join<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut done = Vec::new();
+    for task in tasks {
+        done.push(task.await.expect("a task"));
+    }
+    done
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::listwatch::etcd::key_bytes;
 use crate::listwatch::ListerWatcher;
 use crate::metrics::{AuditMetrics, AuditResult as Outcome};
 use crate::sync::lock;
@@ -60,12 +61,13 @@ impl Compare {
     /// One of etcd's keys, in key order.
     fn etcd(&mut self, key: &str, revision: i64) {
         while let Some((cached, cached_revision)) = self.next.take() {
-            if &*cached < key {
+            let order = etcd_order(&cached, key);
+            if order == std::cmp::Ordering::Less {
                 self.differ(&cached, Some(cached_revision), None);
                 self.next = self.cached.next();
                 continue;
             }
-            if &*cached == key {
+            if order == std::cmp::Ordering::Equal {
                 if cached_revision != revision {
                     self.differ(key, Some(cached_revision), Some(revision));
                 }
@@ -86,6 +88,12 @@ impl Compare {
             self.next = self.cached.next();
         }
     }
+}
+
+/// etcd's order of two keys as a source gives them: a key the cache server's source carries
+/// escaped (not UTF-8) sorts by its bytes, as etcd sorts it, not by its escaped text.
+fn etcd_order(a: &str, b: &str) -> std::cmp::Ordering {
+    key_bytes(a).cmp(&key_bytes(b))
 }
 
 /// The cache's keys (relative to the prefix, in key order) and their `mod_revision`s, and the

@@ -20,7 +20,7 @@
 use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -233,6 +233,8 @@ pub(crate) struct Connection {
     /// The highest revision a KV answer on the connection named: a serializable read on it
     /// answers at this revision or later, as etcd's member would after answering it.
     seen: Arc<AtomicI64>,
+    /// The connection's watches forwarded to etcd, open now.
+    forwarded_watches: Arc<AtomicUsize>,
 }
 
 impl Connection {
@@ -244,6 +246,21 @@ impl Connection {
     /// See [`Connection::saw`].
     pub(crate) fn seen(&self) -> i64 {
         self.seen.load(Ordering::Relaxed)
+    }
+
+    /// Takes a place for a forwarded watch if fewer than `at_most` of the connection's are open.
+    pub(crate) fn forwarded_watch(&self, at_most: usize) -> bool {
+        let taken = self.forwarded_watches.fetch_add(1, Ordering::Relaxed);
+        if taken >= at_most {
+            self.forwarded_watch_ended();
+            return false;
+        }
+        true
+    }
+
+    /// Gives back a place [`forwarded_watch`](Self::forwarded_watch) took.
+    pub(crate) fn forwarded_watch_ended(&self) {
+        self.forwarded_watches.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The one the request with `extensions` came with (over TLS too: tonic adds the inner

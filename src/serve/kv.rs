@@ -179,30 +179,36 @@ pub(crate) async fn range(
     // Never a byte to a client the upstream would refuse.
     let r = request.get_ref();
     served
-        .may_read(request.metadata(), &r.key, &r.range_end)
+        .access
+        .may_read(&served.upstream, request.metadata(), &r.key, &r.range_end)
         .await?;
     let connection = Connection::of(request.extensions());
-    if r.serializable && !served.has_seen(slice, connection.as_ref()).await {
-        // The client was answered a later revision than the cache's (its own write, a read
-        // forwarded): etcd's member would answer at least that one.
-        return forward(served, request).await;
-    }
-    let (metadata, _, r) = request.into_parts();
-    // etcd's revision the content is proven at: a linearizable read's own proof, or for a
-    // serializable read the last proof of the cache's content as it is.
-    let proven_at = if r.serializable {
-        slice.proven_at(slice.cache.position())
-    } else {
-        let proven = served.linearize(slice).await;
-        let refused = proven
-            .as_ref()
-            .is_err_and(|s| s.message().starts_with(PROOF_REFUSED));
-        if refused || !slice.covers(&r.key, &r.range_end) {
-            // The proof was refused to the server, not to the client; or the cache stopped
-            // following etcd meanwhile (etcd refused its watch).
-            return forward(served, Request::from_parts(metadata, Default::default(), r)).await;
+    let (metadata, extensions, r) = request.into_parts();
+    // etcd's revision the content is proven at: for a linearizable read, etcd's current one;
+    // for a serializable read, at least every revision an answer on the connection named (its
+    // own write, a read forwarded), as a serializable read of etcd's member would be.
+    let target = match r.serializable {
+        true => Some(connection.as_ref().map_or(0, Connection::seen)),
+        false => None,
+    };
+    let own = slice.proven_at(slice.cache.position());
+    let proven_at = match target {
+        Some(seen) if own >= seen => own,
+        target => {
+            let proven = served.linearize(slice, &r.key, &r.range_end, target).await;
+            let refused = proven
+                .as_ref()
+                .is_err_and(|s| s.message().starts_with(PROOF_REFUSED));
+            let stopped = !slice.covers(&r.key, &r.range_end);
+            // A serializable read the cache cannot name a late enough revision for, a proof
+            // refused to the server (not to the client), or a cache that stopped following
+            // etcd meanwhile (etcd refused its watch): etcd answers.
+            if refused || stopped || (target.is_some() && proven.is_err()) {
+                let request = Request::from_parts(metadata, extensions, r);
+                return forward(served, request).await;
+            }
+            proven?
         }
-        proven?
     };
     // A past revision is answered from the history only while etcd holds it too; below the
     // history, or past the cache's revision, etcd answers: it is the judge of what a
@@ -217,7 +223,7 @@ pub(crate) async fn range(
             .map(|(found, revision)| (Counted::Found(found), revision)),
     };
     let Some((found, revision)) = found else {
-        return forward(served, Request::from_parts(metadata, Default::default(), r)).await;
+        return forward(served, Request::from_parts(metadata, extensions, r)).await;
     };
     let (kvs, more, count) = match found {
         Counted::Found(found) => answer(&r, found),
@@ -381,7 +387,13 @@ impl PbKvService for KvService {
         let answer: Response<PbDeleteResponse> = (self.served.upstream)
             .unary(request, "/etcdserverpb.KV/DeleteRange")
             .await?;
-        self.wrote(connection, &key, &end, answer.get_ref().header.as_ref());
+        let header = answer.get_ref().header.as_ref();
+        if answer.get_ref().deleted > 0 {
+            self.wrote(connection, &key, &end, header);
+        } else {
+            // Nothing deleted: no event comes for the cache to wait for.
+            saw(connection.as_ref(), header);
+        }
         Ok(answer)
     }
 

@@ -78,6 +78,12 @@ pub struct CacheServerOptions {
     /// How long [`RunningServer::shutdown`](super::RunningServer::shutdown) waits for clients to leave (default 10 s): see
     /// there.
     pub drain_timeout: Duration,
+    /// The most watches forwarded to etcd at once (default 10,000): each has an upstream
+    /// stream of its own (watches outside the prefixes, below the history, or slow). A create
+    /// past it is refused with etcd's "too many requests" (ResourceExhausted).
+    pub max_forwarded_watches: usize,
+    /// The most watches forwarded to etcd at once for one client connection (default 1,000).
+    pub max_forwarded_watches_per_connection: usize,
     /// The etcd user the server's own client authenticates as (default none), for the server
     /// to run a watch that falls out of its history as itself when it forwards it to etcd:
     /// etcd checks a watch's permission once, when it is created, and the token the client
@@ -136,6 +142,8 @@ impl Default for CacheServerOptions {
             upstream_tls: None,
             trust_clients_as_server: false,
             drain_timeout: Duration::from_secs(10),
+            max_forwarded_watches: 10_000,
+            max_forwarded_watches_per_connection: 1_000,
             upstream_user: None,
         }
     }
@@ -231,6 +239,15 @@ impl CacheServerOptions {
     #[must_use]
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// Sets [`max_forwarded_watches`](Self::max_forwarded_watches) and
+    /// [`max_forwarded_watches_per_connection`](Self::max_forwarded_watches_per_connection).
+    #[must_use]
+    pub fn with_max_forwarded_watches(mut self, in_all: usize, per_connection: usize) -> Self {
+        self.max_forwarded_watches = in_all;
+        self.max_forwarded_watches_per_connection = per_connection;
         self
     }
 

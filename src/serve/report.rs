@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::access::answers_tokenless;
 use super::served::Served;
 use super::stats::{PrefixSample, ServerStats};
 use crate::metrics::ServerMetricHandles;
@@ -125,14 +126,15 @@ pub(crate) async fn sample_metrics(served: Arc<Served>, handles: ServerMetricHan
                 let served = served.clone();
                 tokio::spawn(async move {
                     let slice = &served.slices[i];
-                    if served.answers_tokenless(slice).await {
+                    if answers_tokenless(&served.upstream, slice.first_key()).await {
                         slice.retry.notify_waiters();
                     }
                 });
             }
         }
         let stats = stats_of(&served);
-        handles.sample(stats.watch_streams, stats.forwarded);
+        let watches = (stats.forwarded_watches, stats.forwarded_watches_refused);
+        handles.sample(stats.watch_streams, stats.forwarded, watches);
         for (i, slice) in served.slices.iter().enumerate() {
             let s = slice.counts.sample();
             handles.sample_prefix(

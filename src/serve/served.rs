@@ -1,7 +1,6 @@
 //! What the KV and Watch services share: the served prefixes (their caches), the upstream, the
 //! headers, the access checks and the consistent-read proof.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -12,8 +11,9 @@ use tokio::time::Instant;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::Status;
 
+use super::access::AccessAnswers;
 use super::cache::{Position, ServedCache};
-use super::forward::{Connection, RunsAs, Upstream};
+use super::forward::{RunsAs, Upstream};
 use super::header::Headers;
 use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
@@ -47,13 +47,24 @@ pub(crate) struct Slice {
     pub(crate) proven: Mutex<(i64, u64, i64)>,
 }
 
-/// One consistent-read proof: that the cache's content at revision `since` (`len` keys) is
+/// One consistent-read proof: that the cache's content of a range at revision `since` (`len` keys) is
 /// etcd's at revision `at`. Its answer goes to every read that waits on it.
 pub(crate) struct Proof {
+    key: Vec<u8>,
+    end: Vec<u8>,
     since: i64,
     len: usize,
     at: i64,
     answer: watch::Sender<ProofAnswer>,
+}
+
+impl Proof {
+    /// Whether it is about the same content as `range`.
+    fn same_content(&self, range: &Range<'_>) -> bool {
+        (self.since, self.len) == (range.since, range.len)
+            && self.key == range.key
+            && self.end == range.end
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -226,11 +237,9 @@ pub(crate) struct Served {
     /// The server's own client of the upstream, for the consistent-read proof.
     pub(crate) client: Client,
     /// What the upstream said of clients' access to ranges.
-    pub(crate) access: Access,
+    pub(crate) access: AccessAnswers,
     /// What etcd last said of its compaction (see [`Served::etcd_holds`]).
     pub(crate) compaction: Compaction,
-    /// How long an answer in `access` is used, from when it was asked.
-    pub(crate) access_ttl: Duration,
     pub(crate) read_timeout: Duration,
     pub(crate) metrics: ServerMetrics,
     /// Set when the server starts to drain ([`RunningServer::shutdown`]): it is no longer
@@ -437,29 +446,6 @@ impl Served {
         (!self.headers.known()).then(|| "the upstream's identity is not known yet".into())
     }
 
-    /// Whether a serializable read on `connection` can be answered from `slice`'s cache: it
-    /// has reached every revision a KV answer on that connection named (a serializable read
-    /// from etcd's member follows what that member answered before). When that revision is a
-    /// write into the prefix, its event is on its way through the cache's watch: waited for,
-    /// up to the read timeout. Otherwise (a write elsewhere, a read forwarded) the read is
-    /// forwarded until the cache has moved past it.
-    pub(crate) async fn has_seen(&self, slice: &Slice, connection: Option<&Connection>) -> bool {
-        let Some(seen) = connection.map(Connection::seen) else {
-            return true;
-        };
-        let mut position = slice.cache.subscribe();
-        if slice.proven_at(*position.borrow_and_update()) >= seen {
-            return true;
-        }
-        if slice.written.load(Ordering::Relaxed) < seen {
-            return false;
-        }
-        let reached = tokio::time::timeout(self.read_timeout, async {
-            position.wait_for(|p| p.revision >= seen).await.is_ok()
-        });
-        matches!(reached.await, Ok(true))
-    }
-
     /// The lowest revision of the caches: one every cache has reached.
     pub(crate) fn revision(&self) -> i64 {
         self.slices
@@ -469,62 +455,45 @@ impl Served {
             .unwrap_or(0)
     }
 
-    /// Returns once the prefix's cache holds every change etcd made before this call (a
-    /// linearizable read; read-your-writes for a write forwarded before it). etcd's current
-    /// revision comes from a linearizable read of one key (see [`Self::current_revision`]);
-    /// the cache usually reaches it through its own watch within a moment.
-    /// If it does not (keys outside the prefix moved etcd's revision), [`Self::prove`] checks
-    /// that the prefix is unchanged since the cache's revision, at once for a small prefix and
-    /// after [`PROOF_GRACE`] for a large one (that check reads the whole prefix in etcd). Gives
-    /// up with Unavailable after `read_timeout`. Returns etcd's revision the cache's content is
-    /// now proven to be at (the answer's header may name it, as etcd's would). The proof never
-    /// moves the cache's revision: events still on their way through the watch would be
-    /// skipped.
-    pub(crate) async fn linearize(&self, slice: &Slice) -> Result<i64, Status> {
+    /// Returns once the cache's content of the range `[key, end)` (within `slice`'s prefix) is
+    /// proven to be etcd's at `target`, or with `None` at etcd's current revision, read
+    /// linearizably (a linearizable read; read-your-writes for a write forwarded before it; see
+    /// [`Self::current_revision`]). The cache usually reaches it through its own watch within
+    /// a moment. If it does not (keys outside the range moved etcd's revision), [`Self::prove`]
+    /// checks that the range is unchanged since the cache's revision: at once for a range of
+    /// up to [`SMALL_PREFIX`] keys, after [`PROOF_GRACE`] for a larger one (etcd reads the
+    /// range's values for it), and not at all while a write into the prefix through this
+    /// server is on its way (its event will come). Gives up with Unavailable after
+    /// `read_timeout`. Returns etcd's revision the content is now proven at (the answer's header
+    /// may name it, as etcd's would). The proof never moves the cache's revision: events still
+    /// on their way through the watch would be skipped.
+    pub(crate) async fn linearize(
+        &self,
+        slice: &Slice,
+        key: &[u8],
+        end: &[u8],
+        target: Option<i64>,
+    ) -> Result<i64, Status> {
         let deadline = Instant::now() + self.read_timeout;
         let unavailable =
             |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
-        let (target, mut position) = loop {
-            let mut position = slice.cache.subscribe();
-            let before = *position.borrow_and_update();
-            let target = tokio::time::timeout_at(deadline, self.current_revision(slice))
-                .await
-                .map_err(|_| {
-                    unavailable("no answer from etcd for the consistent-read proof".into())
-                })?
-                .map_err(|e| {
-                    let error = e.to_string();
-                    if REFUSALS.iter().any(|refusal| error.contains(refusal)) {
-                        // The server's own credentials are not enough (auth turned on while it
-                        // runs without a user): see `PROOF_REFUSED`.
-                        Status::permission_denied(format!("{PROOF_REFUSED}: {error}"))
-                    } else {
-                        unavailable(format!("consistent-read proof failed: {e}"))
-                    }
-                })?;
-            if before.revision <= target {
-                break (target, position);
-            }
-            // A cache of the same store is never ahead of a linearizable read: etcd went back
-            // in time (wiped, restored), and the cache, still the old store's, proves nothing
-            // until it is listed from the new one (a new epoch).
-            while position.borrow_and_update().epoch == before.epoch {
-                match tokio::time::timeout_at(deadline, position.changed()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(unavailable("the cache stopped".into())),
-                    Err(_) => {
-                        return Err(unavailable(format!(
-                            "etcd is at revision {target}, below the cache's {}: the store was wiped or restored, and the cache is not listed from it yet",
-                            before.revision
-                        )))
-                    }
-                }
-            }
+        let (target, mut position) = match target {
+            Some(target) => (target, slice.cache.subscribe()),
+            None => self.current_target(slice, deadline).await?,
         };
-        let grace = if slice.cache.len() <= SMALL_PREFIX {
-            Instant::now()
-        } else {
-            Instant::now() + PROOF_GRACE
+        let whole = key == slice.first_key().as_slice() && end == slice.prefix_end.as_slice();
+        let held = |slice: &Slice| match whole {
+            true => slice.cache.revision_and_len(),
+            false => match slice.cache.count_at(key, end, 0, 0) {
+                Ok((count, since)) => (since, usize::try_from(count).unwrap_or(usize::MAX)),
+                Err(_) => (0, 0),
+            },
+        };
+        let coming = slice.written.load(Ordering::Relaxed) >= target;
+        let grace = match coming {
+            true => deadline,
+            false if held(slice).1 <= SMALL_PREFIX => Instant::now(),
+            false => Instant::now() + PROOF_GRACE,
         };
         let mut proven_at = None;
         loop {
@@ -533,11 +502,19 @@ impl Served {
                 return Ok(target);
             }
             if Instant::now() >= grace && proven_at != Some(now.revision) {
-                let (since, len) = slice.cache.revision_and_len();
+                let (since, len) = held(slice);
                 proven_at = Some(since);
-                let proof = self.prove_shared(slice, since, len, target);
+                let range = Range {
+                    key,
+                    end,
+                    since,
+                    len,
+                };
+                let proof = self.prove_shared(slice, range, target);
                 if let Ok(true) = tokio::time::timeout_at(deadline, proof).await {
-                    slice.proved(since, target);
+                    if whole {
+                        slice.proved(since, target);
+                    }
                     return Ok(target);
                 }
             }
@@ -556,6 +533,52 @@ impl Served {
                     self.read_timeout,
                     slice.cache.position().revision
                 )))
+                }
+            }
+        }
+    }
+
+    /// etcd's current revision for a linearizable read of `slice`, and the cache's position
+    /// to follow: never a cache ahead of it (the store was wiped or restored, and the cache
+    /// proves nothing until it is listed from the new one).
+    async fn current_target(
+        &self,
+        slice: &Slice,
+        deadline: Instant,
+    ) -> Result<(i64, watch::Receiver<Position>), Status> {
+        let unavailable =
+            |what: String| Status::unavailable(format!("etcd-informer cache server: {what}"));
+        loop {
+            let mut position = slice.cache.subscribe();
+            let before = *position.borrow_and_update();
+            let target = tokio::time::timeout_at(deadline, self.current_revision(slice))
+                .await
+                .map_err(|_| {
+                    unavailable("no answer from etcd for the consistent-read proof".into())
+                })?
+                .map_err(|e| {
+                    let error = e.to_string();
+                    if REFUSALS.iter().any(|refusal| error.contains(refusal)) {
+                        // The server's own credentials are not enough (auth turned on while it
+                        // runs without a user): see `PROOF_REFUSED`.
+                        Status::permission_denied(format!("{PROOF_REFUSED}: {error}"))
+                    } else {
+                        unavailable(format!("consistent-read proof failed: {e}"))
+                    }
+                })?;
+            if before.revision <= target {
+                return Ok((target, position));
+            }
+            while position.borrow_and_update().epoch == before.epoch {
+                match tokio::time::timeout_at(deadline, position.changed()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(unavailable("the cache stopped".into())),
+                    Err(_) => {
+                        return Err(unavailable(format!(
+                            "etcd is at revision {target}, below the cache's {}: the store was wiped or restored, and the cache is not listed from it yet",
+                            before.revision
+                        )))
+                    }
                 }
             }
         }
@@ -584,17 +607,17 @@ impl Served {
     /// its own target or a later revision (etcd's, read after this read arrived) waits for its
     /// answer instead of reading the prefix in etcd again; otherwise it proves, and reads that
     /// arrive meanwhile can wait on it.
-    async fn prove_shared(&self, slice: &Slice, since: i64, len: usize, target: i64) -> bool {
+    async fn prove_shared(&self, slice: &Slice, range: Range<'_>, target: i64) -> bool {
         let joined = {
             let mut slot = lock(&slice.proof);
             match slot.as_ref() {
-                Some(p) if p.since == since && p.len == len && p.at >= target => {
-                    Err(p.answer.subscribe())
-                }
+                Some(p) if p.same_content(&range) && p.at >= target => Err(p.answer.subscribe()),
                 _ => {
                     let proof = Arc::new(Proof {
-                        since,
-                        len,
+                        key: range.key.to_vec(),
+                        end: range.end.to_vec(),
+                        since: range.since,
+                        len: range.len,
                         at: target,
                         answer: watch::channel(ProofAnswer::Pending).0,
                     });
@@ -617,7 +640,7 @@ impl Served {
             }
         };
         slice.counts.proved();
-        let proven = matches!(self.prove(slice, since, len, target).await, Ok(true));
+        let proven = matches!(self.prove(range, target).await, Ok(true));
         if let Some(proving) = proving {
             proving
                 .proof
@@ -627,23 +650,15 @@ impl Served {
         proven
     }
 
-    /// Whether the prefix at etcd's revision `at` is the cache's content at `since`, which held
-    /// `len` keys: the source's proof ([`prove_range`]), which needs no old revision while the
-    /// cache holds every key, so an idle prefix whose revision etcd compacted still proves
-    /// fresh.
-    async fn prove(
-        &self,
-        slice: &Slice,
-        since: i64,
-        len: usize,
-        at: i64,
-    ) -> Result<bool, ProofFailed> {
-        let first = slice.first_key();
+    /// Whether `range` at etcd's revision `at` is the cache's content: the source's proof
+    /// ([`prove_range`]), which needs no old revision while the cache holds every key, so an
+    /// idle range whose revision etcd compacted still proves fresh.
+    async fn prove(&self, range: Range<'_>, at: i64) -> Result<bool, ProofFailed> {
         let held = Held {
-            key: &first,
-            range_end: &slice.prefix_end,
-            since,
-            cached: len,
+            key: range.key,
+            range_end: range.end,
+            since: range.since,
+            cached: range.len,
             // Every key is held: a key that is not UTF-8 is escaped, a value is its bytes.
             whole: true,
         };
@@ -652,15 +667,21 @@ impl Served {
     }
 }
 
+/// A range of a prefix's cache as it holds it: its first key and end (etcd's forms), the
+/// cache's revision, and how many keys it holds there.
+#[derive(Clone, Copy)]
+struct Range<'a> {
+    key: &'a [u8],
+    end: &'a [u8],
+    since: i64,
+    len: usize,
+}
+
 /// How long a linearizable read of a large prefix waits for the cache's own watch before it
 /// asks etcd to prove the prefix unchanged (a read of the whole prefix in etcd).
 pub(crate) const PROOF_GRACE: Duration = Duration::from_millis(50);
 /// A prefix this small is proven unchanged at once: the proof costs etcd little.
 const SMALL_PREFIX: usize = 1000;
-
-/// Remembered access answers: (token, key, range end) -> (when, answer).
-pub(crate) type Access = Mutex<HashMap<(Option<Vec<u8>>, Vec<u8>, Vec<u8>), AccessAnswer>>;
-type AccessAnswer = (std::time::Instant, Result<(), Status>);
 
 #[cfg(test)]
 mod tests {

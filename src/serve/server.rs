@@ -13,6 +13,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::Endpoint;
 use tracing::Instrument;
 
+use super::access::AccessAnswers;
 use super::cache::{HistoryBounds, ServedCache};
 use super::forward::{
     AuthService, ClientIo, Cluster, ElectionService, LeaseService, LockService, MaintenanceService,
@@ -80,6 +81,11 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The options would let any client act as the server in etcd: it reaches etcd with a
+    /// client certificate and asks its own clients for none (see
+    /// [`CacheServerOptions::trust_clients_as_server`]).
+    #[error("{0}")]
+    Unsafe(String),
     /// The server's task ended abnormally.
     #[error("the server's task failed: {0}")]
     Task(String),
@@ -187,7 +193,13 @@ impl CacheServer {
             endpoints.push(
                 parsed
                     .connect_timeout(Duration::from_secs(5))
-                    .tcp_nodelay(true),
+                    .tcp_nodelay(true)
+                    // A connection to a member that went away without a word (a half-open
+                    // TCP connection) fails within 15 s, and the forwarded watches on it are
+                    // opened again elsewhere; etcd's pings policy allows one every 5 s.
+                    .http2_keep_alive_interval(Duration::from_secs(10))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .keep_alive_while_idle(true),
             );
         }
         if endpoints.is_empty() {
@@ -203,6 +215,7 @@ impl CacheServer {
             .local_addr()
             .map_err(|source| ServeError::Bind { addr, source })?;
         let options = self.options;
+        let tokenless = tokenless_policy(&options, local_addr)?;
         let prefix_text = self
             .prefixes
             .iter()
@@ -220,20 +233,15 @@ impl CacheServer {
             slices.push(slice);
         }
         let metrics = ServerMetrics::new(&prefix_text);
-        let upstream = Upstream::new(
-            endpoints,
-            tokenless_policy(&options, local_addr),
-            metrics.clone(),
-        );
+        let upstream = Upstream::new(endpoints, tokenless, metrics.clone());
         let served = Arc::new(Served {
             slices,
             changed,
             upstream: upstream.clone(),
             headers: headers.clone(),
             client: self.client.clone(),
-            access: Default::default(),
+            access: AccessAnswers::new(options.access_ttl),
             compaction: Default::default(),
-            access_ttl: options.access_ttl,
             read_timeout: options.read_timeout.min(LONGEST_WAIT),
             metrics,
             draining: tokio::sync::watch::channel(false).0,
@@ -292,6 +300,10 @@ impl CacheServer {
                     .clamp(Duration::from_millis(1), LONGEST_WAIT),
                 fragment_bytes: options.max_request_bytes,
                 last_word_within: options.drain_timeout,
+                forward_caps: (
+                    options.max_forwarded_watches,
+                    options.max_forwarded_watches_per_connection,
+                ),
             })
             .max_decoding_message_size(options.max_request_bytes)
             .max_encoding_message_size(usize::MAX),
@@ -545,7 +557,10 @@ fn own_identity(options: &CacheServerOptions) -> OwnIdentity {
 /// server: etcd runs a token-less request as its connection's certificate, and the server's
 /// upstream connection is its own, so with a certificate there they are refused unless the
 /// operator trusts every client as the server.
-fn tokenless_policy(options: &CacheServerOptions, listen: SocketAddr) -> Tokenless {
+fn tokenless_policy(
+    options: &CacheServerOptions,
+    listen: SocketAddr,
+) -> Result<Tokenless, ServeError> {
     #[cfg(feature = "tls")]
     let (identity, serves_tls, client_ca) = (
         options
@@ -563,10 +578,15 @@ fn tokenless_policy(options: &CacheServerOptions, listen: SocketAddr) -> Tokenle
     if !listen.ip().is_loopback() && !serves_tls {
         tracing::warn!(%listen, "the cache server listens beyond loopback without TLS: clients' tokens and data cross the network in clear");
     }
-    if identity && !client_ca {
-        tracing::warn!(%listen, "the cache server reaches etcd with a client certificate but asks its own clients for none: anyone who can connect gets as far as etcd lets their token, where etcd would want a certificate first (set a client CA)");
+    // etcd with its auth off ignores tokens (3.4.28+, 3.5.10+): any request with any token is
+    // then run as the connection's certificate, so only a client CA of the server's own stands
+    // between its clients and the server's identity.
+    if identity && !client_ca && !options.trust_clients_as_server {
+        return Err(ServeError::Unsafe(format!(
+            "the cache server on {listen} reaches etcd with a client certificate but asks its own clients for none: any client could act as that certificate in etcd (etcd with its auth off ignores tokens). Set a client CA (--client-ca), or --trust-clients-as-server if nothing but trusted processes can reach it"
+        )));
     }
-    match (identity, options.trust_clients_as_server) {
+    Ok(match (identity, options.trust_clients_as_server) {
         (true, true) => {
             tracing::warn!(%listen, "trust_clients_as_server: requests without an auth token run as the server's own etcd identity (its client certificate); any client that reaches this server has the server's permissions");
             Tokenless::Forward
@@ -576,7 +596,7 @@ fn tokenless_policy(options: &CacheServerOptions, listen: SocketAddr) -> Tokenle
             Tokenless::Refuse
         }
         (false, _) => Tokenless::Forward,
-    }
+    })
 }
 
 /// Starts one prefix's cache: its source (raw bytes), the cache, and the reflector between
@@ -693,7 +713,7 @@ mod tests {
     use crate::serve::options::ServerTls;
 
     /// What `tokenless_policy` decides for `options` listening on `listen`, and what it warns.
-    fn policy(options: &CacheServerOptions, listen: &str) -> (Tokenless, String) {
+    fn policy(options: &CacheServerOptions, listen: &str) -> (Result<Tokenless, String>, String) {
         #[derive(Clone, Default)]
         struct Buffer(Arc<Mutex<Vec<u8>>>);
         impl std::io::Write for Buffer {
@@ -713,11 +733,15 @@ mod tests {
             .finish();
         let listen = listen.parse().expect("address");
         let decided =
-            tracing::subscriber::with_default(subscriber, || tokenless_policy(options, listen));
+            tracing::subscriber::with_default(subscriber, || tokenless_policy(options, listen))
+                .map_err(|e| e.to_string());
         let printed = String::from_utf8_lossy(&crate::sync::lock(&buffer.0)).into_owned();
         (decided, printed)
     }
 
+    /// Issue 54, item 4: a server that reaches etcd with a client certificate and asks its
+    /// own clients for none does not start (etcd 3.4.28+ and 3.5.10+ with their auth off run
+    /// any request with any token as the certificate), unless the operator trusts its clients.
     #[test]
     fn a_client_certificate_upstream_refuses_token_less_requests_and_warnings_say_why() {
         let certificate =
@@ -730,22 +754,26 @@ mod tests {
         let plain = CacheServerOptions::default();
         assert_eq!(
             policy(&plain, "127.0.0.1:1"),
-            (Tokenless::Forward, String::new())
+            (Ok(Tokenless::Forward), String::new())
         );
         let (decided, warned) = policy(&plain, "0.0.0.0:1");
-        assert_eq!(decided, Tokenless::Forward);
+        assert_eq!(decided, Ok(Tokenless::Forward));
         assert!(warned.contains("beyond loopback without TLS"), "{warned}");
         let identity = plain.clone().with_upstream_tls(Some(certificate));
-        let (decided, warned) = policy(&identity, "127.0.0.1:1");
-        assert_eq!(decided, Tokenless::Refuse);
-        assert!(warned.contains("set a client CA"), "{warned}");
+        let (decided, _) = policy(&identity, "127.0.0.1:1");
+        let refused = decided.expect_err("no client CA: the server does not start");
+        assert!(refused.contains("--trust-clients-as-server"), "{refused}");
+        let trusting = identity.clone().with_trust_clients_as_server(true);
+        let (decided, warned) = policy(&trusting, "127.0.0.1:1");
+        assert_eq!(decided, Ok(Tokenless::Forward));
+        assert!(warned.contains("the server's permissions"), "{warned}");
         let secured = identity.clone().with_tls(Some(mutual));
         assert_eq!(
             policy(&secured, "10.0.0.1:1"),
-            (Tokenless::Refuse, String::new())
+            (Ok(Tokenless::Refuse), String::new())
         );
         let (decided, warned) = policy(&secured.with_trust_clients_as_server(true), "10.0.0.1:1");
-        assert_eq!(decided, Tokenless::Forward);
+        assert_eq!(decided, Ok(Tokenless::Forward));
         assert!(warned.contains("the server's permissions"), "{warned}");
     }
 }

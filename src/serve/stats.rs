@@ -47,6 +47,12 @@ pub struct ServerStats {
     /// and shared by its others, so that a client that stops reading them stalls no other
     /// client. It connects to each upstream endpoint, and closes with the client connection.
     pub client_upstreams: u64,
+    /// Watches forwarded to etcd open now, each on an upstream stream of its own
+    /// ([`CacheServerOptions::max_forwarded_watches`](super::CacheServerOptions::max_forwarded_watches)).
+    pub forwarded_watches: u64,
+    /// Watch creates refused (and slow watches cancelled) because the forwarded watches were
+    /// at their cap, in all or for their client connection.
+    pub forwarded_watches_refused: u64,
     /// What the audits of the prefixes' caches against etcd found, summed over the prefixes
     /// ([`CacheServerOptions::audit_period`](super::CacheServerOptions::audit_period)).
     pub audits: AuditHealth,
@@ -58,6 +64,8 @@ struct Counters {
     streams: AtomicI64,
     forwarded: AtomicU64,
     client_upstreams: AtomicI64,
+    forwarded_watches: AtomicI64,
+    forwarded_watches_refused: AtomicU64,
 }
 
 /// What one served prefix counts: summed into [`ServerStats`], and sampled into the prefix's
@@ -153,6 +161,29 @@ impl ServerMetrics {
     pub(crate) fn client_upstreams(&self, delta: i64) {
         self.0.client_upstreams.fetch_add(delta, Ordering::Relaxed);
     }
+    /// Takes a place for a forwarded watch if fewer than `at_most` are open.
+    pub(crate) fn forwarded_watch(&self, at_most: usize) -> bool {
+        let open = &self.0.forwarded_watches;
+        let taken = open.fetch_add(1, Ordering::Relaxed);
+        if taken >= i64::try_from(at_most).unwrap_or(i64::MAX) {
+            open.fetch_sub(1, Ordering::Relaxed);
+            self.0
+                .forwarded_watches_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+    /// Gives back a place [`forwarded_watch`](Self::forwarded_watch) took.
+    pub(crate) fn forwarded_watch_ended(&self) {
+        self.0.forwarded_watches.fetch_sub(1, Ordering::Relaxed);
+    }
+    /// A forwarded watch refused for its connection's cap.
+    pub(crate) fn forwarded_watch_refused(&self) {
+        self.0
+            .forwarded_watches_refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl ServerMetrics {
@@ -179,6 +210,8 @@ impl ServerMetrics {
             forwarded: m.forwarded.load(Ordering::Relaxed),
             proofs: prefixes.proofs,
             client_upstreams: m.client_upstreams.load(Ordering::Relaxed).max(0) as u64,
+            forwarded_watches: m.forwarded_watches.load(Ordering::Relaxed).max(0) as u64,
+            forwarded_watches_refused: m.forwarded_watches_refused.load(Ordering::Relaxed),
             audits: AuditHealth::default(),
         }
     }

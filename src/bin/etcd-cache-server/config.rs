@@ -107,6 +107,13 @@ pub struct Settings {
     /// How long a stopping server (SIGTERM) waits for clients to leave.
     #[arg(long, env = "ETCD_CACHE_SERVER_DRAIN_TIMEOUT", default_value_t = Dur(CacheServerOptions::default().drain_timeout))]
     pub drain_timeout: Dur,
+    /// The most watches forwarded to etcd at once (outside the prefixes, below the history, or
+    /// slow readers): each is an upstream stream; past it a create gets "too many requests".
+    #[arg(long, env = "ETCD_CACHE_SERVER_MAX_FORWARDED_WATCHES", default_value_t = CacheServerOptions::default().max_forwarded_watches)]
+    pub max_forwarded_watches: usize,
+    /// The most watches forwarded to etcd at once for one client connection.
+    #[arg(long, env = "ETCD_CACHE_SERVER_MAX_FORWARDED_WATCHES_PER_CONNECTION", default_value_t = CacheServerOptions::default().max_forwarded_watches_per_connection)]
+    pub max_forwarded_watches_per_connection: usize,
     /// Forward requests without a token although the server reaches etcd with a client
     /// certificate: every client that reaches the server gets the certificate's permissions.
     #[arg(long, env = "ETCD_CACHE_SERVER_TRUST_CLIENTS_AS_SERVER", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]

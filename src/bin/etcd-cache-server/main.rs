@@ -138,6 +138,10 @@ fn options(s: &Settings, files: &Files) -> CacheServerOptions {
         .with_access_ttl(s.access_ttl.0)
         .with_audit_period((!s.audit_period.0.is_zero()).then_some(s.audit_period.0))
         .with_drain_timeout(s.drain_timeout.0)
+        .with_max_forwarded_watches(
+            s.max_forwarded_watches,
+            s.max_forwarded_watches_per_connection,
+        )
         .with_trust_clients_as_server(s.trust_clients_as_server)
         .with_tls(files.serve_tls.clone())
         .with_upstream_tls(files.upstream.tls_options());

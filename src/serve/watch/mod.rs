@@ -54,6 +54,11 @@ const STREAM_BUFFER: usize = 16;
 /// the client reads, as etcd blocks its receive loop: a client that sends requests and never
 /// reads grows nothing.
 const MAX_CONTROL: usize = 1024;
+/// The bytes of requests a stream reads ahead while a create waits for etcd: past it the
+/// session reads no more of the client's requests until it has handled some, as etcd reads one
+/// request at a time. A stream then holds at most this and one request (up to
+/// `max_request_bytes`, 2 MiB by default), however many it is sent.
+const MAX_BACKLOG_BYTES: usize = 256 << 10;
 /// The most revisions one response carries when a watch catches up (etcd's
 /// `watchBatchMaxRevs`); a revision is never split.
 const MAX_REVISIONS_PER_RESPONSE: usize = 1000;
@@ -110,12 +115,20 @@ struct Session {
     /// Requests read and not yet handled: they wait behind `checking`, in order, as etcd
     /// handles a stream's requests one after another.
     backlog: VecDeque<PbWatchRequest>,
+    /// The encoded size of the requests in `backlog` (see [`MAX_BACKLOG_BYTES`]).
+    backlog_bytes: usize,
     /// A create whose checks with etcd are under way (may the client read the range, does
     /// etcd still hold its start): the stream's other watches go on meanwhile.
     checking: Option<Checking>,
     /// A forwarded create whose answer etcd has not given yet: the stream's next requests wait
     /// for it to be relayed, so that creates are answered in order.
-    announcing: Option<(i64, oneshot::Receiver<bool>)>,
+    /// The watch's id, the relay's word (whether the watch took its id), and how long it is
+    /// waited for: an upstream that never answers the create must not hold the stream's
+    /// requests for good.
+    announcing: Option<(i64, oneshot::Receiver<bool>, tokio::time::Instant)>,
+    /// A create to forward once the answers before it are in the client's stream: its relay
+    /// answers there directly, and must not overtake them.
+    to_forward: Option<(i64, i64, PbWatchRequestUnion, Option<Watch>)>,
     /// How long a stream's last word (a drain, no leader) waits behind what the client has not
     /// read yet: the server's drain timeout.
     last_word_within: Duration,
@@ -136,6 +149,8 @@ struct Session {
     forwards: u64,
     /// See [`WatchService::fragment_bytes`].
     fragment_bytes: usize,
+    /// See [`WatchService::forward_caps`].
+    forward_caps: (usize, usize),
 }
 
 /// What a progress answer waits for: each cached watch to reach the revision the cache had
@@ -217,16 +232,24 @@ impl Session {
         // with the sender dropped, grpcurl): etcd keeps streaming to it, and so does this.
         let mut reading = true;
         loop {
+            if self.control.is_empty() {
+                if let Some((id, requested, create, back)) = self.to_forward.take() {
+                    self.forward_as(id, requested, create, false, back);
+                }
+            }
             // Requests in order, until one waits for etcd.
-            while self.checking.is_none() && self.announcing.is_none() {
+            while self.checking.is_none() && self.announcing.is_none() && self.to_forward.is_none()
+            {
                 let Some(request) = self.backlog.pop_front() else {
                     break;
                 };
+                self.backlog_bytes -= request.encoded_len();
                 self.handle(request);
             }
             self.answer_progress();
             let work = self.has_work();
-            let room = self.control.len() + self.backlog.len() < MAX_CONTROL;
+            let room = self.control.len() + self.backlog.len() < MAX_CONTROL
+                && self.backlog_bytes < MAX_BACKLOG_BYTES;
             tokio::select! {
                 checked = async {
                     match self.checking.as_mut() {
@@ -238,20 +261,33 @@ impl Session {
                         self.created(checking, checked);
                     }
                 }
-                took_id = async {
+                announced = async {
                     match self.announcing.as_mut() {
-                        Some((_, announcing)) => announcing.await.unwrap_or(true),
-                        None => true,
+                        Some((_, announcing, until)) => {
+                            tokio::time::timeout_at(*until, announcing).await.ok()
+                        }
+                        None => None,
                     }
                 }, if self.announcing.is_some() => {
-                    if let Some((id, _)) = self.announcing.take() {
-                        if !took_id {
-                            self.refused_forward(id);
+                    if let Some((id, mut announcing, _)) = self.announcing.take() {
+                        // The relay's answer, else (the wait ran out, the relay is gone) the
+                        // client hears that etcd did not answer.
+                        let answer = match announced {
+                            Some(answer) => answer.ok(),
+                            None => announcing.try_recv().ok(),
+                        };
+                        match answer {
+                            Some(true) => {}
+                            Some(false) => self.refused_forward(id),
+                            None => self.unanswered_forward(id),
                         }
                     }
                 }
                 request = requests.next(), if room && reading => match request {
-                    Some(Ok(request)) => self.backlog.push_back(request),
+                    Some(Ok(request)) => {
+                        self.backlog_bytes += request.encoded_len();
+                        self.backlog.push_back(request);
+                    }
                     Some(Err(status)) => {
                         tracing::debug!(%status, "watch stream ended by the client");
                         return;
@@ -311,6 +347,22 @@ impl Session {
         }
     }
 
+    /// etcd did not answer the forwarded create of watch `id` in time: it is dropped, and the
+    /// client told so as of a create refused, free to create it again.
+    fn unanswered_forward(&mut self, id: i64) {
+        if let Some(forwarded) = self.forwarded.get(&id) {
+            forwarded.task.abort();
+        }
+        self.refused_forward(id);
+        tracing::warn!(
+            id,
+            "etcd did not answer a forwarded watch's creation in time"
+        );
+        self.refuse_create(
+            "rpc error: code = Unavailable desc = etcd-informer cache server: etcd did not answer the watch's creation in time",
+        );
+    }
+
     /// The next free watch id, taken.
     fn next_free_id(&mut self) -> i64 {
         while self.taken(self.next_id) {
@@ -359,7 +411,9 @@ impl Session {
                             replayable: false,
                         };
                     };
-                    let access = served.may_read(&metadata, &range_key, &range_end).await;
+                    let access = (served.access)
+                        .may_read(&served.upstream, &metadata, &range_key, &range_end)
+                        .await;
                     let position = served.slices[slice].cache.position();
                     let replayable = access.is_err()
                         || start <= 0
@@ -507,7 +561,7 @@ impl Session {
                 tracing::debug!(id, start = create.start_revision, "watch forwarded");
                 let requested = std::mem::take(&mut create.watch_id);
                 let create = PbWatchRequestUnion::CreateRequest(create);
-                self.forward_as(id, requested, create, false, back);
+                self.to_forward = Some((id, requested, create, back));
                 return;
             }
         };
@@ -573,9 +627,11 @@ impl Session {
             return;
         }
         self.progress = None;
+        // A relay that ended (its watch cancelled, awaiting the client's cancel) owes nothing.
         let forwarded = self
             .forwarded
             .values()
+            .filter(|f| !f.task.is_finished())
             .map(|f| f.delivered.load(Ordering::Relaxed))
             .filter(|&r| r != NOT_YET);
         let revision = self

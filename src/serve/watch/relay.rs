@@ -41,6 +41,30 @@ impl Session {
         announced: bool,
         back: Option<Watch>,
     ) {
+        let Some(slot) =
+            ForwardSlot::take(&self.served, self.connection.as_ref(), self.forward_caps)
+        else {
+            // etcd's own answer when it cannot take more: the client retries later, or
+            // watches through another server.
+            let reason = "rpc error: code = ResourceExhausted desc = etcdserver: too many requests";
+            tracing::warn!(
+                id,
+                "a watch to forward is refused: the forwarded watches are at their cap"
+            );
+            if announced {
+                self.control.push_back(PbWatchResponse {
+                    header: self.header(self.served.revision()),
+                    watch_id: id,
+                    canceled: true,
+                    cancel_reason: reason.into(),
+                    ..Default::default()
+                });
+            } else {
+                self.refused_forward(id);
+                self.refuse_create(reason);
+            }
+            return;
+        };
         self.forwards += 1;
         let start = match &create {
             PbWatchRequestUnion::CreateRequest(c) => c.start_revision,
@@ -53,7 +77,8 @@ impl Session {
         let (requests, client_requests) = mpsc::channel(2);
         let (announce, announced_rx) = oneshot::channel();
         if !announced {
-            self.announcing = Some((id, announced_rx));
+            let until = tokio::time::Instant::now() + self.served.read_timeout;
+            self.announcing = Some((id, announced_rx, until));
         }
         self.served.metrics.forwarded("Watch");
         let relay = Relay {
@@ -77,6 +102,7 @@ impl Session {
             created: announced,
             announce: Some(announce),
             wait: CACHE_CATCH_UP,
+            _slot: slot,
         };
         let task = tokio::spawn(
             relay
@@ -154,10 +180,54 @@ struct Relay {
     /// The client has heard the watch created.
     created: bool,
     /// Told once the client's answer to the create is in its stream: whether the watch took
-    /// its id (etcd refused it, or it is created).
+    /// its id (not when etcd refused it).
     announce: Option<oneshot::Sender<bool>>,
     /// See [`cache_serves`].
     wait: Duration,
+    /// Its place among the forwarded watches, given back when the relay ends.
+    _slot: ForwardSlot,
+}
+
+/// A forwarded watch's place under the caps, in all and per client connection (see
+/// [`CacheServerOptions::max_forwarded_watches`](crate::serve::CacheServerOptions::max_forwarded_watches)).
+struct ForwardSlot {
+    served: Arc<Served>,
+    connection: Option<Connection>,
+}
+
+impl ForwardSlot {
+    /// A place, if the caps `(in_all, per_connection)` leave one.
+    fn take(
+        served: &Arc<Served>,
+        connection: Option<&Connection>,
+        (in_all, per_connection): (usize, usize),
+    ) -> Option<Self> {
+        if let Some(connection) = connection {
+            if !connection.forwarded_watch(per_connection) {
+                served.metrics.forwarded_watch_refused();
+                return None;
+            }
+        }
+        if !served.metrics.forwarded_watch(in_all) {
+            if let Some(connection) = connection {
+                connection.forwarded_watch_ended();
+            }
+            return None;
+        }
+        Some(ForwardSlot {
+            served: served.clone(),
+            connection: connection.cloned(),
+        })
+    }
+}
+
+impl Drop for ForwardSlot {
+    fn drop(&mut self) {
+        self.served.metrics.forwarded_watch_ended();
+        if let Some(connection) = &self.connection {
+            connection.forwarded_watch_ended();
+        }
+    }
 }
 
 /// How one upstream stream of a relay ended.
@@ -203,11 +273,12 @@ impl Relay {
     }
 
     /// Cancels the watch for `status`, as etcd cancels one watch of a stream: the client's
-    /// other watches go on.
+    /// other watches go on. One etcd never created is refused as a create is, under -1, and
+    /// takes no id.
     async fn cancel(&mut self, status: Status) {
         let cancel = PbWatchResponse {
             header: Some(self.served.headers.header(self.served.revision())),
-            watch_id: self.id,
+            watch_id: if self.created { self.id } else { -1 },
             created: !self.created,
             canceled: true,
             cancel_reason: format!(
@@ -218,7 +289,8 @@ impl Relay {
             ..Default::default()
         };
         let _ = self.tx.send(Ok(vec![cancel])).await;
-        self.announced(true);
+        let took_id = self.created;
+        self.announced(took_id);
     }
 
     /// The client's answer to the create is in its stream (or never will be); `took_id`: the
@@ -248,8 +320,9 @@ impl Relay {
     /// Opens one upstream stream for the watch and relays it until it ends.
     async fn attempt(&mut self) -> Ended {
         // etcd checked the client's access when the watch was created; what is left of a
-        // watch moved from the cache runs as the server (the client's token may have expired).
-        let (metadata, runs_as) = if self.announced {
+        // watch moved from the cache, or opened again, runs as the server (the client's token
+        // may have expired, or been forgotten by a restarted etcd).
+        let (metadata, runs_as) = if self.announced || self.created {
             (self.served.own_identity)
                 .moved_watch_metadata(&self.served.client, &self.metadata)
                 .await
@@ -307,6 +380,7 @@ impl Relay {
                 // etcd answered at once, ahead of a watch still catching up: then only a watch
                 // past the revision etcd was at when it created it is taken at etcd's word (as
                 // a client of etcd itself would be).
+                // An answer without a header says nothing of a revision.
                 let now = response.header.as_ref().map_or(0, |h| h.revision);
                 let known = self.relayed.load(Ordering::Relaxed);
                 let synced = self.served.headers.synced_progress()
@@ -320,7 +394,7 @@ impl Relay {
                 continue;
             }
             if response.created {
-                created_at = response.header.as_ref().map_or(0, |h| h.revision);
+                created_at = response.header.as_ref().map_or(i64::MAX, |h| h.revision);
             }
             let canceled = response.canceled;
             // etcd refused the create (the client's access): it took no id, and says so under
@@ -345,12 +419,12 @@ impl Relay {
             // (etcd splits one only when asked to fragment), or the revision of a
             // created-from-now or a progress notification, which etcd sends only once the
             // watch is synced.
-            let now = response.header.as_ref().map_or(0, |h| h.revision);
+            let now = response.header.as_ref().map(|h| h.revision);
             let received = match response.events.last() {
                 Some(_) if response.fragment => None,
                 Some(event) => event.kv.as_ref().map(|kv| kv.mod_revision),
-                None if response.created && self.from_now => Some(now),
-                None if !response.created && !canceled => Some(now),
+                None if response.created && self.from_now => now,
+                None if !response.created && !canceled => now,
                 None => None,
             };
             // A response's fragments go to the client back to back.

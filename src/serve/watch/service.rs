@@ -13,6 +13,8 @@ pub(crate) struct WatchService {
     pub(crate) fragment_bytes: usize,
     /// See [`Session::last_word_within`].
     pub(crate) last_word_within: Duration,
+    /// The most forwarded watches, in all and per client connection.
+    pub(crate) forward_caps: (usize, usize),
 }
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<PbWatchResponse, Status>> + Send>>;
@@ -49,8 +51,10 @@ impl PbWatchService for WatchService {
             turn: 0,
             maybe_behind: false,
             backlog: VecDeque::new(),
+            backlog_bytes: 0,
             checking: None,
             announcing: None,
+            to_forward: None,
             last_word_within: self.last_word_within,
             require_leader,
             progress: None,
@@ -59,6 +63,7 @@ impl PbWatchService for WatchService {
             caught_up_rx,
             forwards: 0,
             fragment_bytes: self.fragment_bytes,
+            forward_caps: self.forward_caps,
         };
         let span = tracing::info_span!("watch_session");
         self.served.metrics.session(1);
