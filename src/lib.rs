@@ -52,6 +52,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## The guide
+//! [`guide`] holds the chapters, each with examples that compile: [getting
+//! started](guide::getting_started), [codecs](guide::codecs), [indexes](guide::indexes),
+//! [handlers](guide::handlers), [shutting down](guide::shutting_down),
+//! [controllers](guide::controllers), [consistent reads](guide::consistent_reads),
+//! [snapshots](guide::snapshots), [the compact cache](guide::compact_cache), [faults and
+//! health](guide::faults_and_health), [metrics and operating](guide::metrics_and_operating),
+//! [serving etcd's API](guide::serving), [etcd versions](guide::etcd_versions) and [coming from
+//! client-go](guide::coming_from_client_go).
+//!
 //! ## Controllers and metrics
 //! [`runner::Runner`] turns informers into a rate-limited work queue reconciled by N workers
 //! (panics and timeouts isolated per key, optionally only while leading an election). With the
@@ -61,15 +71,17 @@
 //! ## Indexes
 //! [`InformerOptions::with_index`] adds an index beside the default namespace index
 //! ([`InformerOptions::with_indexers`] replaces them all); read it with
-//! [`Lister::by_index`]. [`HandlerRegistration::wait_synced`] waits until one handler has had
-//! the first list.
+//! [`Lister::by_index`], and count per value with [`Indexer::list_index_func_values`] and
+//! [`Indexer::index_keys`] on [`SharedIndexInformer::indexer`].
+//! [`HandlerRegistration::wait_synced`] waits until one handler has had the first list.
 //!
 //! ## Logging
-//! The crate logs through [`tracing`] and prints nothing itself: install a subscriber (e.g.
-//! `tracing_subscriber::fmt().with_env_filter("etcd_informer=info").init()`) or decode errors
-//! and connection failures go unseen. An outage is logged as a WARN at its first failure, a
-//! WARN summary every 30 s while it lasts, and an INFO `list/watch is back` with how long it
-//! was down.
+//! The crate logs through [`tracing`] and prints nothing itself. Without a subscriber its logs
+//! go nowhere, and a value that does not decode is dropped silently: install one that reads
+//! `RUST_LOG`, e.g. `tracing_subscriber::fmt().with_env_filter(EnvFilter::from_default_env())`
+//! (the `tracing-subscriber` crate with its `env-filter` feature). An outage is logged as a
+//! WARN at its first failure, a WARN summary every 30 s while it lasts, and an INFO
+//! `list/watch is back` with how long it was down.
 //!
 //! ## Ordering
 //! Each handler sees changes after the cache holds them. In the default
@@ -86,6 +98,7 @@ pub mod client;
 pub mod codec;
 pub mod connect;
 pub mod delta_fifo;
+pub mod guide;
 pub mod informer;
 pub mod leader_election;
 pub mod lister;

@@ -831,8 +831,8 @@ async fn sharded_controller_example_shares_jobs_among_three_processes() {
     let seen = reconciled_lines(&rest.iter().collect::<Vec<_>>(), &expected);
     for (job, names) in &seen {
         // A replica reconciles every key of a shard it gains: a put racing the takeover can be
-        // reconciled twice by it at one revision (README, "What a replica reconciles"), never
-        // by two replicas.
+        // reconciled twice by it at one revision (the guide's "Controllers", "What a replica
+        // reconciles"), never by two replicas.
         let by: std::collections::BTreeSet<_> = names.iter().collect();
         assert!(
             by.len() == 1 && names.len() <= 2,

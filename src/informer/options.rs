@@ -119,7 +119,7 @@ pub struct InformerOptions<T> {
     /// How often the cache is audited against etcd ([`DEFAULT_AUDIT_PERIOD`]; `None`: never):
     /// a keys-only read of the prefix at the cache's revision, compared key by key with the
     /// cache's `mod_revision`s, that finds an event the watch lost and repairs it with a
-    /// relist. Revision-atomic mode only. See the README's "The audit".
+    /// relist. Revision-atomic mode only. See [the audit](crate::guide::faults_and_health).
     pub audit_period: Option<Duration>,
     /// `Some`: the cache is saved to a local file and a restart resumes from it when etcd
     /// agrees (warm restart, see [`snapshot`](crate::snapshot)); `None` (the default): every

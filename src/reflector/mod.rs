@@ -263,6 +263,7 @@ impl<T: Send + Sync + 'static, L: ListerWatcher<T>> Reflector<T, L> {
     /// its owner saw that the next attempt can succeed (the cache server: etcd turned its auth
     /// off, after refusing the server's credentials long enough to stretch the backoff). The
     /// backoff then starts over.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn with_retry_trigger(mut self, retry: Arc<tokio::sync::Notify>) -> Self {
         self.retry = Some(retry);
         self

@@ -573,8 +573,8 @@ async fn lock_and_election_are_etcds() {
 
 /// Linearizable reads of a prefix whose cache cannot catch etcd's revision by itself (a key
 /// outside it moved etcd's revision) each need etcd to prove the prefix unchanged; reads made
-/// together share one proof instead of each having etcd read the prefix (README, "Not done
-/// yet", before). A private etcd: no other test may move its revision meanwhile.
+/// together share one proof instead of each having etcd read the prefix (the guide's
+/// "Serving etcd's API", "Limits"). A private etcd: no other test may move its revision meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linearizable_reads_made_together_share_one_proof() {
     let etcd = private_etcd().await;

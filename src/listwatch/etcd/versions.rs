@@ -8,11 +8,23 @@ use crate::sync::lock;
 
 /// A known etcd watch bug and what the source does about it.
 pub(super) struct Bug {
-    /// The bug, the version that fixed it, and what the source does.
+    /// The bug, the version that fixed it, and what the source does (or, for a bug it cannot
+    /// handle, what the user must do).
     pub(super) text: &'static str,
-    /// The source guards against it on the stream; otherwise only a later check (the key
-    /// tally, a relist) repairs it, or nothing can.
-    pub(super) guarded: bool,
+    /// How the source handles it.
+    pub(super) handled: Handled,
+}
+
+/// How the source handles a known etcd bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Handled {
+    /// Guarded against on the stream: it never reaches the cache.
+    Guarded,
+    /// Found later (the key tally at a re-watch, the informer's audit) and repaired by a
+    /// relist.
+    Repaired,
+    /// Not detectable by a client: the user must act (the bug's text says how).
+    No,
 }
 
 /// The watch bugs fixed after `version` (SEMANTICS.md, etcd rule 19), each with what the
@@ -21,60 +33,82 @@ pub(super) fn known_watch_bugs(version: &str) -> Vec<Bug> {
     let (major, minor, patch) = parse_version(version);
     let mut bugs = Vec::new();
     let before = |m: u32, p: u32| (major, minor) == (3, m) && patch < p;
-    let mut bug = |text, guarded| bugs.push(Bug { text, guarded });
+    let mut bug = |text, handled| bugs.push(Bug { text, handled });
     if before(4, 24) {
-        bug("duplicated events (fixed in 3.4.24): dropped, every event at or below the revision delivered is skipped", true);
+        bug("duplicated events (fixed in 3.4.24): dropped, every event at or below the revision delivered is skipped", Handled::Guarded);
     }
     if before(4, 25) || before(5, 8) {
-        bug("responses going back in time, progress out of step with the stream (fixed in 3.4.25 / 3.5.8): a member behind the watched revision is checked, progress never advances the cache", true);
+        bug("responses going back in time, progress out of step with the stream (fixed in 3.4.25 / 3.5.8): a member behind the watched revision is checked, progress never advances the cache", Handled::Guarded);
     }
     if before(4, 31) {
-        bug("events lost after a compaction (fixed in 3.4.31): not detectable on the stream; the key tally at each re-watch and the informer's audit find it, and a relist repairs the cache", false);
+        bug("events lost after a compaction (fixed in 3.4.31): not detectable on the stream; the key tally at each re-watch and the informer's audit find it, and a relist repairs the cache", Handled::Repaired);
     }
     if before(4, 36) {
-        bug("a missing delete when a watch opens at the compaction revision (fixed in 3.4.36): not detectable on the stream; the informer's audit finds it and relists", false);
+        bug("a missing delete when a watch opens at the compaction revision (fixed in 3.4.36): not detectable on the stream; the informer's audit finds it and relists", Handled::Repaired);
     }
     if (major, minor) == (3, 5) && patch < 3 {
-        bug("a member killed during an apply can come back with its revisions off from its cluster's for good (etcd-io/etcd#13766, fixed in 3.5.3): not detectable by a client of that member alone; etcd's --experimental-initial-corrupt-check finds it", false);
+        bug("a member killed during an apply can come back with its revisions off from its cluster's for good (etcd-io/etcd#13766, fixed in 3.5.3), which no client of that member can detect: upgrade etcd, or run every member with --experimental-initial-corrupt-check", Handled::No);
     }
     if before(4, 38) {
-        bug("a watch on a future revision returning old events (fixed in 3.4.38): dropped, as duplicates", true);
+        bug("a watch on a future revision returning old events (fixed in 3.4.38): dropped, as duplicates", Handled::Guarded);
     }
     bugs
 }
 
-/// The one line said at start about `bugs` of etcd `version`, or `None` when it has none.
-pub(super) fn summary(version: &str, bugs: &[Bug]) -> Option<String> {
-    if bugs.is_empty() {
-        return None;
-    }
-    let guarded = bugs.iter().filter(|b| b.guarded).count();
-    Some(format!(
-        "etcd {version} has {} known watch bugs: {guarded} guarded on the stream, {} caught by the key tally or the audit and repaired by a relist; see the README's \"etcd versions\"",
-        bugs.len(),
-        bugs.len() - guarded
-    ))
+/// What is said at start about `bugs` of etcd `version`: a WARN line for each bug the user
+/// must act on, and one INFO line for the bugs the source handles (`None` when there are none).
+pub(super) struct Said {
+    /// One line per bug the source cannot handle, saying what to do.
+    pub(super) warn: Vec<String>,
+    /// One line for the bugs the source handles, how many of each kind.
+    pub(super) info: Option<String>,
 }
 
-/// Says once per process and etcd version, in one line, how many known watch bugs that version
-/// has; each bug's detail goes to the debug level.
+/// The lines said at start about `bugs` of etcd `version`.
+pub(super) fn said(version: &str, bugs: &[Bug]) -> Said {
+    let count = |handled: Handled| bugs.iter().filter(|b| b.handled == handled).count();
+    let (guarded, repaired) = (count(Handled::Guarded), count(Handled::Repaired));
+    let handled = guarded + repaired;
+    let info = (handled > 0).then(|| {
+        format!(
+            "etcd {version} has {handled} known watch bug{} that this client handles: {guarded} guarded on the stream, {repaired} found by the key tally or the audit and repaired by a relist; see the guide's chapter etcd_informer::guide::etcd_versions",
+            if handled == 1 { "" } else { "s" }
+        )
+    });
+    let warn = bugs
+        .iter()
+        .filter(|b| b.handled == Handled::No)
+        .map(|b| format!("etcd {version} has a known bug: {}", b.text))
+        .collect();
+    Said { warn, info }
+}
+
+/// Says once per process and etcd version what that version's known watch bugs mean: a
+/// WARN for each one the user must act on, one INFO line for those the source handles; each
+/// bug's detail goes to the debug level.
 pub(super) fn warn_of_known_watch_bugs(version: &str) {
     static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let bugs = known_watch_bugs(version);
-    let Some(line) = summary(version, &bugs) else {
+    if bugs.is_empty() {
         return;
-    };
+    }
     if !lock(&WARNED)
         .get_or_insert_with(HashSet::new)
         .insert(version.to_string())
     {
         return;
     }
-    tracing::warn!("{line}");
+    let lines = said(version, &bugs);
+    for line in &lines.warn {
+        tracing::warn!("{line}");
+    }
+    if let Some(line) = &lines.info {
+        tracing::info!("{line}");
+    }
     for bug in &bugs {
         tracing::debug!(
             etcd_version = version,
-            guarded = bug.guarded,
+            handled = ?bug.handled,
             "{}",
             bug.text
         );
@@ -134,14 +168,21 @@ mod tests {
     }
 
     #[test]
-    fn the_start_says_one_short_line() {
-        let line = summary("3.4.23", &known_watch_bugs("3.4.23")).unwrap();
+    fn the_start_warns_only_of_what_must_be_acted_on() {
+        let said_of = |version: &str| said(version, &known_watch_bugs(version));
+        let old_34 = said_of("3.4.23");
+        assert!(old_34.warn.is_empty(), "{:?}", old_34.warn);
+        let info = old_34.info.unwrap();
         assert_eq!(
-            line,
-            "etcd 3.4.23 has 5 known watch bugs: 3 guarded on the stream, 2 caught by the key tally or the audit and repaired by a relist; see the README's \"etcd versions\""
+            info,
+            "etcd 3.4.23 has 5 known watch bugs that this client handles: 3 guarded on the stream, 2 found by the key tally or the audit and repaired by a relist; see the guide's chapter etcd_informer::guide::etcd_versions"
         );
-        assert!(line.len() < 160 && !line.contains('\n'));
-        assert!(summary("3.5.1", &known_watch_bugs("3.5.1")).unwrap().len() < 160);
-        assert!(summary("3.6.0", &known_watch_bugs("3.6.0")).is_none());
+        assert!(!info.contains('\n'));
+        let old_35 = said_of("3.5.1");
+        assert_eq!(old_35.warn.len(), 1);
+        assert!(old_35.warn[0].contains("--experimental-initial-corrupt-check"));
+        assert!(old_35.info.unwrap().contains(" 1 known watch bug that"));
+        let new = said_of("3.6.0");
+        assert!(new.warn.is_empty() && new.info.is_none());
     }
 }
