@@ -52,10 +52,10 @@
 //! | `server.rs` | start-up ([`CacheServer::bind`]: the caches, the listener, the services), the running handle ([`RunningServer`]: readiness, stats, drain), the task that keeps each prefix's cache |
 //! | `served.rs` | what every service shares (`Served`): the served prefixes, the consistent-read proof |
 //! | `cache.rs` | a prefix's cache: its keys at one revision and a bounded history of revisions |
-//! | `access.rs` | the access answers: whether a client may read a cached range, asked of etcd with its token |
+//! | `access.rs` | the access answers: whether a client may read a cached range, asked of etcd with its token, remembered within a bound of bytes |
 //! | `kv.rs` | the KV service: a Range answered from a cache or forwarded; writes forwarded |
 //! | `encode.rs` | a Range answer encoded straight from the cache |
-//! | `watch/` | the Watch service (`service.rs`), a stream's session (`mod.rs`: its watches, create and cancel, catch-up, progress), the relays of forwarded watches (`relay.rs`), fragments (`fragment.rs`) |
+//! | `watch/` | the Watch service (`service.rs`), a stream's session (`mod.rs`: its watches, catch-up, progress), its requests in order (`requests.rs`: create, cancel, progress), the relays of forwarded watches (`relay.rs`: resumed when their upstream stream fails, capped), fragments (`fragment.rs`) |
 //! | `forward.rs` | the upstream: requests forwarded with the client's token, the services only forwarded (Lease, Auth, Maintenance...) |
 //! | `header.rs` | response headers as etcd's, and the leader as etcd last named it |
 //! | `status.rs` | the errors the server answers with, in etcd's words |
