@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::{cache_state, etcd_state, shared_client};
 use etcd_client::{Client, Txn, TxnOp};
 use etcd_informer::client::TypedClient;
+use etcd_informer::listwatch::{Capabilities, ProveFreshness};
 use etcd_informer::runner::{Action, Runner};
 use etcd_informer::testing::etcd::{unique_prefix, EtcdServer};
 use etcd_informer::{
@@ -754,6 +755,13 @@ impl etcd_informer::ListerWatcher<String> for DoctoredSource {
             Ok(Box::pin(held) as etcd_informer::WatchStream<String>)
         })
     }
+    /// The inner source's, with its own freshness proofs (counted).
+    fn capabilities(&self) -> Capabilities<'_> {
+        self.inner.capabilities().with_freshness(self)
+    }
+}
+
+impl ProveFreshness for DoctoredSource {
     fn freshness(
         &self,
         since: i64,
@@ -765,34 +773,6 @@ impl etcd_informer::ListerWatcher<String> for DoctoredSource {
     > {
         self.asks.fetch_add(1, Ordering::SeqCst);
         self.inner.freshness(since, cached, at)
-    }
-    fn liveness_bound(&self) -> Option<Duration> {
-        self.inner.liveness_bound()
-    }
-    fn decode_errors(&self) -> u64 {
-        self.inner.decode_errors()
-    }
-    fn key_revisions(
-        &self,
-        at: i64,
-        page: etcd_informer::listwatch::KeyRevisionsSink,
-    ) -> etcd_informer::listwatch::BoxFuture<'_, etcd_informer::listwatch::Result<()>> {
-        self.inner.key_revisions(at, page)
-    }
-    fn identity(&self) -> etcd_informer::listwatch::SourceIdentity {
-        self.inner.identity()
-    }
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> etcd_informer::listwatch::BoxFuture<
-        '_,
-        etcd_informer::listwatch::Result<etcd_informer::listwatch::Resume>,
-    > {
-        self.inner.can_resume(revision, keys, cluster_id, splits)
     }
 }
 

@@ -14,6 +14,7 @@ use common::{
 };
 use etcd_client::Client;
 use etcd_informer::listwatch::etcd::ConfigError;
+use etcd_informer::listwatch::ListKeyRevisions;
 use etcd_informer::testing::etcd::{unique_prefix, EtcdCluster, EtcdServer};
 use etcd_informer::{
     connect, Backoff, EtcdListerWatcher, EtcdOptions, InformerOptions, RawCodec,

@@ -516,8 +516,7 @@ async fn a_crash_mid_write_leaves_the_previous_snapshot_usable() {
 /// to be one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_counts_a_snapshots_keys_in_parts_as_it_counts_them_whole() {
-    use etcd_informer::listwatch::Resume;
-    use etcd_informer::ListerWatcher;
+    use etcd_informer::listwatch::{Resumable, Resume, SavedCache};
 
     let client = shared_client().await;
     let prefix = unique_prefix("snapshot_parts");
@@ -546,9 +545,14 @@ async fn etcd_counts_a_snapshots_keys_in_parts_as_it_counts_them_whole() {
         owned(&["ns/k010", "ns/k005", "ns/k010", "", "zzz"]),
         owned(&["a", "ns/k000", "ns/k019", "ns/k0190"]),
     ] {
-        let answer = source.can_resume(at, 20, cluster_id, splits.clone()).await;
+        let answer = source
+            .can_resume(SavedCache::new(at, 20, cluster_id).with_splits(splits.clone()))
+            .await;
         assert_eq!(answer.unwrap(), Resume::Ready, "split at {splits:?}");
-        match source.can_resume(at, 19, cluster_id, splits.clone()).await {
+        match source
+            .can_resume(SavedCache::new(at, 19, cluster_id).with_splits(splits.clone()))
+            .await
+        {
             Ok(Resume::Refused(why)) => assert!(why.contains("etcd counts 20"), "{why}"),
             other => panic!("split at {splits:?}: expected a refusal, got {other:?}"),
         }
@@ -558,16 +562,18 @@ async fn etcd_counts_a_snapshots_keys_in_parts_as_it_counts_them_whole() {
         .map_or(0, |h| h.revision());
     kv.compact(now, None).await.expect("compact");
     let splits = owned(&["ns/k005", "ns/k010"]);
-    let answer = source.can_resume(at, 20, cluster_id, splits).await.unwrap();
+    let answer = source
+        .can_resume(SavedCache::new(at, 20, cluster_id).with_splits(splits))
+        .await
+        .unwrap();
     assert!(matches!(answer, Resume::Compacted(_)), "{answer:?}");
 }
 
 /// The in-memory source answers as etcd's does (no etcd needed).
 #[tokio::test]
 async fn the_fake_source_answers_as_etcd_does() {
-    use etcd_informer::listwatch::Resume;
+    use etcd_informer::listwatch::{Resumable, Resume, SavedCache};
     use etcd_informer::testing::FakeSource;
-    use etcd_informer::ListerWatcher;
 
     let source = FakeSource::<String>::new();
     source.put("a", "1".into());
@@ -575,7 +581,7 @@ async fn the_fake_source_answers_as_etcd_does() {
     source.delete("a");
     source.put("c", "3".into());
     assert_eq!(
-        source.can_resume(at, 2, 1, Vec::new()).await.unwrap(),
+        source.can_resume(SavedCache::new(at, 2, 1)).await.unwrap(),
         Resume::Ready
     );
     let refused = |r: Resume, what: &str| match r {
@@ -583,20 +589,23 @@ async fn the_fake_source_answers_as_etcd_does() {
         other => panic!("expected refused ({what}), got {other:?}"),
     };
     refused(
-        source.can_resume(at, 3, 1, Vec::new()).await.unwrap(),
+        source.can_resume(SavedCache::new(at, 3, 1)).await.unwrap(),
         "tally differs",
     );
     refused(
-        source.can_resume(at, 2, 9, Vec::new()).await.unwrap(),
+        source.can_resume(SavedCache::new(at, 2, 9)).await.unwrap(),
         "another cluster",
     );
     refused(
-        source.can_resume(at + 10, 2, 1, Vec::new()).await.unwrap(),
+        source
+            .can_resume(SavedCache::new(at + 10, 2, 1))
+            .await
+            .unwrap(),
         "ahead",
     );
     source.compact();
     assert!(matches!(
-        source.can_resume(at, 2, 1, Vec::new()).await.unwrap(),
+        source.can_resume(SavedCache::new(at, 2, 1)).await.unwrap(),
         Resume::Compacted(_)
     ));
 }

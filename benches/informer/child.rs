@@ -1,8 +1,8 @@
 //! The memory scenario's child processes: the bench re-executed with `--child`.
 
 use etcd_informer::listwatch::{
-    BoxFuture, Error as LwError, Freshness, KeyRevisionsSink, ListResult, ListSink,
-    Result as LwResult, Resume, SourceIdentity, WatchEvent, WatchStream,
+    BoxFuture, Capabilities, Error as LwError, ListResult, ListSink, Result as LwResult,
+    WatchEvent, WatchStream,
 };
 
 use super::*;
@@ -145,37 +145,8 @@ impl ListerWatcher<ConfigMap> for Expiring {
         })
     }
 
-    fn freshness(
-        &self,
-        since: i64,
-        cached: Option<usize>,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, LwResult<Freshness>> {
-        self.inner.freshness(since, cached, at)
-    }
-
-    fn liveness_bound(&self) -> Option<std::time::Duration> {
-        self.inner.liveness_bound()
-    }
-
-    fn decode_errors(&self) -> u64 {
-        self.inner.decode_errors()
-    }
-    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
-        self.inner.key_revisions(at, page)
-    }
-    // Warm restart from a snapshot (issue 26).
-    fn identity(&self) -> SourceIdentity {
-        self.inner.identity()
-    }
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> BoxFuture<'_, LwResult<Resume>> {
-        self.inner.can_resume(revision, keys, cluster_id, splits)
+    fn capabilities(&self) -> Capabilities<'_> {
+        self.inner.capabilities()
     }
 }
 

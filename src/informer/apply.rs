@@ -9,6 +9,7 @@ use super::handler::Event;
 use super::options::RelistUnchanged;
 use super::processor::Processor;
 use super::shared_informer::SharedIndexInformer;
+use crate::listwatch::SourceCapabilities;
 use crate::metrics::{EventKind, InformerMetrics};
 use crate::object::Object;
 use crate::queue::{DeletedObject, Delta, DeltaType};
@@ -107,7 +108,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 let metrics = &self.shared.metrics;
                 // The store the list was read from: the source recorded it as it listed (a
                 // store it finds replaced later is recorded then, before this content goes).
-                let origin = self.shared.source.identity().cluster_id.unwrap_or(0);
+                let origin = (self.shared.source.identity())
+                    .and_then(|i| i.cluster_id)
+                    .unwrap_or(0);
                 indexer.transaction(|txn| {
                     let mut events = Vec::new();
                     let out = if listening {

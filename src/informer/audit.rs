@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 
 use crate::listwatch::etcd::key_bytes;
 use crate::listwatch::ListerWatcher;
+use crate::listwatch::SourceCapabilities;
 use crate::metrics::{AuditMetrics, AuditResult as Outcome};
 use crate::sync::lock;
 

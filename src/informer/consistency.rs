@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use super::shared_informer::{Queue, SharedIndexInformer};
 use crate::lister::Lister;
-use crate::listwatch::{Error as SourceError, ListerWatcher};
+use crate::listwatch::Error as SourceError;
+use crate::listwatch::SourceCapabilities;
 
 /// Why a consistent read or [`SharedIndexInformer::wait_for_revision`] failed.
 #[derive(Debug, thiserror::Error)]

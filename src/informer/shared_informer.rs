@@ -18,6 +18,7 @@ use super::processor::{merge_due, Processor};
 use crate::delta_fifo::DeltaFifo;
 use crate::lister::Lister;
 use crate::listwatch::ListerWatcher;
+use crate::listwatch::SourceCapabilities;
 use crate::metrics::{AuditMetrics, InformerMetrics};
 use crate::queue::clamp_resync;
 use crate::queue::ReceivedAt;
@@ -246,6 +247,12 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             return;
         }
         let source = self.shared.source.clone();
+        // What the informer cannot do over this source, said once: a wrapper that forgot to
+        // forward the capabilities of the source it wraps shows here.
+        let lacking = source.capabilities().lacking();
+        if !lacking.is_empty() {
+            tracing::info!(informer = %self.shared.name, lacking = %lacking.join("; "), "the source lacks capabilities");
+        }
         let resync_period = *lock(&self.shared.resync_check_period);
         let weak = Arc::downgrade(&self.shared);
         let should_resync = Arc::new(move || {

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::controller::AbortOnDrop;
 use super::shared_informer::{Queue, SharedIndexInformer};
+use crate::listwatch::SourceCapabilities;
 use crate::snapshot::{write, SnapshotError, SnapshotErrorKind, SnapshotStart};
 use crate::store::Indexer;
 
@@ -84,7 +85,10 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         if revision == 0 || revision == *written {
             return Ok(None);
         }
-        let identity = self.shared.source.identity();
+        let Some(identity) = self.shared.source.identity() else {
+            tracing::debug!(informer = %self.shared.name, "no snapshot written: the source names no store (it cannot resume)");
+            return Ok(None);
+        };
         let options = snapshots.options.clone();
         let keys = content.len();
         tokio::task::spawn_blocking(move || {

@@ -16,8 +16,14 @@ use crate::object::EncodedObject;
 use crate::object::Object;
 use crate::object::Stamp;
 
+pub mod capabilities;
 pub mod etcd;
 mod hedged;
+
+pub(crate) use self::capabilities::SourceCapabilities;
+pub use self::capabilities::{
+    Capabilities, ListKeyRevisions, ProveFreshness, Resumable, SavedCache,
+};
 
 /// A boxed, sendable future, as returned by [`ListerWatcher`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -313,7 +319,7 @@ impl Error {
     }
 }
 
-/// What a source says of a cache's freshness; see [`ListerWatcher::freshness`].
+/// What a source says of a cache's freshness; see [`ProveFreshness::freshness`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Freshness {
     /// The revision the answer is about: the source's current revision (read linearizably), or
@@ -338,7 +344,7 @@ pub struct SourceIdentity {
 }
 
 /// Whether a cache saved at a revision can follow the source from there; see
-/// [`ListerWatcher::can_resume`].
+/// [`Resumable::can_resume`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resume {
     /// Same store, the revision is still there, and the source counts as many keys at it as
@@ -353,7 +359,10 @@ pub enum Resume {
     Refused(String),
 }
 
-/// Lists the objects of a source at one revision, and watches the changes after a revision.
+/// Lists the objects of a source at one revision, and watches the changes after a revision:
+/// client-go's `ListerWatcher`, with what some sources can do beyond it asked for through
+/// [`capabilities`](Self::capabilities) (freshness proofs, the audit's key revisions,
+/// resuming from a snapshot: see [`Capabilities`]).
 ///
 /// Contract: `list` returns every object at one revision `R` (a consistent snapshot); `watch(R)`
 /// yields every change with a revision greater than `R`, in revision order, with each object's
@@ -362,115 +371,34 @@ pub enum Resume {
 /// so that the informer can apply each revision atomically. A source that cannot serve `R` any
 /// more reports [`Error::Expired`].
 ///
-/// Every method is required, on purpose: a source that wraps another must decide for each one
-/// (forward it, or answer for itself), so that a forgotten method cannot silently turn
-/// consistent reads into errors or a stalled watch into a healthy-looking one. A source that
-/// lists whole can implement [`list_into`](Self::list_into) with [`list_whole_into`].
-///
-/// A source that counts the lists of another and forwards everything else:
-///
-/// ```
-/// use std::sync::Arc;
-/// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use std::time::Duration;
-/// use etcd_informer::listwatch::{
-///     BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result, Resume,
-///     SourceIdentity, WatchStream,
-/// };
-///
-/// struct CountingLists<L> { inner: L, lists: AtomicUsize }
-///
-/// impl<T: 'static, L: ListerWatcher<T>> ListerWatcher<T> for CountingLists<L> {
-///     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
-///         self.lists.fetch_add(1, Ordering::Relaxed);
-///         self.inner.list()
-///     }
-///     fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
-///         self.lists.fetch_add(1, Ordering::Relaxed);
-///         self.inner.list_into(sink)
-///     }
-///     fn watch(&self, after: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
-///         self.inner.watch(after)
-///     }
-///     fn freshness(&self, since: i64, cached: Option<usize>, at: Option<i64>) -> BoxFuture<'_, Result<Freshness>> {
-///         self.inner.freshness(since, cached, at)
-///     }
-///     fn liveness_bound(&self) -> Option<Duration> {
-///         self.inner.liveness_bound()
-///     }
-///     fn decode_errors(&self) -> u64 {
-///         self.inner.decode_errors()
-///     }
-///     fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
-///         self.inner.key_revisions(at, page)
-///     }
-///     fn identity(&self) -> SourceIdentity {
-///         self.inner.identity()
-///     }
-///     fn can_resume(&self, revision: i64, keys: usize, cluster_id: u64, splits: Vec<String>) -> BoxFuture<'_, Result<Resume>> {
-///         self.inner.can_resume(revision, keys, cluster_id, splits)
-///     }
-/// }
-/// ```
+/// A source that wraps another implements what it changes and forwards
+/// [`capabilities`](Self::capabilities) in one line, keeping every capability of the source it
+/// wraps (see the [`capabilities`] module). One that forgets it loses them
+/// visibly: the informer's start line names what the source lacks, and a consistent read says
+/// that its source cannot prove a cache fresh.
 pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// Every object, and the revision they were read at.
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>>;
     /// Lists as [`list`](Self::list) does, handing the objects to `sink` a page at a time as
     /// they are decoded, so that the cache is built while the source reads the next page;
-    /// returns the list's revision. After an error, what the sink received is discarded.
+    /// returns the list's revision. After an error, what the sink received is discarded. By
+    /// default one page: [`list`](Self::list)'s whole list ([`list_whole_into`]).
     fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
     where
-        T: 'static;
+        T: 'static,
+    {
+        Box::pin(list_whole_into(self, sink))
+    }
     /// The changes after `after_revision` (exclusive).
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>>;
-    /// Whether a cache that holds every change up to `since` is the source's content at `at`
-    /// (or, with `None`, at the source's current revision, read linearizably). `cached` is
-    /// `Some(n)` when the cache is exactly the source's content at `since`, `n` objects (the
-    /// revision-atomic mode), `None` when it may hold later changes too (the DeltaFIFO mode):
-    /// only an exact count may stand in for the source's own count at `since`. Behind the
-    /// informer's consistent reads. A source that cannot tell returns an error that says so.
-    fn freshness(
-        &self,
-        since: i64,
-        cached: Option<usize>,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, Result<Freshness>>;
-    /// How long a live watch of this source can go without yielding anything: a source that
-    /// proves its stream alive at least this often (with events, or bookmarks at the revision
-    /// already delivered) returns the bound, and an informer that hears nothing for longer
-    /// reports itself unhealthy. `None`: silence says nothing about the source (an in-memory
-    /// source, closures).
-    fn liveness_bound(&self) -> Option<std::time::Duration>;
-    /// How many values failed to decode so far (0 for sources that do not decode), for the
-    /// informer's `etcd_informer_decode_errors_total` [metric](crate::metrics).
-    fn decode_errors(&self) -> u64;
-    /// Every key at revision `at` with its `mod_revision`, in key order, handed to `page` a
-    /// page at a time, without values: the informer's audit compares them with the cache.
-    /// Keys the source could not turn into objects at that `mod_revision` (undecodable) are
-    /// left out, as the cache lacks them too. [`Error::Expired`] when `at` is gone; a source
-    /// that cannot tell returns an error that says so.
-    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>>;
-    // ---- Warm restart from a snapshot (issue 26) ----
-    /// Who the source reads from, recorded in a snapshot of the cache and compared when one is
-    /// loaded ([`SourceIdentity`]).
-    fn identity(&self) -> SourceIdentity;
-    /// Whether a cache holding `keys` objects, the source's content at `revision` in the store
-    /// `cluster_id`, can follow the source by watching from `revision` ([`Resume`]). Asked once
-    /// when an informer starts from a snapshot. A source that cannot tell answers
-    /// [`Resume::Refused`], never [`Resume::Ready`]: a wrong answer means a wrong cache.
-    /// `splits` are a hint: some of the cache's keys (relative to the source, in order), where
-    /// a source that walks every key to count them may split the count into parts asked at
-    /// once. A source may ignore them (etcd's skips any out of order or repeated).
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> BoxFuture<'_, Result<Resume>>;
+    /// What the source can do beyond listing and watching: nothing by default. A source that
+    /// wraps another returns the inner one's.
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+    }
 }
 
-/// Receives the pages of [`ListerWatcher::key_revisions`]: keys relative to the source, with
+/// Receives the pages of [`ListKeyRevisions::key_revisions`]: keys relative to the source, with
 /// their `mod_revision`s.
 pub type KeyRevisionsSink = Box<dyn FnMut(Vec<(Arc<str>, i64)>) + Send>;
 
@@ -486,14 +414,10 @@ pub async fn list_whole_into<T, L: ListerWatcher<T> + ?Sized>(
     Ok(list.revision)
 }
 
-/// A shared or boxed source is the source: every method forwards, so that none can be
-/// forgotten for one of the two.
+/// A shared or boxed source is the source: every method forwards.
 macro_rules! forward_lister_watcher {
     ($($pointer:ident),*) => {$(
         impl<T, L: ListerWatcher<T> + ?Sized> ListerWatcher<T> for $pointer<L> {
-            fn decode_errors(&self) -> u64 {
-                (**self).decode_errors()
-            }
             fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
                 (**self).list()
             }
@@ -506,32 +430,8 @@ macro_rules! forward_lister_watcher {
             fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
                 (**self).watch(after_revision)
             }
-            fn freshness(
-                &self,
-                since: i64,
-                cached: Option<usize>,
-                at: Option<i64>,
-            ) -> BoxFuture<'_, Result<Freshness>> {
-                (**self).freshness(since, cached, at)
-            }
-            fn liveness_bound(&self) -> Option<std::time::Duration> {
-                (**self).liveness_bound()
-            }
-            fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
-                (**self).key_revisions(at, page)
-            }
-            // Warm restart from a snapshot (issue 26).
-            fn identity(&self) -> SourceIdentity {
-                (**self).identity()
-            }
-            fn can_resume(
-                &self,
-                revision: i64,
-                keys: usize,
-                cluster_id: u64,
-                splits: Vec<String>,
-            ) -> BoxFuture<'_, Result<Resume>> {
-                (**self).can_resume(revision, keys, cluster_id, splits)
+            fn capabilities(&self) -> Capabilities<'_> {
+                (**self).capabilities()
             }
         }
     )*};
@@ -571,63 +471,7 @@ where
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin((self.list)())
     }
-    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>>
-    where
-        T: 'static,
-    {
-        Box::pin(list_whole_into(self, sink))
-    }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         Box::pin((self.watch)(after_revision))
-    }
-    /// Closures cannot read the source's current revision: consistent reads of an informer
-    /// over a `ListWatch` fail with this error.
-    fn freshness(
-        &self,
-        _: i64,
-        _: Option<usize>,
-        _: Option<i64>,
-    ) -> BoxFuture<'_, Result<Freshness>> {
-        Box::pin(async {
-            Err(Error::transient(
-                "a ListWatch made of closures cannot read its source's current revision; implement ListerWatcher::freshness for consistent reads",
-            ))
-        })
-    }
-    fn liveness_bound(&self) -> Option<std::time::Duration> {
-        None
-    }
-    fn decode_errors(&self) -> u64 {
-        0
-    }
-    /// Closures cannot read keys at a revision: the informer's audit stops with this error.
-    fn key_revisions(&self, _: i64, _: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async {
-            Err(Error::transient(
-                "a ListWatch made of closures cannot read its keys at a revision; implement ListerWatcher::key_revisions for the audit",
-            ))
-        })
-    }
-    // Warm restart from a snapshot (issue 26).
-    /// Closures have no store to name: an informer over a `ListWatch` writes no snapshot.
-    fn identity(&self) -> SourceIdentity {
-        SourceIdentity {
-            name: "ListWatch".into(),
-            cluster_id: None,
-        }
-    }
-    /// Closures cannot tell whether their source still has a revision: never resumable.
-    fn can_resume(
-        &self,
-        revision: i64,
-        _: usize,
-        _: u64,
-        _: Vec<String>,
-    ) -> BoxFuture<'_, Result<Resume>> {
-        Box::pin(async move {
-            Ok(Resume::Refused(format!(
-                "a ListWatch made of closures cannot tell whether its source still has revision {revision}"
-            )))
-        })
     }
 }

@@ -38,7 +38,7 @@ impl Relists {
 #[non_exhaustive]
 pub struct Health {
     /// A list succeeded and the watch after it is open, with no failure since, and the watch
-    /// proved alive within the source's [liveness bound](crate::listwatch::ListerWatcher::liveness_bound): a
+    /// proved alive within the source's [liveness bound](crate::listwatch::Capabilities::liveness_bound): a
     /// watch that has gone silent for longer is not connected, even if nothing failed.
     pub connected: bool,
     /// When the source last proved the cache fresh: a list, or anything its watch stream
@@ -80,7 +80,7 @@ pub struct RevisionHandle {
     /// When the source last proved the cache fresh, in milliseconds since the Unix epoch (0:
     /// never): kept apart from `health` so that recording it costs no lock per event.
     proven_ms: Arc<AtomicU64>,
-    /// The source's [`ListerWatcher::liveness_bound`](crate::listwatch::ListerWatcher::liveness_bound).
+    /// The source's [`Capabilities::liveness_bound`](crate::listwatch::Capabilities::liveness_bound).
     liveness_bound: Option<Duration>,
 }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tracing::Instrument;
 
+use crate::listwatch::SourceCapabilities;
 use crate::listwatch::{take_received, Error, ListResult, ListerWatcher, WatchEvent, WatchStream};
 use crate::metrics::{RelistMetrics, RelistReason};
 use crate::object::Object;

@@ -14,7 +14,7 @@
 //! readable by its owner alone (0600): it holds every value of the prefix.
 //!
 //! On start, the informer reads the file's head and checks it (length, format version, codec
-//! id, prefix), then asks the source ([`ListerWatcher::can_resume`]) for the same cluster, a
+//! id, prefix), then asks the source ([`Resumable::can_resume`](crate::listwatch::Resumable::can_resume)) for the same cluster, a
 //! revision etcd still has (not ahead of etcd's: a store replaced since), and as many keys
 //! under the prefix at that revision as the snapshot holds. Meanwhile it reads the rest a page
 //! at a time, each page handed on as the next is read, and checks the checksum at the end:
@@ -46,7 +46,6 @@
 //! the loaded objects, so it must give the same result when applied twice (dropping fields
 //! does).
 //!
-//! [`ListerWatcher::can_resume`]: crate::ListerWatcher::can_resume
 
 mod error;
 mod format;

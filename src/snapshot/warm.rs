@@ -7,8 +7,8 @@ use super::error::{SnapshotError, SnapshotErrorKind};
 use super::format::{self, Page};
 use super::{SnapshotOptions, SnapshotStart};
 use crate::listwatch::{
-    BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
-    Resume, SourceIdentity, WatchStream,
+    BoxFuture, Capabilities, Error, ListResult, ListSink, ListerWatcher, Result, Resume,
+    SavedCache, SourceCapabilities, WatchStream,
 };
 use crate::object::EncodedObject;
 use crate::object::IndexValues;
@@ -140,7 +140,11 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 informer: self.options.codec_id.clone(),
             })
         } else {
-            let name = self.inner.identity().name;
+            let Some(name) = self.inner.identity().map(|identity| identity.name) else {
+                return Ok(Decision::Cold(
+                    "the source cannot resume from a snapshot (its capabilities lack it)".into(),
+                ));
+            };
             (header.prefix != name).then(|| SnapshotErrorKind::Prefix {
                 snapshot: header.prefix.clone(),
                 informer: name,
@@ -157,7 +161,8 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
         // few hundred milliseconds.
         let asking = {
             let (inner, splits) = (self.inner.clone(), splits(first.as_ref()));
-            tokio::spawn(async move { inner.can_resume(revision, keys, cluster_id, splits).await })
+            let saved = SavedCache::new(revision, keys, cluster_id).with_splits(splits);
+            tokio::spawn(async move { inner.can_resume(saved).await })
         };
         // The sample comes from the first page: the file holds its keys in hash order, so
         // that page is a random sample of them all.
@@ -576,38 +581,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for WarmSource<T> {
         self.inner.watch(after_revision)
     }
 
-    fn freshness(
-        &self,
-        since: i64,
-        cached: Option<usize>,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, Result<Freshness>> {
-        self.inner.freshness(since, cached, at)
-    }
-
-    fn liveness_bound(&self) -> Option<std::time::Duration> {
-        self.inner.liveness_bound()
-    }
-
-    fn decode_errors(&self) -> u64 {
-        self.inner.decode_errors()
-    }
-
-    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
-        self.inner.key_revisions(at, page)
-    }
-
-    fn identity(&self) -> SourceIdentity {
-        self.inner.identity()
-    }
-
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> BoxFuture<'_, Result<Resume>> {
-        self.inner.can_resume(revision, keys, cluster_id, splits)
+    fn capabilities(&self) -> Capabilities<'_> {
+        self.inner.capabilities()
     }
 }

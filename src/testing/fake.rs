@@ -5,8 +5,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::listwatch::{
-    list_whole_into, BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink,
-    ListerWatcher, Result, Resume, SourceIdentity, WatchEvent, WatchStream,
+    BoxFuture, Capabilities, Error, Freshness, KeyRevisionsSink, ListKeyRevisions, ListResult,
+    ListerWatcher, ProveFreshness, Result, Resumable, Resume, SavedCache, SourceIdentity,
+    WatchEvent, WatchStream,
 };
 use crate::object::Object;
 use crate::sync::lock;
@@ -16,7 +17,10 @@ use crate::sync::lock;
 ///
 /// It behaves like an etcd prefix: every write gets the next revision, lists are consistent
 /// snapshots, watches replay history after their start revision, and a start revision at or below
-/// the compacted one fails as [`Error::Expired`].
+/// the compacted one fails as [`Error::Expired`]. Beyond `list` and `watch` it has etcd's
+/// source's [capabilities](crate::listwatch::capabilities): freshness proofs for consistent
+/// reads, key revisions for the audit, and resuming from a snapshot (no liveness bound: in
+/// memory, a quiet watch is a live one).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -237,7 +241,7 @@ impl<T: Clone + Send + Sync + 'static> FakeSource<T> {
         self.lock().watches
     }
 
-    /// How many times [`freshness`](ListerWatcher::freshness) was asked (failed answers
+    /// How many times [`freshness`](crate::listwatch::ProveFreshness::freshness) was asked (failed answers
     /// included).
     pub fn freshness_count(&self) -> usize {
         self.lock().proofs
@@ -297,17 +301,13 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         Box::pin(async move { result })
     }
 
-    fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
-        Box::pin(list_whole_into(self, sink))
-    }
-
-    /// In memory: a quiet watch is a live one.
-    fn liveness_bound(&self) -> Option<std::time::Duration> {
-        None
-    }
-
-    fn decode_errors(&self) -> u64 {
-        0
+    /// Freshness proofs, key revisions and resuming, as etcd's source; no liveness bound (in
+    /// memory, a quiet watch is a live one).
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .with_freshness(self)
+            .with_key_revisions(self)
+            .with_resume(self)
     }
 
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
@@ -342,7 +342,9 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         };
         Box::pin(async move { result })
     }
+}
 
+impl<T: Clone + Send + Sync + 'static> ListKeyRevisions for FakeSource<T> {
     /// The keys at the last compaction, with the history up to `at` replayed on them.
     fn key_revisions(&self, at: i64, mut page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
         let inner = self.lock();
@@ -371,7 +373,9 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         };
         Box::pin(async move { result })
     }
+}
 
+impl<T: Clone + Send + Sync + 'static> ProveFreshness for FakeSource<T> {
     /// From the history: unchanged when nothing was written after `since` up to `at`.
     fn freshness(
         &self,
@@ -409,7 +413,9 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
         };
         Box::pin(async move { result })
     }
-    // Warm restart from a snapshot (issue 26).
+}
+
+impl<T: Clone + Send + Sync + 'static> Resumable for FakeSource<T> {
     fn identity(&self) -> SourceIdentity {
         SourceIdentity {
             name: "fake".into(),
@@ -419,13 +425,8 @@ impl<T: Clone + Send + Sync + 'static> ListerWatcher<T> for FakeSource<T> {
 
     /// As etcd's source answers: the cluster id, a revision not ahead of the store's, then the
     /// tally at the revision from the history (compacted when it no longer reaches back).
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        _: Vec<String>,
-    ) -> BoxFuture<'_, Result<Resume>> {
+    fn can_resume(&self, saved: SavedCache) -> BoxFuture<'_, Result<Resume>> {
+        let (revision, keys, cluster_id) = (saved.revision, saved.keys, saved.cluster_id);
         let inner = self.lock();
         let answer = if cluster_id != inner.cluster_id {
             Resume::Refused(format!(

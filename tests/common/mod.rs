@@ -12,10 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use etcd_informer::listwatch::{
-    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, Result as LwResult, Resume,
-    SourceIdentity,
-};
+use etcd_informer::listwatch::{BoxFuture, Capabilities, ListResult, ListSink, Result as LwResult};
 use etcd_informer::testing::etcd::test_etcd;
 use etcd_informer::{
     connect, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchStream,
@@ -118,7 +115,8 @@ pub async fn converges(
 }
 
 /// A source that counts its lists and watches, to tell a resumed watch from a relist; while
-/// `held` is set, a watch waits before it opens (the cache stays as it is, reads go on).
+/// `held` is set, a watch waits before it opens (the cache stays as it is, reads go on). It
+/// implements what it changes and forwards the rest with `capabilities` (issue 55).
 pub struct Counting<L> {
     pub inner: L,
     pub lists: Arc<AtomicUsize>,
@@ -144,35 +142,9 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for Counting<L> {
             self.inner.watch(after).await
         })
     }
-    fn freshness(
-        &self,
-        since: i64,
-        cached: Option<usize>,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, LwResult<Freshness>> {
-        self.inner.freshness(since, cached, at)
-    }
-    fn liveness_bound(&self) -> Option<Duration> {
-        self.inner.liveness_bound()
-    }
-    fn decode_errors(&self) -> u64 {
-        self.inner.decode_errors()
-    }
-    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
-        self.inner.key_revisions(at, page)
-    }
-    // Warm restart from a snapshot (issue 26).
-    fn identity(&self) -> SourceIdentity {
-        self.inner.identity()
-    }
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> BoxFuture<'_, LwResult<Resume>> {
-        self.inner.can_resume(revision, keys, cluster_id, splits)
+    /// Everything else is the inner source's: its freshness proofs, key revisions, resuming.
+    fn capabilities(&self) -> Capabilities<'_> {
+        self.inner.capabilities()
     }
 }
 

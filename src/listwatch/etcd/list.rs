@@ -204,7 +204,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
         }
     }
 
-    /// [`ListerWatcher::key_revisions`]: keys-only pages of the prefix at `at`, in key order,
+    /// [`ListKeyRevisions::key_revisions`](crate::listwatch::ListKeyRevisions::key_revisions): keys-only pages of the prefix at `at`, in key order,
     /// each read hedged as a list page is; keys not UTF-8 or undecodable at their
     /// `mod_revision` are left out.
     pub(super) async fn key_revisions_inner(

@@ -33,8 +33,9 @@ use self::versions::{progress_is_trustworthy, warn_of_known_watch_bugs};
 use self::watch::{Responses, WatchTask};
 use super::hedged::{hedged, Hedged, HEDGE_AFTER};
 use super::{
-    BoxFuture, Error, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher, Result,
-    Resume, SourceIdentity, WatchStream,
+    BoxFuture, Capabilities, Error, Freshness, KeyRevisionsSink, ListKeyRevisions, ListResult,
+    ListSink, ListerWatcher, ProveFreshness, Result, Resumable, Resume, SavedCache, SourceIdentity,
+    WatchStream,
 };
 use crate::codec::Codec;
 use crate::sync::lock;
@@ -270,21 +271,19 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
 }
 
 impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
-    fn decode_errors(&self) -> u64 {
-        EtcdListerWatcher::decode_errors(self)
-    }
-
-    /// [`EtcdOptions::idle_timeout`]: a live watch probes its stream well within it.
-    fn liveness_bound(&self) -> Option<Duration> {
-        Some(self.options.idle_timeout)
+    /// Every capability: freshness proofs, key revisions, resuming; the liveness bound is
+    /// [`EtcdOptions::idle_timeout`] (a live watch probes its stream well within it).
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .with_freshness(self)
+            .with_key_revisions(self)
+            .with_resume(self)
+            .with_liveness_bound(self.options.idle_timeout)
+            .with_decode_errors(EtcdListerWatcher::decode_errors(self))
     }
 
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>> {
         Box::pin(self.list_inner(None))
-    }
-
-    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
-        Box::pin(self.key_revisions_inner(at, page))
     }
 
     fn list_into(&self, sink: Arc<dyn ListSink<T>>) -> BoxFuture<'_, Result<i64>> {
@@ -363,7 +362,15 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             }) as WatchStream<T>)
         })
     }
+}
 
+impl<T: Send + Sync + 'static> ListKeyRevisions for EtcdListerWatcher<T> {
+    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.key_revisions_inner(at, page))
+    }
+}
+
+impl<T: Send + Sync + 'static> ProveFreshness for EtcdListerWatcher<T> {
     /// One linearizable (or pinned) range read of the prefix, keys only, filtered to keys
     /// modified after `since`: etcd's header revision, the number of keys under the prefix, and
     /// whether any was written. If none was, only deletes can have changed the prefix, and each
@@ -421,7 +428,9 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             })
         })
     }
-    // Warm restart from a snapshot (issue 26).
+}
+
+impl<T: Send + Sync + 'static> Resumable for EtcdListerWatcher<T> {
     /// The prefix, and the cluster id of the last response header the source checked.
     fn identity(&self) -> SourceIdentity {
         let cluster_id = lock(&self.identity).cluster_id;
@@ -432,14 +441,8 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
     }
 
     /// A one-key read, then count-only ranges of the prefix; see `resume.rs`.
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> BoxFuture<'_, Result<Resume>> {
-        Box::pin(self.resume_inner(revision, keys, cluster_id, splits))
+    fn can_resume(&self, saved: SavedCache) -> BoxFuture<'_, Result<Resume>> {
+        Box::pin(self.resume_inner(saved.revision, saved.keys, saved.cluster_id, saved.splits))
     }
 }
 

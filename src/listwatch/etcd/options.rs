@@ -102,7 +102,7 @@ pub struct EtcdOptions {
     /// the reflector watches again (opening the new stream on whichever member answers first).
     /// Only the stream counts: a read answered by another member proves nothing about the
     /// member holding the watch. It is also how long an informer stays healthy without proof
-    /// ([`ListerWatcher::liveness_bound`](crate::ListerWatcher::liveness_bound)).
+    /// ([`Capabilities::liveness_bound`](crate::listwatch::Capabilities::liveness_bound)).
     pub idle_timeout: Duration,
     /// Events buffered between the etcd stream and the reflector.
     pub watch_buffer: usize,

@@ -12,7 +12,7 @@ use crate::listwatch::{Error, Result, Resume};
 use crate::sync::lock;
 
 impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
-    /// [`ListerWatcher::can_resume`](crate::ListerWatcher::can_resume) for etcd (SEMANTICS
+    /// [`Resumable::can_resume`](crate::listwatch::Resumable::can_resume) for etcd (SEMANTICS
     /// rule 22): the cluster id of a response header must be the snapshot's; etcd's current
     /// revision must not be below the snapshot's (a store replaced since: revisions started
     /// over); and etcd must count as many keys under the prefix at that revision as the

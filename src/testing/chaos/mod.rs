@@ -81,8 +81,7 @@ use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::listwatch::etcd::EtcdOptions;
 use crate::listwatch::WatchStream;
 use crate::listwatch::{
-    BoxFuture, Freshness, KeyRevisionsSink, ListResult, ListSink, ListerWatcher,
-    Result as LwResult, Resume, SourceIdentity,
+    BoxFuture, Capabilities, ListResult, ListSink, ListerWatcher, Result as LwResult,
 };
 use crate::sync::lock;
 
@@ -192,35 +191,8 @@ impl<L: ListerWatcher<String>> ListerWatcher<String> for CountingLists<L> {
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, LwResult<WatchStream<String>>> {
         self.inner.watch(after_revision)
     }
-    fn liveness_bound(&self) -> Option<Duration> {
-        self.inner.liveness_bound()
-    }
-    fn decode_errors(&self) -> u64 {
-        self.inner.decode_errors()
-    }
-    fn key_revisions(&self, at: i64, page: KeyRevisionsSink) -> BoxFuture<'_, LwResult<()>> {
-        self.inner.key_revisions(at, page)
-    }
-    fn freshness(
-        &self,
-        since: i64,
-        cached: Option<usize>,
-        at: Option<i64>,
-    ) -> BoxFuture<'_, LwResult<Freshness>> {
-        self.inner.freshness(since, cached, at)
-    }
-    // Warm restart from a snapshot (issue 26).
-    fn identity(&self) -> SourceIdentity {
-        self.inner.identity()
-    }
-    fn can_resume(
-        &self,
-        revision: i64,
-        keys: usize,
-        cluster_id: u64,
-        splits: Vec<String>,
-    ) -> BoxFuture<'_, LwResult<Resume>> {
-        self.inner.can_resume(revision, keys, cluster_id, splits)
+    fn capabilities(&self) -> Capabilities<'_> {
+        self.inner.capabilities()
     }
 }
 
