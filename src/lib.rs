@@ -148,7 +148,8 @@ pub use listwatch::etcd::{connect, connect_options, EtcdListerWatcher, EtcdOptio
 pub use real_fifo::{Batch, RealFifo};
 
 pub use listwatch::{
-    Freshness, ListResult, ListSink, ListWatch, ListerWatcher, WatchEvent, WatchStream,
+    Capabilities, Freshness, ListResult, ListSink, ListWatch, ListerWatcher, WatchEvent,
+    WatchStream,
 };
 pub use object::{
     split_key, value_digest, EncodedObject, IndexValues, Object, SharedRecord, Stamp,

@@ -1,7 +1,7 @@
 //! Sources as users write them (issue 55): a wrapper that changes one thing and forwards the
 //! rest in one line keeps every capability of the source it wraps (a warm start and a
-//! consistent read through it); a source with only `list` and `watch` drives an informer and
-//! says what it cannot do.
+//! consistent read through it); a source with only `list` and `watch` (and no capabilities)
+//! drives an informer and says what it cannot do.
 #![cfg(feature = "testing")]
 
 mod common;
@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{converges, shared_client, Counting};
-use etcd_informer::listwatch::{BoxFuture, ListResult, ListerWatcher, Result, WatchStream};
+use etcd_informer::listwatch::{
+    BoxFuture, Capabilities, ListResult, ListerWatcher, Result, WatchStream,
+};
 use etcd_informer::snapshot::{SnapshotOptions, SnapshotStart};
 use etcd_informer::testing::etcd::unique_prefix;
 use etcd_informer::{EtcdListerWatcher, InformerOptions, SharedIndexInformer, TextCodec};
@@ -125,7 +127,7 @@ async fn a_wrapper_keeps_warm_starts_and_consistent_reads() {
     stopped(second, run).await;
 }
 
-/// A source that implements `list` and `watch` only.
+/// A source that lists and watches, and can do nothing more.
 struct ListAndWatch(EtcdListerWatcher<String>);
 
 impl ListerWatcher<String> for ListAndWatch {
@@ -135,11 +137,15 @@ impl ListerWatcher<String> for ListAndWatch {
     fn watch(&self, after: i64) -> BoxFuture<'_, Result<WatchStream<String>>> {
         self.0.watch(after)
     }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+    }
 }
 
-/// A source with only `list` and `watch` drives an informer (its cache follows etcd), and
-/// says what it cannot do: no snapshot is written (it names no store), a consistent read
-/// fails saying the source cannot prove a cache fresh.
+/// A source with only `list` and `watch` (its capabilities `none`) drives an informer (its
+/// cache follows etcd), and says what it cannot do: it starts cold saying it cannot resume, no
+/// snapshot is written (it names no store), a consistent read fails saying the source cannot
+/// prove a cache fresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_with_only_list_and_watch_drives_an_informer_and_says_what_it_cannot() {
     let client = shared_client().await;
@@ -160,6 +166,12 @@ async fn a_source_with_only_list_and_watch_drives_an_informer_and_says_what_it_c
         .await
         .expect("put");
     converges(&informer, &client, &prefix, WITHIN).await;
+    match informer.snapshot_start() {
+        Some(SnapshotStart::Cold { reason }) => {
+            assert!(reason.contains("cannot resume"), "{reason}")
+        }
+        other => panic!("a cold start saying why, not {other:?}"),
+    }
     let Err(refused) = informer.consistent_lister(Duration::from_secs(2)).await else {
         panic!("a consistent read without a freshness proof");
     };

@@ -218,7 +218,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 });
             }
             let writes = self.revision_len_and_writes().2;
-            if asked_at != Some(writes) && self.has_synced() {
+            // A source that cannot prove freshness leaves the watch to bring the revision.
+            let provable = self.shared.source.capabilities().freshness.is_some();
+            if asked_at != Some(writes) && self.has_synced() && provable {
                 asked_at = Some(writes);
                 let relists = self.relists();
                 let ask = tokio::time::timeout_at(deadline, self.freshness(Some(revision)));

@@ -250,6 +250,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         // What the informer cannot do over this source, said once: a wrapper that forgot to
         // forward the capabilities of the source it wraps shows here.
         let lacking = source.capabilities().lacking();
+        let auditable = source.capabilities().key_revisions.is_some();
         if !lacking.is_empty() {
             tracing::info!(informer = %self.shared.name, lacking = %lacking.join("; "), "the source lacks capabilities");
         }
@@ -308,10 +309,15 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                     .shared
                     .auditor
                     .get_or_init(|| Arc::new(self.audited(relist)));
-                let _audits = self.shared.audit_period.map(|period| {
-                    let span = tracing::info_span!("audit", informer = %self.shared.name);
-                    AbortOnDrop(tokio::spawn(auditor.clone().every(period).instrument(span)))
-                });
+                // A source that cannot list its keys at a revision has no audit.
+                let _audits = self
+                    .shared
+                    .audit_period
+                    .filter(|_| auditable)
+                    .map(|period| {
+                        let span = tracing::info_span!("audit", informer = %self.shared.name);
+                        AbortOnDrop(tokio::spawn(auditor.clone().every(period).instrument(span)))
+                    });
                 let _ = revision.set(reflector.revision());
                 // The reflector applies what it commits itself while this loop has nothing
                 // queued (one task wake-up less per revision); the loop takes the rest.

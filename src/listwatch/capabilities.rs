@@ -119,7 +119,7 @@ impl SavedCache {
 pub struct Capabilities<'a> {
     /// Proves a cache fresh: without it, consistent reads fail saying so.
     pub freshness: Option<&'a dyn ProveFreshness>,
-    /// Lists keys with their revisions: without it, the audit does not run.
+    /// Lists keys with their revisions: without it, the informer runs no audit.
     pub key_revisions: Option<&'a dyn ListKeyRevisions>,
     /// Names its store and judges a saved cache: without it, no snapshot is written and an
     /// informer always starts cold.
@@ -268,5 +268,41 @@ impl<T, L: ListerWatcher<T> + ?Sized> SourceCapabilities<T> for L {
     }
     fn decode_errors(&self) -> u64 {
         self.capabilities().decode_errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Proves;
+
+    impl ProveFreshness for Proves {
+        fn freshness(
+            &self,
+            _: i64,
+            _: Option<usize>,
+            _: Option<i64>,
+        ) -> BoxFuture<'_, Result<Freshness>> {
+            Box::pin(async { Err(Error::transient("not asked")) })
+        }
+    }
+
+    #[test]
+    fn what_a_source_lacks_is_said_in_words() {
+        let none = Capabilities::none().lacking();
+        assert_eq!(none.len(), 4, "{none:?}");
+        assert!(none[0].contains("consistent reads fail"), "{none:?}");
+        let some = Capabilities::none()
+            .with_freshness(&Proves)
+            .with_liveness_bound(Duration::from_secs(2))
+            .lacking();
+        assert_eq!(
+            some,
+            [
+                "key revisions (no audit)",
+                "resuming (no snapshot, always a cold start)"
+            ]
+        );
     }
 }

@@ -371,11 +371,11 @@ pub enum Resume {
 /// so that the informer can apply each revision atomically. A source that cannot serve `R` any
 /// more reports [`Error::Expired`].
 ///
-/// A source that wraps another implements what it changes and forwards
-/// [`capabilities`](Self::capabilities) in one line, keeping every capability of the source it
-/// wraps (see the [`capabilities`] module). One that forgets it loses them
-/// visibly: the informer's start line names what the source lacks, and a consistent read says
-/// that its source cannot prove a cache fresh.
+/// A source implements three methods: `list`, `watch` and `capabilities`. One that wraps
+/// another implements what it changes and forwards `capabilities` in one line, keeping every
+/// capability of the source it wraps (see the [`capabilities`] module). `list_into` is
+/// provided as one page of `list`: a wrapper over a paging source (etcd's) forwards it too, or
+/// its lists arrive whole. What a source lacks, the informer says at start and in its errors.
 pub trait ListerWatcher<T>: Send + Sync + 'static {
     /// Every object, and the revision they were read at.
     fn list(&self) -> BoxFuture<'_, Result<ListResult<T>>>;
@@ -391,11 +391,12 @@ pub trait ListerWatcher<T>: Send + Sync + 'static {
     }
     /// The changes after `after_revision` (exclusive).
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>>;
-    /// What the source can do beyond listing and watching: nothing by default. A source that
-    /// wraps another returns the inner one's.
-    fn capabilities(&self) -> Capabilities<'_> {
-        Capabilities::none()
-    }
+    /// What the source can do beyond listing and watching ([`Capabilities`]). Required, so
+    /// that a source says it on purpose: [`Capabilities::none`] for one that only lists and
+    /// watches, the inner source's for a wrapper (which keeps them all). A wrapper is right to
+    /// forward them while it keeps the inner source's keys and revisions; one that filters or
+    /// rewrites keys answers for itself (the audit and the freshness proof count keys).
+    fn capabilities(&self) -> Capabilities<'_>;
 }
 
 /// Receives the pages of [`ListKeyRevisions::key_revisions`]: keys relative to the source, with
@@ -473,5 +474,9 @@ where
     }
     fn watch(&self, after_revision: i64) -> BoxFuture<'_, Result<WatchStream<T>>> {
         Box::pin((self.watch)(after_revision))
+    }
+    /// Closures cannot prove freshness, list keys at a revision, or name a store.
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
     }
 }

@@ -119,6 +119,11 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
     /// the list, and this with it).
     async fn decide(&self, sink: Option<&Arc<dyn ListSink<T>>>) -> Result<Decision<T>> {
         let started = std::time::Instant::now();
+        let Some(name) = self.inner.identity().map(|identity| identity.name) else {
+            return Ok(Decision::Cold(
+                "the source cannot resume from a snapshot (its capabilities lack it)".into(),
+            ));
+        };
         let path = self.options.path.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let mut reader = format::PageReader::open(&path)?;
@@ -140,11 +145,6 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
                 informer: self.options.codec_id.clone(),
             })
         } else {
-            let Some(name) = self.inner.identity().map(|identity| identity.name) else {
-                return Ok(Decision::Cold(
-                    "the source cannot resume from a snapshot (its capabilities lack it)".into(),
-                ));
-            };
             (header.prefix != name).then(|| SnapshotErrorKind::Prefix {
                 snapshot: header.prefix.clone(),
                 informer: name,
