@@ -5,6 +5,7 @@
 //! and treats the key as absent, so every other key keeps flowing.
 
 use std::fmt;
+#[cfg(any(feature = "json", feature = "bincode", feature = "protobuf"))]
 use std::marker::PhantomData;
 
 /// The error a codec returns.
@@ -152,6 +153,8 @@ impl std::error::Error for DecodeError {
     }
 }
 
+// The codecs of the optional formats.
+#[cfg(any(feature = "json", feature = "bincode", feature = "protobuf"))]
 macro_rules! marker_codec {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

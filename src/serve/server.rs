@@ -263,6 +263,8 @@ impl CacheServer {
                 .keep_fresh(self.client.clone(), options.identity_refresh)
                 .instrument(tracing::info_span!("upstream_identity", prefix = %prefix_text)),
         ));
+        // Set again below when serving TLS.
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
         #[cfg(feature = "tls")]
         let scheme = match &options.tls {

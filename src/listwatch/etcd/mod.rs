@@ -22,7 +22,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use self::auth::TokenRenewal;
-pub(crate) use self::decode::{key_bytes, key_text, prefix_range_end};
+#[cfg(feature = "server")]
+pub(crate) use self::decode::key_text;
+pub(crate) use self::decode::{key_bytes, prefix_range_end};
 use self::decode::{Decoder, Undecodable};
 pub(crate) use self::identity::Identity;
 use self::identity::{store_changed, Tally};
