@@ -242,6 +242,9 @@ enum Ended {
 impl Relay {
     async fn run(mut self) {
         let mut backoff = RESUME_FIRST;
+        // Attempts since the stream last relayed anything: the first of an outage is logged at
+        // INFO, the retries at DEBUG (thousands of forwarded watches retry every 2 s).
+        let mut retries = 0u32;
         loop {
             let relayed_before = self.relayed.load(Ordering::Relaxed);
             let lost = match self.attempt().await {
@@ -255,12 +258,18 @@ impl Relay {
             }
             if delivered != relayed_before {
                 backoff = RESUME_FIRST;
+                retries = 0;
             }
+            retries += 1;
             if self.back_to_cache(delivered).await {
                 return;
             }
             let next = delivered + 1;
-            tracing::info!(id = self.id, next, error = %lost.message(), "forwarded watch's upstream stream lost: opening it again");
+            if retries == 1 {
+                tracing::info!(id = self.id, next, error = %lost.message(), "forwarded watch's upstream stream lost: opening it again");
+            } else {
+                tracing::debug!(id = self.id, next, retries, error = %lost.message(), "forwarded watch's upstream stream still lost");
+            }
             if let PbWatchRequestUnion::CreateRequest(create) = &mut self.create {
                 create.start_revision = next;
             }
