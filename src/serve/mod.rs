@@ -50,6 +50,7 @@
 //! | --- | --- |
 //! | `options.rs` | [`CacheServerOptions`]: every setting, its default and where it comes from |
 //! | `server.rs` | start-up ([`CacheServer::bind`]: the caches, the listener, the services), the running handle ([`RunningServer`]: readiness, stats, drain), the task that keeps each prefix's cache |
+//! | `trust.rs` | who acts as whom in etcd: what a watch moved out of the history runs as, whether token-less requests are forwarded, and the start-up refusal of an unsafe setup |
 //! | `served.rs` | what every service shares (`Served`): the served prefixes, the consistent-read proof |
 //! | `cache.rs` | a prefix's cache: its keys at one revision and a bounded history of revisions |
 //! | `access.rs` | the access answers: whether a client may read a cached range, asked of etcd with its token, remembered within a bound of bytes |
@@ -93,6 +94,7 @@ mod served;
 mod server;
 mod stats;
 mod status;
+mod trust;
 mod watch;
 
 #[cfg(feature = "tls")]
