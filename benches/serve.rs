@@ -6,6 +6,10 @@
 //!     [--busy-watchers 1000] [--failover-watchers 2000] [--ways direct,proxy,server,floor]
 //! ```
 //!
+//! Quiet (not run by default): `--lists` linearizable lists of the `--keys` prefix while a
+//! writer writes elsewhere at `--rate`: etcd's CPU per list straight to etcd and through cache
+//! servers proving their cache by their watch's progress and by a read of the range.
+//!
 //! Lists: one client lists `--keys` keys of 256 B (median of `--lists`), then `--clients` new
 //! clients list them at once; beside them, the client's own floor: decoding the same answer
 //! from bytes already in memory (no server can take that away). Busy: `--busy-watchers`
@@ -238,9 +242,22 @@ async fn start_proxy(etcd: &str) -> Res<Front> {
 }
 
 async fn start_cache_server(etcd: &str, prefix: &str) -> Res<Front> {
+    start_cache_server_trusting(etcd, prefix, None).await
+}
+
+/// A cache server whose source trusts etcd's progress revisions as `trust` says, or as the
+/// version does with `None`.
+async fn start_cache_server_trusting(etcd: &str, prefix: &str, trust: Option<bool>) -> Res<Front> {
     let port = free_port();
     let mut command = Command::new(std::env::current_exe()?);
-    command.args(["--child", etcd, prefix, &format!("127.0.0.1:{port}")]);
+    let trust = trust.map_or("auto".to_owned(), |t| t.to_string());
+    command.args([
+        "--child",
+        etcd,
+        prefix,
+        &format!("127.0.0.1:{port}"),
+        &trust,
+    ]);
     let child = start_child(command, "ready").await?;
     Ok(Front {
         name: "cache server",
@@ -362,9 +379,14 @@ async fn floor_child(etcd: String, prefix: String, listen: String) -> Res<()> {
 }
 
 /// The child: a cache server of `prefixes` (comma-separated) on `listen`.
-async fn child(etcd: String, prefixes: String, listen: String) -> Res<()> {
+async fn child(etcd: String, prefixes: String, listen: String, trust: String) -> Res<()> {
     let client = connect([etcd.as_str()]).await?;
-    let options = CacheServerOptions::default();
+    let mut options = CacheServerOptions::default();
+    if let Ok(trust) = trust.parse() {
+        // As etcd 3.4.25+ and 3.5.8+ are trusted by their version.
+        let etcd = options.etcd.clone().with_trust_progress(Some(trust));
+        options = options.with_etcd(etcd);
+    }
     let mut prefixes = prefixes.split(',');
     let first = prefixes.next().unwrap_or_default().to_owned();
     let mut server = CacheServer::new(client, [etcd], first).with_options(options);
@@ -726,6 +748,9 @@ async fn run() -> Res<()> {
         .await?;
         watch_row("cache server, lists beside", n, &f);
     }
+    if wants("quiet") {
+        quiet_lists(&client, &endpoint, list_prefix, &args, etcd_pid).await?;
+    }
     if wants("first") {
         println!("\nfirst answer of a new forwarded stream (median and slowest of 20)\n");
         println!("| way | lease keep-alive | watch outside the prefix (created) |");
@@ -763,6 +788,82 @@ async fn run() -> Res<()> {
             "{{\"scenario\":\"failover\",\"watchers\":{n},\"delivered\":{delivered},\"expected\":{expected},\"repeats\":{repeats},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"max_ms\":{max:.1}}}"
         );
     }
+    Ok(())
+}
+
+/// Linearizable lists of a quiet prefix while a writer writes elsewhere at `--rate`
+/// (Kubernetes' usual state: most prefixes are quiet while some are written): etcd's CPU per
+/// list straight to etcd, and through a cache server whose cache is proven by its watch's
+/// progress (etcd 3.4.25+, 3.5.8+; forced here) and by a read of the range (before). Each
+/// figure is etcd's CPU over `--lists` lists less the writer's own cost, measured alone for
+/// as long.
+async fn quiet_lists(
+    writer: &Client,
+    endpoint: &str,
+    prefix: &str,
+    args: &Args,
+    etcd_pid: u32,
+) -> Res<()> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writing = {
+        let (mut kv, stop, rate) = (writer.kv_client(), stop.clone(), args.rate.max(1));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                let _ = kv.put("/bench/elsewhere/k", "x", None).await;
+            }
+        })
+    };
+    let busy_cpu =
+        |started: Instant, cpu: f64| (cpu_seconds(etcd_pid) - cpu, started.elapsed().as_secs_f64());
+    let (cpu, started) = (cpu_seconds(etcd_pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    let (writer_cpu, writer_s) = busy_cpu(started, cpu);
+    let writer_rate = writer_cpu / writer_s;
+    let progress = start_cache_server_trusting(endpoint, prefix, Some(true)).await?;
+    let range = start_cache_server_trusting(endpoint, prefix, Some(false)).await?;
+    println!(
+        "\n{} linearizable lists of a quiet {}-key prefix while {} writes/s go elsewhere (etcd's CPU less the writer's, {:.1} ms/s)\n",
+        args.lists, args.keys, args.rate, writer_rate * 1000.0
+    );
+    println!("| way | etcd CPU per list | of a direct list's | list time |");
+    println!("| --- | ---: | ---: | ---: |");
+    let mut direct_ms = None;
+    for (name, front) in [
+        ("etcd direct", endpoint.trim_start_matches("http://")),
+        ("server, proven by progress", progress.endpoint.as_str()),
+        ("server, proven by a range read", range.endpoint.as_str()),
+    ] {
+        let client = connect([front]).await?;
+        let mut kv = client.kv_client().max_decoding_message_size(usize::MAX);
+        let options = || Some(GetOptions::new().with_prefix());
+        kv.get(prefix, options()).await?;
+        let (cpu, started) = (cpu_seconds(etcd_pid), Instant::now());
+        for _ in 0..args.lists {
+            let resp = kv.get(prefix, options()).await?;
+            if resp.kvs().len() != args.keys {
+                return Err(
+                    format!("{name}: listed {} keys of {}", resp.kvs().len(), args.keys).into(),
+                );
+            }
+        }
+        let (cpu, s) = busy_cpu(started, cpu);
+        let per_list_ms = ((cpu - writer_rate * s) / args.lists as f64).max(0.0) * 1000.0;
+        let ratio = direct_ms.map_or(1.0, |d: f64| per_list_ms / d);
+        direct_ms.get_or_insert(per_list_ms);
+        println!(
+            "| {name} | {per_list_ms:.2} ms | {:.1}% | {:.0} ms |",
+            ratio * 100.0,
+            s * 1000.0 / args.lists as f64
+        );
+        println!(
+            "{{\"scenario\":\"quiet\",\"way\":\"{name}\",\"keys\":{},\"lists\":{},\"etcd_cpu_ms_per_list\":{per_list_ms:.3},\"of_direct\":{ratio:.4}}}",
+            args.keys, args.lists
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = writing.await;
     Ok(())
 }
 
@@ -946,7 +1047,7 @@ fn main() {
         .expect("a tokio runtime");
     let get = |i: usize| argv.get(i).cloned().unwrap_or_default();
     let result = if argv.get(1).map(String::as_str) == Some("--child") {
-        runtime.block_on(child(get(2), get(3), get(4)))
+        runtime.block_on(child(get(2), get(3), get(4), get(5)))
     } else if argv.get(1).map(String::as_str) == Some("--floor") {
         runtime.block_on(floor_child(get(2), get(3), get(4)))
     } else {

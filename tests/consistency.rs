@@ -318,6 +318,102 @@ async fn quiet_prefix_is_proven_fresh_at_once_while_etcd_moves_ahead() {
     assert_eq!(cache_state(&informer).len(), 1);
 }
 
+/// On an etcd whose progress revisions can be trusted (3.4.25+, 3.5.8+; forced here, since
+/// neither runs on this machine), a consistent read of a large quiet prefix while etcd moves
+/// elsewhere costs etcd one Range, the count of one key that names its revision: the watch's
+/// progress brings the cache there as a bookmark, and etcd reads no value of the prefix.
+/// Untrusted, the source reads the prefix for its proof: a second Range. A delete on the
+/// prefix is seen either way. A private etcd: its Range count is this test's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_read_proven_by_the_watchs_progress_reads_no_values_in_etcd() {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = server.client().await;
+    let prefix = unique_prefix("progress");
+    // 8 MB of values: what etcd would read for each proof of the prefix.
+    let value = "v".repeat(4096);
+    let values = 2000.0 * 4096.0;
+    for batch in 0..20 {
+        let puts: Vec<_> = (0..100)
+            .map(|i| {
+                TxnOp::put(
+                    format!("{prefix}{:04}", batch * 100 + i),
+                    value.as_str(),
+                    None,
+                )
+            })
+            .collect();
+        client
+            .kv_client()
+            .txn(Txn::new().and_then(puts))
+            .await
+            .expect("a batch of puts");
+    }
+    let ranges = || {
+        server
+            .metric("grpc_server_handled_total", &[r#"grpc_method="Range""#])
+            .expect("etcd's Range count from its /metrics page")
+    };
+    let allocated = || {
+        server
+            .metric("go_memstats_alloc_bytes_total", &[])
+            .expect("etcd's allocated bytes from its /metrics page")
+    };
+    let mut kv = client.kv_client();
+    let elsewhere = format!("{}-elsewhere", prefix.trim_end_matches('/'));
+    let mut keys = 2000;
+    for trusted in [true, false] {
+        let options = EtcdOptions::default().with_trust_progress(Some(trusted));
+        let lw =
+            EtcdListerWatcher::with_options(client.clone(), prefix.as_str(), TextCodec, options)
+                .expect("source");
+        let informer = SharedIndexInformer::new(lw, InformerOptions::default());
+        tokio::spawn(informer.clone().run());
+        tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
+            .await
+            .expect("informer synced within 30 s");
+        // The watch checks the prefix's key count with etcd once it opens, after the sync.
+        informer
+            .consistent_lister(Duration::from_secs(5))
+            .await
+            .expect("a first consistent read");
+        let before = (ranges(), allocated());
+        let rounds = 10u8;
+        for round in 0..rounds {
+            let moved = kv.put(elsewhere.as_str(), "x", None).await.expect("put");
+            let now = moved.header().expect("header").revision();
+            let lister = informer
+                .consistent_lister(Duration::from_secs(5))
+                .await
+                .expect("a consistent read of a quiet prefix");
+            assert_eq!(lister.list().len(), keys, "round {round}");
+            assert!(informer.proven_revision() >= now, "round {round}");
+        }
+        let (served, bytes) = (ranges() - before.0, allocated() - before.1);
+        let per_read = bytes / f64::from(rounds);
+        let what =
+            format!("{served} Ranges served and {per_read:.0} bytes allocated by etcd per read");
+        if trusted {
+            assert_eq!(served, f64::from(rounds), "trusted progress: {what}");
+            assert!(per_read < values / 4.0, "trusted progress: {what}");
+        } else {
+            // The measure sees a read of the values, where there is one.
+            assert!(per_read > values, "untrusted progress: {what}");
+        }
+        // A delete on the quiet prefix, then etcd moves elsewhere: the read sees the delete.
+        kv.delete(format!("{prefix}{:04}", keys - 1), None)
+            .await
+            .expect("delete");
+        keys -= 1;
+        kv.put(elsewhere.as_str(), "x", None).await.expect("put");
+        let lister = informer
+            .consistent_lister(Duration::from_secs(5))
+            .await
+            .expect("a consistent read after a delete");
+        assert_eq!(lister.list().len(), keys);
+        informer.stop();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consistent_read_fails_clearly_within_its_timeout_when_etcd_is_down() {
     let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));

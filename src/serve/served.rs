@@ -17,7 +17,7 @@ use super::forward::{RunsAs, Upstream};
 use super::header::Headers;
 use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
-use crate::listwatch::etcd::proof::{prove_range, Held, ProofFailed};
+use crate::listwatch::etcd::proof::{prove_range, Held, ProofFailed, WatchProgress};
 #[cfg(doc)]
 use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::reflector::RevisionHandle;
@@ -45,6 +45,9 @@ pub(crate) struct Slice {
     /// The last proof: the cache's content at (revision, epoch) is etcd's at the third
     /// revision. Serializable reads of that content may name it too.
     pub(crate) proven: Mutex<(i64, u64, i64)>,
+    /// The progress of the cache's own watch: on a trustworthy etcd, a linearizable read asks
+    /// it instead of reading the range in etcd.
+    pub(crate) progress: Arc<WatchProgress>,
 }
 
 /// One consistent-read proof: that the cache's content of a range at revision `since` (`len` keys) is
@@ -459,7 +462,9 @@ impl Served {
     /// proven to be etcd's at `target`, or with `None` at etcd's current revision, read
     /// linearizably (a linearizable read; read-your-writes for a write forwarded before it; see
     /// [`Self::current_revision`]). The cache usually reaches it through its own watch within
-    /// a moment. If it does not (keys outside the range moved etcd's revision), [`Self::prove`]
+    /// a moment. If it does not (keys outside the range moved etcd's revision), a trustworthy
+    /// etcd is asked for the watch's progress ([`WatchProgress::reach`]), whose bookmark brings
+    /// the cache there; otherwise (or if that fails) [`Self::prove`]
     /// checks that the range is unchanged since the cache's revision: at once for a range of
     /// up to [`SMALL_PREFIX`] keys, after [`PROOF_GRACE`] for a larger one (etcd reads the
     /// range's values for it), and not at all while a write into the prefix through this
@@ -490,18 +495,31 @@ impl Served {
             },
         };
         let coming = slice.written.load(Ordering::Relaxed) >= target;
+        let by_progress = slice.progress.trusted();
         let grace = match coming {
             true => deadline,
-            false if held(slice).1 <= SMALL_PREFIX => Instant::now(),
+            false if by_progress || held(slice).1 <= SMALL_PREFIX => Instant::now(),
             false => Instant::now() + PROOF_GRACE,
         };
         let mut proven_at = None;
+        // Asked once; once the watch has passed `target` on, its bookmark is on the way to
+        // the cache.
+        let (mut asked, mut progressed) = (false, false);
         loop {
             let now = *position.borrow_and_update();
             if now.revision >= target {
                 return Ok(target);
             }
-            if Instant::now() >= grace && proven_at != Some(now.revision) {
+            if Instant::now() >= grace && by_progress && !asked {
+                asked = true;
+                let reach = slice.progress.reach(target);
+                progressed = tokio::time::timeout_at(deadline, reach).await == Ok(true);
+                if progressed {
+                    slice.counts.proved_by_progress();
+                }
+                continue;
+            }
+            if Instant::now() >= grace && !progressed && proven_at != Some(now.revision) {
                 let (since, len) = held(slice);
                 proven_at = Some(since);
                 let range = Range {

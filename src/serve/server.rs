@@ -554,6 +554,7 @@ fn start_slice(
     let mut etcd = options.etcd.clone().with_raw_prefix(true);
     etcd.escape_keys = true;
     let source = EtcdListerWatcher::with_options(client.clone(), prefix.to_vec(), RawCodec, etcd)?;
+    let progress = source.progress();
     let cache = Arc::new(
         ServedCache::new(
             prefix,
@@ -583,6 +584,7 @@ fn start_slice(
         retry,
         written: Default::default(),
         proven: Default::default(),
+        progress,
     };
     Ok((slice, run))
 }

@@ -40,8 +40,13 @@ pub struct ServerStats {
     pub forwarded: u64,
     /// Consistent-read proofs asked of etcd: a linearizable read whose cache has not reached
     /// etcd's revision after a moment (keys outside the prefix moved it) has etcd read the
-    /// prefix's keys to prove it unchanged; reads that arrive while one is under way share it.
+    /// range's keys to prove it unchanged (etcd before 3.4.25 / 3.5.8; see
+    /// `progress_proofs`); reads that arrive while one is under way share it.
     pub proofs: u64,
+    /// Linearizable reads proven by the cache's own watch instead (etcd 3.4.25+ and 3.5.8+,
+    /// whose progress revisions can be trusted): a progress request on its stream, answered
+    /// once etcd has sent it everything before, and no read of the range.
+    pub progress_proofs: u64,
     /// Client connections with an upstream channel of their own, open now: one is opened with
     /// a connection's first forwarded stream (a watch, a keep-alive, a snapshot, an observer)
     /// and shared by its others, so that a client that stops reading them stalls no other
@@ -78,6 +83,7 @@ pub(crate) struct PrefixCounts {
     taken_back: AtomicU64,
     ranges: AtomicU64,
     proofs: AtomicU64,
+    progress_proofs: AtomicU64,
 }
 
 /// [`PrefixCounts`] read at one moment.
@@ -89,6 +95,7 @@ pub(crate) struct PrefixSample {
     pub(crate) taken_back: u64,
     pub(crate) ranges: u64,
     pub(crate) proofs: u64,
+    pub(crate) progress_proofs: u64,
 }
 
 impl std::iter::Sum for PrefixSample {
@@ -101,6 +108,7 @@ impl std::iter::Sum for PrefixSample {
             taken_back: total.taken_back + s.taken_back,
             ranges: total.ranges + s.ranges,
             proofs: total.proofs + s.proofs,
+            progress_proofs: total.progress_proofs + s.progress_proofs,
         })
     }
 }
@@ -124,6 +132,9 @@ impl PrefixCounts {
     pub(crate) fn proved(&self) {
         self.proofs.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn proved_by_progress(&self) {
+        self.progress_proofs.fetch_add(1, Ordering::Relaxed);
+    }
     pub(crate) fn sample(&self) -> PrefixSample {
         PrefixSample {
             watches: self.watches.load(Ordering::Relaxed).max(0) as u64,
@@ -132,6 +143,7 @@ impl PrefixCounts {
             taken_back: self.taken_back.load(Ordering::Relaxed),
             ranges: self.ranges.load(Ordering::Relaxed),
             proofs: self.proofs.load(Ordering::Relaxed),
+            progress_proofs: self.progress_proofs.load(Ordering::Relaxed),
         }
     }
 }
@@ -209,6 +221,7 @@ impl ServerMetrics {
             ranges_from_cache: prefixes.ranges,
             forwarded: m.forwarded.load(Ordering::Relaxed),
             proofs: prefixes.proofs,
+            progress_proofs: prefixes.progress_proofs,
             client_upstreams: m.client_upstreams.load(Ordering::Relaxed).max(0) as u64,
             forwarded_watches: m.forwarded_watches.load(Ordering::Relaxed).max(0) as u64,
             forwarded_watches_refused: m.forwarded_watches_refused.load(Ordering::Relaxed),

@@ -614,3 +614,113 @@ async fn linearizable_reads_made_together_share_one_proof() {
     );
     server.shutdown().await;
 }
+
+/// On an etcd whose progress revisions can be trusted (3.4.25+, 3.5.8+; forced here, since
+/// neither runs on this machine), a linearizable read of a large quiet prefix while etcd's
+/// revision moves elsewhere costs etcd one Range: the count of one key that names its
+/// revision. The cache's own watch proves the rest, and etcd reads no value of the prefix.
+/// Untrusted (this etcd's default), each read also has etcd read its range: a second Range.
+/// A private etcd: its Range count is this test's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_proven_by_the_watchs_progress_reads_no_values_in_etcd() {
+    let etcd = private_etcd().await;
+    let client = etcd.client().await;
+    let p = unique_prefix("serve_progress");
+    // 8 MB of values: what etcd would read for each proof of the prefix.
+    let value = "v".repeat(4096);
+    let values = 2000.0 * 4096.0;
+    for batch in 0..20 {
+        let puts: Vec<_> = (0..100)
+            .map(|i| TxnOp::put(format!("{p}k{:04}", batch * 100 + i), value.as_str(), None))
+            .collect();
+        client
+            .kv_client()
+            .txn(Txn::new().and_then(puts))
+            .await
+            .expect("a batch of puts");
+    }
+    let ranges = || {
+        etcd.metric("grpc_server_handled_total", &[r#"grpc_method="Range""#])
+            .expect("etcd's Range count from its /metrics page")
+    };
+    let allocated = || {
+        etcd.metric("go_memstats_alloc_bytes_total", &[])
+            .expect("etcd's allocated bytes from its /metrics page")
+    };
+    let elsewhere = format!("{}-elsewhere", p.trim_end_matches('/'));
+    for trusted in [true, false] {
+        let source = EtcdOptions::default()
+            .with_raw_prefix(true)
+            .with_trust_progress(Some(trusted));
+        let options = CacheServerOptions::default()
+            .with_etcd(source)
+            .with_audit_period(None);
+        let server = start_server_with(&client, vec![etcd.endpoint()], &p, options).await;
+        let via = connect([server.local_addr().to_string()])
+            .await
+            .expect("connect to the cache server");
+        // etcd answers whether this client may read each range once (the server remembers).
+        for (key, options) in [
+            (format!("{p}k0007"), None),
+            (
+                p.clone(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
+        ] {
+            via.kv_client()
+                .get(key, options)
+                .await
+                .expect("a first read");
+        }
+        let before = (ranges(), server.stats(), allocated());
+        let rounds = 10u8;
+        for round in 0..rounds {
+            put(&client, &elsewhere, &round.to_string()).await;
+            let one = via
+                .kv_client()
+                .get(format!("{p}k0007"), None)
+                .await
+                .expect("a one-key linearizable read");
+            assert_eq!(one.kvs().len(), 1);
+            put(&client, &elsewhere, &round.to_string()).await;
+            let all = via
+                .kv_client()
+                .get(
+                    p.as_str(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
+                .expect("a linearizable list");
+            assert_eq!(all.kvs().len(), 2000);
+            assert!(
+                all.header().expect("header").revision()
+                    >= one.header().expect("header").revision()
+            );
+        }
+        let (served, stats) = (ranges() - before.0, server.stats());
+        let per_read = (allocated() - before.2) / f64::from(2 * rounds);
+        let by_progress = stats.progress_proofs - before.1.progress_proofs;
+        let by_range = stats.proofs - before.1.proofs;
+        let reads = u64::from(2 * rounds);
+        let what = format!("{reads} reads: etcd served {served} Ranges, allocated {per_read:.0} bytes per read; {by_progress} proven by progress, {by_range} by a read of the range");
+        if trusted {
+            assert_eq!(
+                (served as u64, by_progress, by_range),
+                (reads, reads, 0),
+                "{what}"
+            );
+            // A list's values are in its answer from the cache, never read in etcd: the
+            // prefix's values are 8 MB.
+            assert!(per_read < values / 8.0, "{what}");
+        } else {
+            assert_eq!(
+                (served as u64, by_progress, by_range),
+                (2 * reads, 0, reads),
+                "{what}"
+            );
+            // The measure sees the lists' proofs read the values.
+            assert!(per_read > values / 2.0, "{what}");
+        }
+        server.shutdown().await;
+    }
+}

@@ -27,7 +27,7 @@ use etcd_client::{
 };
 use etcd_informer::serve::{CacheServer, CacheServerOptions, RunningServer};
 use etcd_informer::testing::etcd::{test_etcd, unique_prefix, EtcdServer};
-use etcd_informer::{connect, EtcdListerWatcher, SharedIndexInformer, TextCodec};
+use etcd_informer::{connect, EtcdListerWatcher, EtcdOptions, SharedIndexInformer, TextCodec};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 

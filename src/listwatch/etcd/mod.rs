@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, WatchOptions};
+use etcd_client::{Client, GetOptions, WatchOptions};
 use tokio::sync::{mpsc, OnceCell};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -29,8 +29,8 @@ use self::decode::{Decoder, Undecodable};
 pub(crate) use self::identity::Identity;
 use self::identity::{store_changed, Tally};
 use self::options::MIN_MESSAGE_BYTES;
-use self::proof::{prove_range, Held, ProofFailed};
-use self::request::{classify, member_unreachable, named};
+use self::proof::{prove_range, Held, ProofFailed, WatchProgress};
+use self::request::{classify, member_unreachable, named, read};
 use self::versions::{progress_is_trustworthy, warn_of_known_watch_bugs};
 use self::watch::{Responses, WatchTask};
 use super::hedged::{hedged, Hedged, HEDGE_AFTER};
@@ -106,6 +106,8 @@ pub struct EtcdListerWatcher<T> {
     /// re-watch checks etcd still agrees (see [`Tally`]).
     tally: Arc<Mutex<Tally>>,
     trust_progress: Arc<OnceCell<bool>>,
+    /// The live watch's progress, which proves the cache fresh where etcd's can be trusted.
+    progress: Arc<WatchProgress>,
     token: TokenRenewal,
 }
 
@@ -174,6 +176,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             identity: Arc::new(Mutex::new(Identity::default())),
             tally: Arc::new(Mutex::new(Tally::default())),
             trust_progress: Arc::new(OnceCell::new()),
+            progress: Arc::default(),
             token: TokenRenewal::default(),
         })
     }
@@ -234,6 +237,59 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn identity_handle(&self) -> Arc<Mutex<Identity>> {
         self.identity.clone()
+    }
+
+    /// [`ProveFreshness::freshness`] by the live watch's progress (a trustworthy etcd): one
+    /// linearizable count of one key names etcd's revision, and a progress request on the
+    /// watch's own stream brings a bookmark at it to the cache, behind every event before it.
+    /// The answer is then "not yet unchanged" with the revision, and the informer waits for
+    /// the bookmark. `None` when the watch did not answer in time: the range is read instead.
+    async fn freshness_by_progress(
+        &self,
+        since: i64,
+        at: Option<i64>,
+    ) -> Result<Option<Freshness>> {
+        let first = self.first_key();
+        let options = GetOptions::new().with_count_only();
+        let timeout = self.options.page_timeout;
+        let current = match read(&self.client, &first, options, timeout).await {
+            Hedged::Answered(resp) => resp.header().map_or(0, |h| h.revision()),
+            Hedged::Failed(e) => return Err(self.failed(e, 0)),
+            Hedged::TimedOut => return Ok(None),
+        };
+        if current < since {
+            return Err(self.went_back(current, since));
+        }
+        let revision = at.unwrap_or(current);
+        if revision <= since {
+            return Ok(Some(Freshness {
+                revision,
+                unchanged: true,
+            }));
+        }
+        Ok(self.progress.reach(revision).await.then_some(Freshness {
+            revision,
+            unchanged: false,
+        }))
+    }
+
+    /// etcd's revision is below the cache's: revisions of two stores do not compare ("no key
+    /// newer than the cache's revision" holds trivially in a store that went back), so no
+    /// proof stands until the cache is listed from it.
+    fn went_back(&self, current: i64, since: i64) -> Error {
+        Error::store_replaced(
+            since + 1,
+            format!(
+                "etcd is at revision {current}, below the cache's revision {since} of {}: the store was wiped or restored",
+                self.prefix()
+            ),
+        )
+    }
+
+    /// The live watch's progress: the cache server's linearizable reads ask it too.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn progress(&self) -> Arc<WatchProgress> {
+        self.progress.clone()
     }
 
     /// The first key of the range: the prefix, or `\0` for the whole keyspace (etcd rejects an
@@ -354,6 +410,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 tx,
                 received: std::time::Instant::now(),
                 token: self.token.clone(),
+                progress: self.progress.clone(),
             };
             let span =
                 tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);
@@ -373,7 +430,11 @@ impl<T: Send + Sync + 'static> ListKeyRevisions for EtcdListerWatcher<T> {
 }
 
 impl<T: Send + Sync + 'static> ProveFreshness for EtcdListerWatcher<T> {
-    /// One linearizable (or pinned) range read of the prefix, keys only, filtered to keys
+    /// Where etcd's progress revisions can be trusted (3.4.25+, 3.5.8+, or
+    /// [`EtcdOptions::trust_progress`]), the live watch proves it: a linearizable count of one
+    /// key names etcd's revision, a progress request on the watch's stream brings the cache a
+    /// bookmark there, and etcd reads no value. Otherwise, or if the watch does not answer
+    /// within a second (etcd's gRPC proxy never does), one linearizable (or pinned) range read of the prefix, keys only, filtered to keys
     /// modified after `since`: etcd's header revision, the number of keys under the prefix, and
     /// whether any was written. If none was, only deletes can have changed the prefix, and each
     /// lowers its count: a second read counts the prefix at `since`, and equal counts prove
@@ -390,6 +451,11 @@ impl<T: Send + Sync + 'static> ProveFreshness for EtcdListerWatcher<T> {
     ) -> BoxFuture<'_, Result<Freshness>> {
         Box::pin(async move {
             self.token.renew_if_refused(&self.client).await;
+            if self.progress.trusted() {
+                if let Some(fresh) = self.freshness_by_progress(since, at).await? {
+                    return Ok(fresh);
+                }
+            }
             let first = self.first_key();
             let held = Held {
                 key: &first,
@@ -412,17 +478,7 @@ impl<T: Send + Sync + 'static> ProveFreshness for EtcdListerWatcher<T> {
                 }
             };
             if proof.current < since {
-                // Revisions of two stores do not compare: "no key newer than the cache's
-                // revision" holds trivially in a store that went back, so no proof stands
-                // until the cache is listed from it.
-                return Err(Error::store_replaced(
-                    since + 1,
-                    format!(
-                        "etcd is at revision {}, below the cache's revision {since} of {}: the store was wiped or restored",
-                        proof.current,
-                        self.prefix()
-                    ),
-                ));
+                return Err(self.went_back(proof.current, since));
             }
             Ok(Freshness {
                 revision: proof.revision,

@@ -11,13 +11,101 @@
 //! `since` ([`Held::whole`]): one that lacks a key whose value did not decode could match the
 //! count with another set of keys. Otherwise the range is counted at `since` too, which
 //! compaction can refuse: not proven.
+//!
+//! That proof reads the range in etcd, and etcd reads every value of it to filter by
+//! revision. Where etcd's progress revisions can be trusted (3.4.25+, 3.5.8+), the cache's own
+//! watch proves it for the price of a round trip instead ([`WatchProgress`]): etcd answers a
+//! progress request once the watch has sent every event before its revision, and the answer
+//! reaches the cache as a bookmark, behind those events.
 
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::request::{classify_code, read};
 use crate::listwatch::hedged::Hedged;
+
+/// The progress of a source's live watch, asked for by consistent reads: shared by the source
+/// and each watch task it starts.
+#[derive(Debug, Default)]
+pub(crate) struct WatchProgress {
+    /// A read wants etcd's progress: the live watch sends a progress request.
+    wanted: Notify,
+    /// The newest revision the live watch passed on to its consumer.
+    passed: AtomicI64,
+    /// etcd answered a progress request.
+    answered: Notify,
+    /// The live watch turns etcd's progress into bookmarks (a trustworthy etcd).
+    trusted: AtomicBool,
+}
+
+impl WatchProgress {
+    /// Asks the live watch for etcd's progress until it has passed on every event up to
+    /// `target` and a bookmark at or after it (which then reaches the cache in order), or
+    /// [`PROGRESS_WAIT`] passes: false then, and at once where progress is not trusted or no
+    /// watch is live. A member that lags behind `target` answers below it; it is asked again.
+    /// A watch that did not answer in time (etcd's gRPC proxy never answers) is asked no more:
+    /// the next watch is.
+    pub(crate) async fn reach(&self, target: i64) -> bool {
+        let deadline = Instant::now() + PROGRESS_WAIT;
+        while self.trusted() {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if self.passed.load(Ordering::Acquire) >= target {
+                return true;
+            }
+            self.wanted.notify_one();
+            if tokio::time::timeout_at(deadline, answered).await.is_err() {
+                if self.trusted.swap(false, Ordering::AcqRel) {
+                    tracing::warn!(
+                        timeout = ?PROGRESS_WAIT,
+                        "the watch did not answer a progress request in time: consistent reads read the range in etcd until it is opened again"
+                    );
+                }
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Whether the live watch turns etcd's progress into bookmarks.
+    pub(crate) fn trusted(&self) -> bool {
+        self.trusted.load(Ordering::Acquire)
+    }
+
+    /// A watch task starts, after `after` and trusting progress or not.
+    pub(super) fn started(&self, after: i64, trusted: bool) {
+        self.passed.store(after, Ordering::Release);
+        self.trusted.store(trusted, Ordering::Release);
+    }
+
+    /// The watch task ended: no progress to ask for until the next one starts.
+    pub(super) fn ended(&self) {
+        self.trusted.store(false, Ordering::Release);
+        self.answered.notify_waiters();
+    }
+
+    /// etcd answered a progress request: the watch task has passed on every event up to
+    /// `revision`, and a bookmark at it.
+    pub(super) fn answered(&self, revision: i64) {
+        self.passed.fetch_max(revision, Ordering::AcqRel);
+        self.answered.notify_waiters();
+    }
+
+    /// Waits until a read wants progress.
+    pub(super) async fn wanted(&self) {
+        self.wanted.notified().await;
+    }
+}
+
+/// How long a consistent read waits for the watch's answer to a progress request before it
+/// reads the range in etcd instead. etcd answers within a round trip once the watch has sent
+/// what came before.
+const PROGRESS_WAIT: Duration = Duration::from_secs(1);
 
 /// A range a cache holds whole as of a revision.
 #[derive(Debug, Clone, Copy)]
@@ -119,5 +207,42 @@ pub(crate) async fn prove_range(
         Hedged::TimedOut => Err(ProofFailed::TimedOut(
             "the range's count at the cache's revision",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_is_asked_until_the_watch_passes_the_target_and_not_after_a_silence() {
+        let progress = Arc::new(WatchProgress::default());
+        // No live watch, or one that does not trust progress: no answer to wait for.
+        assert!(!progress.reach(5).await);
+        progress.started(3, false);
+        assert!(!progress.reach(5).await);
+
+        progress.started(3, true);
+        assert!(progress.reach(3).await, "passed already");
+        let watch = progress.clone();
+        let answers = tokio::spawn(async move {
+            // A lagging member answers below the target first, then at it.
+            for revision in [4, 7] {
+                watch.wanted().await;
+                watch.answered(revision);
+            }
+        });
+        assert!(progress.reach(7).await);
+        answers.await.expect("the watch's answers");
+
+        // A watch that never answers is asked no more, until the next one starts.
+        assert!(!progress.reach(9).await);
+        assert!(!progress.trusted());
+        progress.started(7, true);
+        assert!(progress.trusted());
+        progress.ended();
+        assert!(!progress.reach(9).await);
     }
 }

@@ -16,6 +16,7 @@ use tokio_stream::Stream;
 use super::auth::TokenRenewal;
 use super::decode::{relative_key, Decoder};
 use super::identity::{store_changed, Identity, Tally};
+use super::proof::WatchProgress;
 use super::request::{classify, named, read};
 use crate::listwatch::hedged::Hedged;
 use crate::listwatch::{Error, Result, WatchEvent};
@@ -83,6 +84,8 @@ pub(super) struct WatchTask<T> {
     /// When the response being handled arrived.
     pub(super) received: std::time::Instant,
     pub(super) token: TokenRenewal,
+    /// Consistent reads ask for etcd's progress through it.
+    pub(super) progress: Arc<WatchProgress>,
 }
 
 pub(super) const PUT: i32 = 0;
@@ -94,6 +97,17 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         mut self,
         mut requests: etcd_client::WatchRequestSender,
         mut responses: etcd_client::WatchResponseStream,
+        created: etcd_client::WatchResponse,
+    ) {
+        self.progress.started(self.delivered, self.trust_progress);
+        self.watch(&mut requests, &mut responses, created).await;
+        self.progress.ended();
+    }
+
+    async fn watch(
+        &mut self,
+        requests: &mut etcd_client::WatchRequestSender,
+        responses: &mut etcd_client::WatchResponseStream,
         created: etcd_client::WatchResponse,
     ) {
         if let Err(e) = self.handle(created).await {
@@ -133,6 +147,13 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     }
                     continue;
                 }
+                _ = self.progress.wanted(), if self.trust_progress => {
+                    if requests.request_progress().await.is_err() {
+                        self.fail(Error::unavailable(format!("the watch stream of {} closed", self.name))).await;
+                        return;
+                    }
+                    continue;
+                }
                 _ = self.tx.closed() => return,
             };
             let response = match message {
@@ -159,7 +180,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             // etcd answers progress requests with watch id -1.
             let probe_answer = response.watch_id() != self.watch_id && response.watch_id() != -1;
             let handled = if probe_answer {
-                self.answered(&mut requests, &response).await
+                self.answered(requests, &response).await
             } else {
                 self.handle(response).await
             };
@@ -267,6 +288,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 self.delivered = self.delivered.max(header_revision);
                 self.send(vec![WatchEvent::Bookmark(header_revision)])
                     .await?;
+            }
+            if !response.created() {
+                self.progress.answered(self.delivered);
             }
             return Ok(());
         }
@@ -512,6 +536,7 @@ mod tests {
             tx,
             received: std::time::Instant::now(),
             token: lw.token.clone(),
+            progress: lw.progress.clone(),
         };
         task.handle(response.clone()).await.unwrap();
         task.handle(response).await.unwrap();

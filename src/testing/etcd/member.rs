@@ -144,6 +144,19 @@ impl EtcdMember {
         watchers_at(&self.endpoint)
     }
 
+    /// The sum of `metric`'s series on this member's `/metrics` page whose labels include
+    /// each of `labels` (`name="value"`), read blocking with 1 s timeouts; `None` if it does
+    /// not answer or has no such series.
+    ///
+    /// ```no_run
+    /// # fn demo(member: &etcd_informer::testing::EtcdMember) {
+    /// let ranges = member.metric("grpc_server_handled_total", &[r#"grpc_method="Range""#]);
+    /// # }
+    /// ```
+    pub fn metric(&self, metric: &str, labels: &[&str]) -> Option<f64> {
+        metric_at(&self.endpoint, metric, labels)
+    }
+
     /// Whether the process is stopped with [`pause`](Self::pause).
     pub fn is_paused(&self) -> bool {
         let state = lock(&self.state);
@@ -458,8 +471,14 @@ pub(super) async fn start_members(
 /// [`EtcdMember::watchers`] of the member at `endpoint` (`http://127.0.0.1:PORT`), with a bare
 /// HTTP/1.0 request.
 pub(super) fn watchers_at(endpoint: &str) -> Option<u64> {
+    metric_at(endpoint, "etcd_debugging_mvcc_watcher_total", &[]).map(|n| n as u64)
+}
+
+/// The sum of every series of `metric` on `endpoint`'s `/metrics` page whose labels contain
+/// each of `labels` (`name="value"`), blocking with 1 s timeouts; `None` if it does not answer
+/// or has no such series.
+fn metric_at(endpoint: &str, metric: &str, labels: &[&str]) -> Option<f64> {
     use std::io::{Read, Write};
-    const GAUGE: &str = "etcd_debugging_mvcc_watcher_total ";
     let addr: std::net::SocketAddr = endpoint.strip_prefix("http://")?.parse().ok()?;
     let timeout = Duration::from_secs(1);
     let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
@@ -470,7 +489,12 @@ pub(super) fn watchers_at(endpoint: &str) -> Option<u64> {
     let mut page = String::new();
     conn.read_to_string(&mut page).ok()?;
     page.lines()
-        .find_map(|l| l.strip_prefix(GAUGE))
-        .and_then(|n| n.trim().parse::<f64>().ok())
-        .map(|n| n as u64)
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let rest = series.strip_prefix(metric)?;
+            let matches = (rest.is_empty() || rest.starts_with('{'))
+                && labels.iter().all(|label| rest.contains(label));
+            matches.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .fold(None, |sum, n| Some(sum.unwrap_or(0.0) + n))
 }

@@ -61,6 +61,11 @@ impl EtcdServer {
         self.member.endpoint()
     }
 
+    /// [`EtcdMember::metric`]: a metric from etcd's `/metrics` page.
+    pub fn metric(&self, metric: &str, labels: &[&str]) -> Option<f64> {
+        self.member.metric(metric, labels)
+    }
+
     /// [`endpoint`](Self::endpoint) as a one-element list.
     pub fn endpoints(&self) -> Vec<String> {
         vec![self.member.endpoint()]
