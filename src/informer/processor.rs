@@ -6,7 +6,8 @@
 //! time for [`STUCK_AFTER`] while another handler had notifications waiting (a handler a little
 //! slower than the rest, call after call). So a slow or stuck handler delays the others by about
 //! [`STUCK_AFTER`], once, whatever its speed. An [`EventStream`](super::EventStream) drains its
-//! buffer itself, with no thread.
+//! buffer itself, with no thread. An inline handler is called as each notification is
+//! distributed, on the informer's own task, with neither.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -428,6 +429,9 @@ pub(crate) struct Listener<T> {
     panics: AtomicU64,
     max_backlog: Option<usize>,
     metrics: HandlerMetrics,
+    /// A handler called as each notification is distributed, on the informer's own task:
+    /// no buffer, no thread (see `add_inline_event_handler`).
+    inline: Option<Arc<dyn ResourceEventHandler<T>>>,
 }
 
 struct Buffer<T> {
@@ -503,7 +507,23 @@ impl<T: Send + Sync + 'static> Listener<T> {
             panics: AtomicU64::new(0),
             max_backlog,
             metrics,
+            inline: None,
         })
+    }
+
+    /// A listener that calls `handler` as each notification is distributed, on the
+    /// distributing thread: nothing is queued, no thread wakes.
+    pub(crate) fn inline(
+        id: u64,
+        name: String,
+        informer: &str,
+        resync_period: Duration,
+        handler: Arc<dyn ResourceEventHandler<T>>,
+    ) -> Arc<Self> {
+        let mut listener = Arc::into_inner(Self::new(id, name, informer, resync_period, None))
+            .expect("a listener just made has no other owner");
+        listener.inline = Some(handler);
+        Arc::new(listener)
     }
 
     /// The next notification for the worker on thread `me`.
@@ -525,6 +545,17 @@ impl<T: Send + Sync + 'static> Listener<T> {
 
     /// Calls the handler with `event` (taken by [`take_next`](Self::take_next)).
     fn deliver(&self, event: Event<T>, handler: &dyn ResourceEventHandler<T>) {
+        self.call(&event, handler);
+        self.count_delivered(&event);
+        let mut buf = self.lock();
+        buf.dispatching = None;
+        if buf.waiters > 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Calls the handler with `event`, catching (and counting) a panic.
+    fn call(&self, event: &Event<T>, handler: &dyn ResourceEventHandler<T>) {
         if catch_unwind(AssertUnwindSafe(|| event.dispatch(handler))).is_err() {
             self.panics.fetch_add(1, Ordering::Relaxed);
             self.metrics.panics.increment(1);
@@ -533,12 +564,6 @@ impl<T: Send + Sync + 'static> Listener<T> {
                 key = event.key(),
                 "event handler panicked; notification skipped"
             );
-        }
-        self.count_delivered(&event);
-        let mut buf = self.lock();
-        buf.dispatching = None;
-        if buf.waiters > 0 {
-            self.idle.notify_all();
         }
     }
 
@@ -582,6 +607,14 @@ impl<T: Send + Sync + 'static> Listener<T> {
         event: Event<T>,
         applied: Option<std::time::Instant>,
     ) -> Option<Arc<Worker<T>>> {
+        if let Some(handler) = &self.inline {
+            // Removing the listener from the processor waits for this call (both hold its
+            // lock), so once removed it is never called again.
+            self.call(&event, &**handler);
+            self.delivered.fetch_add(1, Ordering::Relaxed);
+            self.metrics.delivered.increment(1);
+            return None;
+        }
         if is_initial(&event) {
             self.initial_pending.fetch_add(1, Ordering::AcqRel);
         }

@@ -113,6 +113,46 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         self.spawn_handler(id, name.into(), handler, period)
     }
 
+    /// Registers a handler named `name` that is called on the informer's own task as each
+    /// change is applied, with no thread or buffer of its own: for a handler that only hands
+    /// work off, such as a controller's that enqueues a key (the [runner](crate::runner)'s
+    /// is one). It saves the wake-up of a delivery thread per event.
+    ///
+    /// It must return at once and never block: while it runs, the cache takes no change, and
+    /// every other handler waits for it (the isolation of the other `add_*` handlers, whose
+    /// slow or stuck handler moves to a thread of its own, does not apply). It must not add or
+    /// remove handlers of this informer (that waits for it: a deadlock); reading the cache is
+    /// fine. A panic is caught, logged and counted as any handler's. It hears the cached
+    /// objects as initial adds before this returns, then every change and resync in order, as
+    /// the others do, with the informer's default resync period.
+    ///
+    /// ```no_run
+    /// # fn demo(informer: etcd_informer::SharedIndexInformer<String>, queue: etcd_informer::workqueue::WorkQueue<String>) -> Result<(), etcd_informer::InformerError> {
+    /// use etcd_informer::ResourceEventHandlerFuncs;
+    /// let (q1, q2) = (queue.clone(), queue.clone());
+    /// let handler = ResourceEventHandlerFuncs::new()
+    ///     .on_add(move |o, _| q1.add(o.key().to_string()))
+    ///     .on_update(move |_, o| q2.add(o.key().to_string()));
+    /// informer.add_inline_event_handler("enqueue", handler)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_inline_event_handler(
+        &self,
+        name: impl Into<String>,
+        handler: impl ResourceEventHandler<T>,
+    ) -> Result<HandlerRegistration<T>, InformerError> {
+        let period = self.resync_period_for(self.shared.default_resync);
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let listener = Listener::inline(
+            id,
+            name.into(),
+            &self.shared.name,
+            period,
+            Arc::new(handler),
+        );
+        self.register(listener)
+    }
+
     /// Registers a handler that receives a resync every `resync_period` (zero: never; at least
     /// [`MIN_RESYNC_PERIOD`](crate::queue::MIN_RESYNC_PERIOD), at most [`MAX_RESYNC_PERIOD`](crate::queue::MAX_RESYNC_PERIOD)). Once the informer runs, a period shorter than its resync check
     /// period is raised to it.

@@ -142,7 +142,9 @@ impl Runner {
     }
 
     /// Reconcile the keys `map` gives for every changed object of `informer` (e.g. the owner of
-    /// a child object).
+    /// a child object). `map` runs on the informer's own task as each change is applied (the
+    /// runner's handler is [inline](SharedIndexInformer::add_inline_event_handler)): keep it
+    /// quick, and never block in it.
     #[must_use]
     pub fn watch_mapped<T: Send + Sync + 'static>(
         mut self,
@@ -184,7 +186,8 @@ impl Runner {
                     m2(o).into_iter().for_each(|k| q2.add_with_priority(k, p))
                 })
                 .on_delete(move |o| m3(o.object()).into_iter().for_each(|k| q3.add(k)));
-            let registration = Arc::new(registrar.add_named_event_handler(runner, handler)?);
+            // It only enqueues: called on the informer's task, no thread wakes per event.
+            let registration = Arc::new(registrar.add_inline_event_handler(runner, handler)?);
             let (synced, informer) = (registration.clone(), registrar.clone());
             Ok(Registered {
                 informer: registrar.name().to_owned(),

@@ -358,6 +358,61 @@ async fn slow_handler_stalls_nobody_and_its_backlog_is_visible() {
     .await;
 }
 
+/// An inline handler is called on the informer's own task as each change is applied: it has
+/// heard the cached objects by the time it is registered, then every change in order, before
+/// the informer applies the next; no delivery thread calls it, its panic is counted and the
+/// next change still reaches it, and once removed it is never called again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_handler_runs_on_the_informers_task_in_order() {
+    let source: FakeSource<String> = FakeSource::new();
+    source.put("a", "1".into());
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let threads = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (l1, l2, t1) = (log.clone(), log.clone(), threads.clone());
+    let lister = informer.lister();
+    let handler = ResourceEventHandlerFuncs::new()
+        .on_add(move |o, initial| {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            t1.lock().unwrap().push(name);
+            if o.value == "boom" {
+                panic!("an inline handler's panic");
+            }
+            // The change is in the cache already, and nothing after it yet.
+            assert_eq!(lister.len(), o.key().trim_start_matches('k').parse::<usize>().map_or(1, |i| i + 2));
+            l1.lock().unwrap().push(format!("add {} {initial}", o.key()));
+        })
+        .on_update(move |_, o| l2.lock().unwrap().push(format!("update {}", o.key())));
+    let registration = informer
+        .add_inline_event_handler("inline", handler)
+        .expect("registered");
+    assert_eq!(snapshot(&log), ["add a true"], "the cached object, before it returns");
+    assert!(registration.has_synced());
+    for i in 0..50 {
+        source.put(&format!("k{i}"), "v".into());
+    }
+    source.put("a", "2".into());
+    eventually("every change", || snapshot(&log).len() == 52).await;
+    let mut expected = vec!["add a true".to_owned()];
+    expected.extend((0..50).map(|i| format!("add k{i} false")));
+    expected.push("update a".into());
+    assert_eq!(snapshot(&log), expected, "in order");
+    assert!(
+        threads.lock().unwrap().iter().all(|t| !t.starts_with("handlers-")),
+        "no delivery thread called it: {:?}",
+        threads.lock().unwrap()
+    );
+    source.put("k50", "boom".into());
+    source.put("k51", "v".into());
+    eventually("the change after the panic", || snapshot(&log).len() == 53).await;
+    assert_eq!(registration.panics(), 1);
+    assert!(informer.remove_event_handler_async(&registration).await);
+    source.put("k52", "v".into());
+    eventually("the cache has it", || informer.lister().len() == 54).await;
+    assert_eq!(snapshot(&log).len(), 53, "not called once removed");
+}
+
 /// Correctness review, finding 1: handlers that each keep up with their own events but one of
 /// which is slower than the rest, call after call (under the 20 ms that counts as stuck), must
 /// not hold the others to its pace. `slow_ms` per add for one handler, nothing for `fast`
