@@ -50,6 +50,12 @@
 //!   invocation, alternating, and tabulates both.
 //! - `fanout`: the same with H handlers on one shared informer; the informer's figure is the rate
 //!   at which the LAST handler has seen all M events. Every handler must see every event.
+//! - `runner`: a controller's event. The consumer's CPU per event (every thread but the
+//!   writers') of the raw watch (baseline), and of an informer with a `Runner` over it whose
+//!   workers run on the writers' threads (the informer column: from etcd's response to the key
+//!   in the runner's queue; target raw + 3 us); and the same with the workers counted (to the
+//!   reconcile, which looks the object up; reported). The initial list's reconciles are done
+//!   before the writes start.
 //! - `latency`: K sequential puts paced at a fixed rate; latency from just before each put to
 //!   the handler (or the raw watch) receiving that value, matched by a sequence number in the
 //!   value. p50 and p99; the ratio is on p99, and `p99_diff_ms` is informer p99 - raw p99.
@@ -127,8 +133,9 @@ const LOADERS: usize = 8;
 const MAX_MESSAGE: usize = 1 << 30;
 /// "Unpaged" for the informer, whose page size must be at least 1.
 const HUGE_PAGE: i64 = 1_000_000_000;
-const ALL_SCENARIOS: [&str; 10] = [
-    "sync", "watch", "fanout", "latency", "ryw", "memory", "prevkv", "metrics", "audit", "restart",
+const ALL_SCENARIOS: [&str; 11] = [
+    "sync", "watch", "fanout", "runner", "latency", "ryw", "memory", "prevkv", "metrics", "audit",
+    "restart",
 ];
 
 /// A ConfigMap-like object, stored as JSON.
@@ -164,6 +171,7 @@ mod context;
 mod data;
 mod measure;
 mod restart;
+mod runner;
 mod scenarios;
 
 // What the modules share (each does `use super::*`).
@@ -173,6 +181,7 @@ use context::*;
 use data::*;
 use measure::*;
 use restart::*;
+use runner::*;
 use scenarios::*;
 
 fn print_table(rows: &[Row]) {
@@ -343,6 +352,7 @@ async fn main() {
             "sync" => scenario_sync(&bench).await,
             "watch" => scenario_watch(&bench, "watch", 1).await,
             "fanout" => scenario_watch(&bench, "fanout", args.handlers).await,
+            "runner" => scenario_runner(&bench).await,
             "latency" => scenario_latency(&bench).await,
             "ryw" => scenario_ryw(&bench).await,
             "memory" => {

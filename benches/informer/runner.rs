@@ -1,0 +1,126 @@
+//! The `runner` scenario: a controller's event, from etcd's response to the key in the
+//! runner's queue, beside the raw watch's consumer; and to the worker's reconcile.
+
+use etcd_informer::runner::{Action, Runner};
+
+use super::*;
+
+/// The consumer's CPU per event: the raw watch's (baseline), an informer's with a runner
+/// whose workers run on the writers' threads (not counted: etcd's response to the key in the
+/// queue), and the same with the workers counted (to the reconcile; reported, no target).
+pub(super) async fn scenario_runner(b: &Bench) -> Row {
+    let deadline = Duration::from_secs(60 + (b.args.events / 1000) as u64);
+    let (mut raw, mut queued, mut reconciled) = (vec![], vec![], vec![]);
+    let (mut raw_threads, mut queued_threads, mut reconciled_threads) = (vec![], vec![], vec![]);
+    for run in 0..b.args.runs {
+        let r = watch_baseline_once(b, deadline).await;
+        eprintln!(
+            "runner run {run}: raw watch {:.1} us CPU per event [{}]",
+            r.consumer_cpu_us, r.by_thread
+        );
+        raw.push(r.consumer_cpu_us);
+        raw_threads.push(r.by_thread);
+        for (workers_counted, cpu, threads) in [
+            (false, &mut queued, &mut queued_threads),
+            (true, &mut reconciled, &mut reconciled_threads),
+        ] {
+            let c = runner_once(b, workers_counted, deadline).await;
+            let to = if workers_counted {
+                "reconcile"
+            } else {
+                "queue"
+            };
+            eprintln!(
+                "runner run {run}: to the {to} {:.1} us CPU per event [{}]",
+                c.cpu_us, c.by_thread
+            );
+            cpu.push(c.cpu_us);
+            threads.push(c.by_thread);
+        }
+    }
+    let (baseline, informer) = (median(&raw), median(&queued));
+    let diff = informer - baseline;
+    let mut line = b.base_json("runner");
+    line.insert("events".into(), json!(b.args.events));
+    line.insert("raw_cpu_us_per_event_runs".into(), json!(raw));
+    line.insert("queue_cpu_us_per_event_runs".into(), json!(queued));
+    line.insert("reconcile_cpu_us_per_event_runs".into(), json!(reconciled));
+    line.insert("cpu_us_per_event_diff".into(), json!(round(diff, 1)));
+    line.insert(
+        "reconcile_cpu_us_per_event_diff".into(),
+        json!(round(median(&reconciled) - baseline, 1)),
+    );
+    line.insert("raw_by_thread_runs".into(), json!(raw_threads));
+    line.insert("queue_by_thread_runs".into(), json!(queued_threads));
+    line.insert("reconcile_by_thread_runs".into(), json!(reconciled_threads));
+    let allowance = 3.0;
+    let row = Row {
+        scenario: "runner".into(),
+        baseline,
+        informer,
+        ratio: informer / baseline,
+        unit: "us CPU/event".into(),
+        target: format!(
+            "to the queue <= raw + {allowance} us (here {diff:+.1}; to the reconcile {:+.1})",
+            median(&reconciled) - baseline
+        ),
+        met: Some(diff <= allowance),
+    };
+    emit(line, &row, true)
+}
+
+/// One run: an informer (no handler of its own) and a runner over it reconciling every changed
+/// key, whose workers run on the writers' threads unless `workers_counted`.
+async fn runner_once(b: &Bench, workers_counted: bool, deadline: Duration) -> ConsumerCost {
+    let m = b.args.events;
+    let running = b.synced_informer(&[]).await;
+    let informer = running.informer.clone();
+    // The initial list's keys are reconciled first (counted here), then the sink is installed.
+    let sink: Arc<Mutex<Option<Arc<Sink>>>> = Arc::default();
+    let initial = Arc::new(AtomicUsize::new(0));
+    let lister = informer.lister();
+    let reconcile = {
+        let (sink, initial) = (sink.clone(), initial.clone());
+        move |key: String| {
+            let current = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match current {
+                Some(sink) => {
+                    if let Some(o) = lister.get(&key) {
+                        sink.record(&o.value);
+                    }
+                }
+                None => {
+                    initial.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            std::future::ready(Ok::<_, std::convert::Infallible>(Action::Done))
+        }
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = Runner::new("bench")
+        .watch(&informer)
+        .run(reconcile, async move {
+            let _ = stopped.await;
+        });
+    let task = match workers_counted {
+        true => tokio::spawn(run),
+        false => b.writers.spawn(run),
+    };
+    let started = Instant::now();
+    while initial.load(Ordering::Relaxed) < b.args.keys {
+        if started.elapsed() > deadline {
+            fail("the runner did not reconcile the initial list in time");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let counted = Sink::new(m, 0, false, Instant::now());
+    *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(counted.clone());
+    let consumer = ConsumerMark::now();
+    b.write_updates(m).await;
+    counted.wait("runner", deadline).await;
+    let cost = consumer.per_event(m);
+    let _ = stop.send(());
+    let _ = task.await;
+    running.shutdown().await;
+    cost
+}
