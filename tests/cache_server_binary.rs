@@ -428,7 +428,7 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
             &listen.to_string(),
             // Long enough to watch the health answers during the drain on a loaded machine.
             "--drain-timeout",
-            "8s",
+            "12s",
         ])
         .env("ETCD_CACHE_SERVER_MAX_REQUEST_BYTES", "4096")
         .env("RUST_LOG", "error")
@@ -465,7 +465,7 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
     assert!(text.contains("process_resident_memory_bytes"), "{text}");
 
     // SIGTERM: not ready while it drains, then exit 0. A client in the middle of sending a
-    // request keeps its connection, so the drain lasts until the drain timeout (8 s) and the
+    // request keeps its connection, so the drain lasts until the drain timeout (12 s) and the
     // health answers can be watched meanwhile.
     let mut slow = tokio::net::TcpStream::connect(listen).await.unwrap();
     slow.write_all(b"GET /proxy/health HTTP/1.1\r\nHost: x\r\n")
@@ -473,19 +473,16 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
         .unwrap();
     let terminated = Instant::now();
     server.terminate();
+    // Each waited for, not read once: on a loaded machine one answer can take seconds.
     until_status(metrics, "/health", 503, Duration::from_secs(6)).await;
-    assert_eq!(
-        http_get(metrics, "/livez").await.map(|a| a.0),
-        Some(503),
-        "draining"
-    );
+    until_status(metrics, "/livez", 503, Duration::from_secs(6)).await;
     let status = server
-        .exited(Duration::from_secs(15))
+        .exited(Duration::from_secs(20))
         .await
         .expect("the server exits after its drain timeout");
     assert!(status.success(), "exit status {status:?}");
     assert!(
-        terminated.elapsed() < Duration::from_secs(8 + 10),
+        terminated.elapsed() < Duration::from_secs(12 + 10),
         "exited within the drain timeout: {:?}",
         terminated.elapsed()
     );
