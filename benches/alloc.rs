@@ -16,12 +16,16 @@
 //!   key in a work queue (what a runner's handler does).
 //!
 //! Prints a table and one JSON line per consumer: allocations and bytes per event, and the
-//! informer's over the raw watch's.
+//! informer's over the raw watch's. With `ALLOC_SITES=1` (slower: every 64th allocation
+//! captures its call stack), each row is followed by where the allocations come from.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::backtrace::Backtrace;
+use std::cell::Cell;
+use std::collections::HashMap;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Txn, TxnOp, WatchOptions};
@@ -43,10 +47,72 @@ struct Counting;
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// With `ALLOC_SITES` set, every 64th allocation while a consumer is measured records its
+/// call stack: where the allocations come from, printed after each consumer.
+static SAMPLING: AtomicBool = AtomicBool::new(false);
+static SITES: Mutex<Vec<Backtrace>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static SAMPLING_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn sample() {
+    // Not while this thread is already sampling (the capture allocates).
+    if SAMPLING_HERE.with(|s| s.replace(true)) {
+        return;
+    }
+    let trace = Backtrace::force_capture();
+    if let Ok(mut sites) = SITES.lock() {
+        sites.push(trace);
+    }
+    SAMPLING_HERE.with(|s| s.set(false));
+}
+
+/// The sampled call stacks by their first three frames outside the allocator and the
+/// standard library, the commonest first.
+fn print_sites() {
+    let traces = std::mem::take(&mut *SITES.lock().unwrap_or_else(|e| e.into_inner()));
+    let skip = [
+        "alloc::",
+        "core::",
+        "std::",
+        "backtrace",
+        "Counting",
+        "__rust",
+        "hashbrown",
+        "__libc",
+        "clone3",
+        "start_thread",
+        "sample",
+    ];
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for trace in &traces {
+        let text = trace.to_string();
+        let frames: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().split_once(": ").map(|(_, f)| f))
+            .filter(|f| !skip.iter().any(|s| f.contains(s)))
+            .take(3)
+            .collect();
+        *counts.entry(frames.join(" < ")).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    for (site, n) in counts.iter().take(25) {
+        println!(
+            "  {:5.1}% {site}",
+            100.0 * *n as f64 / traces.len().max(1) as f64
+        );
+    }
+}
+
 // SAFETY: every call goes to the system allocator unchanged; the counters only count.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        if n % 64 == 0 && SAMPLING.load(Ordering::Relaxed) {
+            sample();
+        }
         BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: as the caller's contract.
         unsafe { System.alloc(layout) }
@@ -205,6 +271,7 @@ async fn measure(
         ALLOCATIONS.load(Ordering::Relaxed),
         BYTES.load(Ordering::Relaxed),
     );
+    SAMPLING.store(std::env::var_os("ALLOC_SITES").is_some(), Ordering::Relaxed);
     stdin.write_all(b"go\n").await?;
     tokio::time::timeout(Duration::from_secs(120), done)
         .await
@@ -220,6 +287,7 @@ async fn measure(
         per_event(ALLOCATIONS.load(Ordering::Relaxed), allocations),
         per_event(BYTES.load(Ordering::Relaxed), bytes),
     );
+    SAMPLING.store(false, Ordering::Relaxed);
     let status = child.wait().await?;
     if !status.success() {
         return Err(format!("the writer failed: {status}").into());
@@ -324,6 +392,9 @@ async fn run() -> Res<()> {
         };
         let ratio = allocations / *raw.get_or_insert(allocations);
         println!("| {name} | {allocations:.1} | {bytes:.0} | {ratio:.2} |");
+        if std::env::var_os("ALLOC_SITES").is_some() {
+            print_sites();
+        }
         println!(
             "{{\"scenario\":\"alloc\",\"consumer\":\"{name}\",\"events\":{},\"allocations_per_event\":{allocations:.2},\"bytes_per_event\":{bytes:.1},\"over_raw\":{ratio:.3}}}",
             args.events
