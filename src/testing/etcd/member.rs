@@ -149,7 +149,7 @@ impl EtcdMember {
     /// not answer or has no such series.
     ///
     /// ```no_run
-    /// # fn demo(member: &etcd_informer::testing::EtcdMember) {
+    /// # fn demo(member: &etcd_informer::testing::etcd::EtcdMember) {
     /// let ranges = member.metric("grpc_server_handled_total", &[r#"grpc_method="Range""#]);
     /// # }
     /// ```
