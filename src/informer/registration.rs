@@ -120,9 +120,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     ///
     /// It must return at once and never block: while it runs, the cache takes no change, and
     /// every other handler waits for it (the isolation of the other `add_*` handlers, whose
-    /// slow or stuck handler moves to a thread of its own, does not apply). It must not add or
-    /// remove handlers of this informer (that waits for it: a deadlock); reading the cache is
-    /// fine. A panic is caught, logged and counted as any handler's. It hears the cached
+    /// slow or stuck handler moves to a thread of its own, does not apply). Of its informer it
+    /// may only read the cache (a lister, `get_by_key`, `by_index`): `has_synced` (the
+    /// informer's or a registration's), `handler_count`, adding indexes, and adding or removing
+    /// handlers (itself included) wait for it to return, a deadlock. A panic is caught, logged
+    /// and counted as any handler's. It hears the cached
     /// objects as initial adds before this returns, then every change and resync in order, as
     /// the others do, with the informer's default resync period.
     ///
@@ -266,7 +268,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// can no longer be called: if it is handling a notification, when it returns from it (for
     /// at most [`REMOVE_PATIENCE`]; a handler stuck longer is logged and left to finish on its
     /// own). Called from within the handler itself, it returns at once and the handler is not
-    /// called again after the notification in progress.
+    /// called again after the notification in progress (not from an inline handler, which
+    /// must not call it: see [`add_inline_event_handler`](Self::add_inline_event_handler)).
     ///
     /// Returns whether the handler was registered with this informer: a registration of
     /// another informer, or one removed already, is left alone (client-go's no-op).

@@ -17,7 +17,7 @@ use super::forward::{RunsAs, Upstream};
 use super::header::Headers;
 use super::stats::{PrefixCounts, ServerMetrics};
 use crate::informer::audit::AuditCounts;
-use crate::listwatch::etcd::proof::{prove_range, Held, ProofFailed, WatchProgress};
+use crate::listwatch::etcd::proof::{prove_range, Held, ProofFailed, WatchProgress, PROGRESS_WAIT};
 #[cfg(doc)]
 use crate::listwatch::etcd::EtcdListerWatcher;
 use crate::reflector::RevisionHandle;
@@ -502,9 +502,9 @@ impl Served {
             false => Instant::now() + PROOF_GRACE,
         };
         let mut proven_at = None;
-        // Asked once; once the watch has passed `target` on, its bookmark is on the way to
-        // the cache.
-        let (mut asked, mut progressed) = (false, false);
+        // The watch is asked once. Once it has passed `target` on, its bookmark is on the way
+        // to the cache: awaited until then, and the range proven if it did not come.
+        let (mut asked, mut awaiting) = (false, None);
         loop {
             let now = *position.borrow_and_update();
             if now.revision >= target {
@@ -513,13 +513,17 @@ impl Served {
             if Instant::now() >= grace && by_progress && !asked {
                 asked = true;
                 let reach = slice.progress.reach(target);
-                progressed = tokio::time::timeout_at(deadline, reach).await == Ok(true);
-                if progressed {
+                if tokio::time::timeout_at(deadline, reach).await == Ok(true) {
                     slice.counts.proved_by_progress();
+                    awaiting = Some(Instant::now() + PROGRESS_WAIT);
                 }
                 continue;
             }
-            if Instant::now() >= grace && !progressed && proven_at != Some(now.revision) {
+            let awaiting_bookmark = awaiting.filter(|until| Instant::now() < *until);
+            if Instant::now() >= grace
+                && awaiting_bookmark.is_none()
+                && proven_at != Some(now.revision)
+            {
                 let (since, len) = held(slice);
                 proven_at = Some(since);
                 let range = Range {
@@ -536,10 +540,10 @@ impl Served {
                     return Ok(target);
                 }
             }
-            let wake = if Instant::now() < grace {
-                grace
-            } else {
-                deadline
+            let wake = match awaiting_bookmark {
+                _ if Instant::now() < grace => grace,
+                Some(until) => until.min(deadline),
+                None => deadline,
             };
             match tokio::time::timeout_at(wake, position.changed()).await {
                 Ok(Ok(())) => {}

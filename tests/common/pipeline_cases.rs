@@ -408,8 +408,20 @@ async fn an_inline_handler_runs_on_the_informers_task_in_order() {
     eventually("the change after the panic", || snapshot(&log).len() == 53).await;
     assert_eq!(registration.panics(), 1);
     assert!(informer.remove_event_handler_async(&registration).await);
+    // Handlers are called in order of registration: once one registered after the removal
+    // has heard the change, the removed one would have.
+    let after = Arc::new(Mutex::new(Vec::<String>::new()));
+    let a = after.clone();
+    let witness = ResourceEventHandlerFuncs::new().on_add(move |o, initial| {
+        if !initial {
+            a.lock().unwrap().push(o.key().to_string());
+        }
+    });
+    informer
+        .add_inline_event_handler("witness", witness)
+        .expect("registered");
     source.put("k52", "v".into());
-    eventually("the cache has it", || informer.lister().len() == 54).await;
+    eventually("the witness heard it", || snapshot(&after) == ["k52"]).await;
     assert_eq!(snapshot(&log).len(), 53, "not called once removed");
 }
 

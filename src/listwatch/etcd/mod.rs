@@ -261,6 +261,10 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             return Err(self.went_back(current, since));
         }
         let revision = at.unwrap_or(current);
+        if revision > current {
+            // A revision etcd has not reached: the range read says so.
+            return Ok(None);
+        }
         if revision <= since {
             return Ok(Some(Freshness {
                 revision,
@@ -411,6 +415,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
                 received: std::time::Instant::now(),
                 token: self.token.clone(),
                 progress: self.progress.clone(),
+                generation: 0,
             };
             let span =
                 tracing::info_span!("etcd_watch", prefix = %self.prefix(), after = after_revision);

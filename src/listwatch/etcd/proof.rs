@@ -18,28 +18,41 @@
 //! progress request once the watch has sent every event before its revision, and the answer
 //! reaches the cache as a bookmark, behind those events.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::request::{classify_code, read};
 use crate::listwatch::hedged::Hedged;
+use crate::sync::lock;
 
 /// The progress of a source's live watch, asked for by consistent reads: shared by the source
-/// and each watch task it starts.
+/// and each watch task it starts. A task's calls name its generation, so that one still
+/// winding down never speaks for its successor.
 #[derive(Debug, Default)]
 pub(crate) struct WatchProgress {
     /// A read wants etcd's progress: the live watch sends a progress request.
     wanted: Notify,
-    /// The newest revision the live watch passed on to its consumer.
-    passed: AtomicI64,
-    /// etcd answered a progress request.
+    /// etcd answered a progress request (or the watch ended).
     answered: Notify,
+    live: Mutex<Live>,
+}
+
+/// The live watch as its progress goes.
+#[derive(Debug, Default)]
+struct Live {
+    /// Which watch task is live.
+    generation: u64,
+    /// The newest revision the live watch passed on to its consumer with a bookmark.
+    passed: i64,
     /// The live watch turns etcd's progress into bookmarks (a trustworthy etcd).
-    trusted: AtomicBool,
+    trusted: bool,
+    /// etcd answered it at least once.
+    answered_once: bool,
 }
 
 impl WatchProgress {
@@ -47,65 +60,90 @@ impl WatchProgress {
     /// `target` and a bookmark at or after it (which then reaches the cache in order), or
     /// [`PROGRESS_WAIT`] passes: false then, and at once where progress is not trusted or no
     /// watch is live. A member that lags behind `target` answers below it; it is asked again.
-    /// A watch that did not answer in time (etcd's gRPC proxy never answers) is asked no more:
-    /// the next watch is.
+    /// A watch that never answered within that time (etcd's gRPC proxy never does) is asked
+    /// no more: the next watch is.
     pub(crate) async fn reach(&self, target: i64) -> bool {
         let deadline = Instant::now() + PROGRESS_WAIT;
-        while self.trusted() {
+        loop {
             let answered = self.answered.notified();
             tokio::pin!(answered);
             answered.as_mut().enable();
-            if self.passed.load(Ordering::Acquire) >= target {
-                return true;
-            }
+            let generation = {
+                let live = lock(&self.live);
+                if !live.trusted {
+                    return false;
+                }
+                if live.passed >= target {
+                    return true;
+                }
+                live.generation
+            };
             self.wanted.notify_one();
             if tokio::time::timeout_at(deadline, answered).await.is_err() {
-                if self.trusted.swap(false, Ordering::AcqRel) {
+                let mut live = lock(&self.live);
+                if live.generation == generation && live.trusted && !live.answered_once {
+                    live.trusted = false;
                     tracing::warn!(
                         timeout = ?PROGRESS_WAIT,
-                        "the watch did not answer a progress request in time: consistent reads read the range in etcd until it is opened again"
+                        "the watch never answered a progress request: consistent reads read the range in etcd until it is opened again"
                     );
                 }
                 return false;
             }
         }
-        false
     }
 
     /// Whether the live watch turns etcd's progress into bookmarks.
     pub(crate) fn trusted(&self) -> bool {
-        self.trusted.load(Ordering::Acquire)
+        lock(&self.live).trusted
     }
 
-    /// A watch task starts, after `after` and trusting progress or not.
-    pub(super) fn started(&self, after: i64, trusted: bool) {
-        self.passed.store(after, Ordering::Release);
-        self.trusted.store(trusted, Ordering::Release);
+    /// A watch task starts, after `after` and trusting progress or not: its generation.
+    pub(super) fn started(&self, after: i64, trusted: bool) -> u64 {
+        let mut live = lock(&self.live);
+        *live = Live {
+            generation: live.generation + 1,
+            passed: after,
+            trusted,
+            answered_once: false,
+        };
+        live.generation
     }
 
-    /// The watch task ended: no progress to ask for until the next one starts.
-    pub(super) fn ended(&self) {
-        self.trusted.store(false, Ordering::Release);
+    /// The watch task of `generation` ended: no progress to ask for until the next one starts.
+    pub(super) fn ended(&self, generation: u64) {
+        {
+            let mut live = lock(&self.live);
+            if live.generation == generation {
+                live.trusted = false;
+            }
+        }
         self.answered.notify_waiters();
     }
 
-    /// etcd answered a progress request: the watch task has passed on every event up to
-    /// `revision`, and a bookmark at it.
-    pub(super) fn answered(&self, revision: i64) {
-        self.passed.fetch_max(revision, Ordering::AcqRel);
+    /// etcd answered the watch task of `generation` a progress request: it has passed on
+    /// every event up to `revision`, and a bookmark at it.
+    pub(super) fn answered(&self, generation: u64, revision: i64) {
+        {
+            let mut live = lock(&self.live);
+            if live.generation == generation {
+                live.passed = live.passed.max(revision);
+                live.answered_once = true;
+            }
+        }
         self.answered.notify_waiters();
     }
 
-    /// Waits until a read wants progress.
-    pub(super) async fn wanted(&self) {
-        self.wanted.notified().await;
+    /// Resolves when a read wants progress (pinned across a loop, it registers once).
+    pub(super) fn wanted(&self) -> Notified<'_> {
+        self.wanted.notified()
     }
 }
 
 /// How long a consistent read waits for the watch's answer to a progress request before it
 /// reads the range in etcd instead. etcd answers within a round trip once the watch has sent
 /// what came before.
-const PROGRESS_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const PROGRESS_WAIT: Duration = Duration::from_secs(1);
 
 /// A range a cache holds whole as of a revision.
 #[derive(Debug, Clone, Copy)]
@@ -224,25 +262,37 @@ mod tests {
         progress.started(3, false);
         assert!(!progress.reach(5).await);
 
-        progress.started(3, true);
+        let generation = progress.started(3, true);
         assert!(progress.reach(3).await, "passed already");
         let watch = progress.clone();
         let answers = tokio::spawn(async move {
             // A lagging member answers below the target first, then at it.
             for revision in [4, 7] {
                 watch.wanted().await;
-                watch.answered(revision);
+                watch.answered(generation, revision);
             }
         });
         assert!(progress.reach(7).await);
         answers.await.expect("the watch's answers");
+        // A slow answer from a watch that answered before: this read falls back, the next
+        // still asks.
+        assert!(!progress.reach(9).await);
+        assert!(progress.trusted());
 
         // A watch that never answers is asked no more, until the next one starts.
+        let silent = progress.started(7, true);
         assert!(!progress.reach(9).await);
         assert!(!progress.trusted());
-        progress.started(7, true);
+        let next = progress.started(7, true);
+        // The old watch winding down speaks for nobody.
+        progress.answered(silent, 100);
+        progress.ended(silent);
         assert!(progress.trusted());
-        progress.ended();
-        assert!(!progress.reach(9).await);
+        assert!(
+            !progress.reach(9).await,
+            "the old watch's answer did not count"
+        );
+        progress.ended(next);
+        assert!(!progress.trusted());
     }
 }

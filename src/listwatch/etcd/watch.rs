@@ -86,6 +86,8 @@ pub(super) struct WatchTask<T> {
     pub(super) token: TokenRenewal,
     /// Consistent reads ask for etcd's progress through it.
     pub(super) progress: Arc<WatchProgress>,
+    /// This task's generation in `progress`.
+    pub(super) generation: u64,
 }
 
 pub(super) const PUT: i32 = 0;
@@ -99,9 +101,9 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         mut responses: etcd_client::WatchResponseStream,
         created: etcd_client::WatchResponse,
     ) {
-        self.progress.started(self.delivered, self.trust_progress);
+        self.generation = self.progress.started(self.delivered, self.trust_progress);
         self.watch(&mut requests, &mut responses, created).await;
-        self.progress.ended();
+        self.progress.ended(self.generation);
     }
 
     async fn watch(
@@ -114,6 +116,8 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
             self.fail(e).await;
             return;
         }
+        let progress = self.progress.clone();
+        let mut wanted = std::pin::pin!(progress.wanted());
         // Checked often enough that a probe goes out soon after `progress_interval` of silence.
         let mut tick = tokio::time::interval(self.progress_interval / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -147,7 +151,8 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     }
                     continue;
                 }
-                _ = self.progress.wanted(), if self.trust_progress => {
+                _ = &mut wanted, if self.trust_progress => {
+                    wanted.set(progress.wanted());
                     if requests.request_progress().await.is_err() {
                         self.fail(Error::unavailable(format!("the watch stream of {} closed", self.name))).await;
                         return;
@@ -290,7 +295,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                     .await?;
             }
             if !response.created() {
-                self.progress.answered(self.delivered);
+                self.progress.answered(self.generation, self.delivered);
             }
             return Ok(());
         }
@@ -537,6 +542,7 @@ mod tests {
             received: std::time::Instant::now(),
             token: lw.token.clone(),
             progress: lw.progress.clone(),
+            generation: 0,
         };
         task.handle(response.clone()).await.unwrap();
         task.handle(response).await.unwrap();
