@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{cache_state, etcd_state, shared_client};
+use common::{cache_state, etcd_state, put_large_prefix, read_cost, shared_client};
 use etcd_client::{Client, Txn, TxnOp};
 use etcd_informer::client::TypedClient;
 use etcd_informer::listwatch::{Capabilities, ProveFreshness};
@@ -329,35 +329,9 @@ async fn a_consistent_read_proven_by_the_watchs_progress_reads_no_values_in_etcd
     let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let client = server.client().await;
     let prefix = unique_prefix("progress");
-    // 8 MB of values: what etcd would read for each proof of the prefix.
-    let value = "v".repeat(4096);
-    let values = 2000.0 * 4096.0;
-    for batch in 0..20 {
-        let puts: Vec<_> = (0..100)
-            .map(|i| {
-                TxnOp::put(
-                    format!("{prefix}{:04}", batch * 100 + i),
-                    value.as_str(),
-                    None,
-                )
-            })
-            .collect();
-        client
-            .kv_client()
-            .txn(Txn::new().and_then(puts))
-            .await
-            .expect("a batch of puts");
-    }
-    let ranges = || {
-        server
-            .metric("grpc_server_handled_total", &[r#"grpc_method="Range""#])
-            .expect("etcd's Range count from its /metrics page")
-    };
-    let allocated = || {
-        server
-            .metric("go_memstats_alloc_bytes_total", &[])
-            .expect("etcd's allocated bytes from its /metrics page")
-    };
+    let values = put_large_prefix(&client, &prefix).await;
+    let ranges = || read_cost(&server).0;
+    let allocated = || read_cost(&server).1;
     let mut kv = client.kv_client();
     let elsewhere = format!("{}-elsewhere", prefix.trim_end_matches('/'));
     let mut keys = 2000;

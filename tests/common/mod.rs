@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, Txn, TxnOp};
 use etcd_informer::listwatch::{BoxFuture, Capabilities, ListResult, ListSink, Result as LwResult};
-use etcd_informer::testing::etcd::test_etcd;
+use etcd_informer::testing::etcd::{test_etcd, EtcdServer};
 use etcd_informer::{
     connect, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchStream,
 };
@@ -23,6 +23,41 @@ pub type State = BTreeMap<String, (i64, String)>;
 
 /// What a [`recorder`] was told, one line per call.
 pub type Log = Arc<Mutex<Vec<String>>>;
+
+/// Puts 2,000 keys `{prefix}0000`..`{prefix}1999` of 4 KiB each, 100 to a transaction; returns
+/// their value bytes (8 MB: what etcd reads for a proof that reads the range's values).
+pub async fn put_large_prefix(client: &Client, prefix: &str) -> f64 {
+    let value = "v".repeat(4096);
+    for batch in 0..20 {
+        let puts: Vec<_> = (0..100)
+            .map(|i| {
+                TxnOp::put(
+                    format!("{prefix}{:04}", batch * 100 + i),
+                    value.as_str(),
+                    None,
+                )
+            })
+            .collect();
+        client
+            .kv_client()
+            .txn(Txn::new().and_then(puts))
+            .await
+            .expect("a batch of puts");
+    }
+    2000.0 * 4096.0
+}
+
+/// What reads cost `etcd` so far, from its `/metrics` page: the Range requests it served and
+/// the bytes it allocated.
+pub fn read_cost(etcd: &EtcdServer) -> (f64, f64) {
+    let ranges = etcd
+        .metric("grpc_server_handled_total", &[r#"grpc_method="Range""#])
+        .expect("etcd's Range count from its /metrics page");
+    let allocated = etcd
+        .metric("go_memstats_alloc_bytes_total", &[])
+        .expect("etcd's allocated bytes from its /metrics page");
+    (ranges, allocated)
+}
 
 /// A client of this test binary's shared etcd (or `ETCD_ENDPOINTS`).
 pub async fn shared_client() -> Client {

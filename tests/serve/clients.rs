@@ -626,27 +626,9 @@ async fn a_read_proven_by_the_watchs_progress_reads_no_values_in_etcd() {
     let etcd = private_etcd().await;
     let client = etcd.client().await;
     let p = unique_prefix("serve_progress");
-    // 8 MB of values: what etcd would read for each proof of the prefix.
-    let value = "v".repeat(4096);
-    let values = 2000.0 * 4096.0;
-    for batch in 0..20 {
-        let puts: Vec<_> = (0..100)
-            .map(|i| TxnOp::put(format!("{p}k{:04}", batch * 100 + i), value.as_str(), None))
-            .collect();
-        client
-            .kv_client()
-            .txn(Txn::new().and_then(puts))
-            .await
-            .expect("a batch of puts");
-    }
-    let ranges = || {
-        etcd.metric("grpc_server_handled_total", &[r#"grpc_method="Range""#])
-            .expect("etcd's Range count from its /metrics page")
-    };
-    let allocated = || {
-        etcd.metric("go_memstats_alloc_bytes_total", &[])
-            .expect("etcd's allocated bytes from its /metrics page")
-    };
+    let values = put_large_prefix(&client, &format!("{p}k")).await;
+    let ranges = || read_cost(&etcd).0;
+    let allocated = || read_cost(&etcd).1;
     let elsewhere = format!("{}-elsewhere", p.trim_end_matches('/'));
     for trusted in [true, false] {
         let source = EtcdOptions::default()

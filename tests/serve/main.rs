@@ -20,7 +20,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{cache_state, converges, etcd_state, eventually, shared_client};
+use common::{
+    cache_state, converges, etcd_state, eventually, put_large_prefix, read_cost, shared_client,
+};
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
     WatchOptions,
