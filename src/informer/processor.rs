@@ -25,6 +25,20 @@ use super::watchdog::{watchdog, Watched, STUCK_AFTER};
 use crate::metrics::HandlerMetrics;
 use crate::sync::lock;
 
+thread_local! {
+    /// The informer whose inline handler this thread is calling (0: none).
+    static IN_INLINE_HANDLER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Panics, naming `what`, if this thread is in an inline handler of the informer `owner`:
+/// `what` waits for that handler to return, which would never happen. The handler's panic is
+/// caught and logged like any other, so a mistake shows instead of stalling the cache.
+pub(crate) fn refuse_in_inline_handler(owner: usize, what: &str) {
+    if IN_INLINE_HANDLER.with(std::cell::Cell::get) == owner {
+        panic!("an inline event handler called {what} of its own informer, which waits for the handler to return; it may only read the cache (see add_inline_event_handler)");
+    }
+}
+
 /// Capacity (in events) above which a drained backlog releases its memory.
 const SHRINK_ABOVE: usize = 1024;
 
@@ -431,7 +445,8 @@ pub(crate) struct Listener<T> {
     metrics: HandlerMetrics,
     /// A handler called as each notification is distributed, on the informer's own task:
     /// no buffer, no thread (see `add_inline_event_handler`).
-    inline: Option<Arc<dyn ResourceEventHandler<T>>>,
+    /// With the informer it belongs to (see [`refuse_in_inline_handler`]).
+    inline: Option<(Arc<dyn ResourceEventHandler<T>>, usize)>,
 }
 
 struct Buffer<T> {
@@ -513,16 +528,18 @@ impl<T: Send + Sync + 'static> Listener<T> {
 
     /// A listener that calls `handler` as each notification is distributed, on the
     /// distributing thread: nothing is queued, no thread wakes.
+    /// `owner` identifies the informer (see [`refuse_in_inline_handler`]).
     pub(crate) fn inline(
         id: u64,
         name: String,
         informer: &str,
         resync_period: Duration,
         handler: Arc<dyn ResourceEventHandler<T>>,
+        owner: usize,
     ) -> Arc<Self> {
         let mut listener = Arc::into_inner(Self::new(id, name, informer, resync_period, None))
             .expect("a listener just made has no other owner");
-        listener.inline = Some(handler);
+        listener.inline = Some((handler, owner));
         Arc::new(listener)
     }
 
@@ -607,10 +624,12 @@ impl<T: Send + Sync + 'static> Listener<T> {
         event: Event<T>,
         applied: Option<std::time::Instant>,
     ) -> Option<Arc<Worker<T>>> {
-        if let Some(handler) = &self.inline {
+        if let Some((handler, owner)) = &self.inline {
             // Removing the listener from the processor waits for this call (both hold its
             // lock), so once removed it is never called again.
+            let outer = IN_INLINE_HANDLER.with(|c| c.replace(*owner));
             self.call(&event, &**handler);
+            IN_INLINE_HANDLER.with(|c| c.set(outer));
             self.delivered.fetch_add(1, Ordering::Relaxed);
             self.metrics.delivered.increment(1);
             return None;

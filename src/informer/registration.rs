@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::handler::{Event, ResourceEventHandler};
-use super::processor::Listener;
+use super::processor::{refuse_in_inline_handler, Listener};
 use super::shared_informer::{InformerError, Shared, SharedIndexInformer};
 use crate::queue::clamp_resync;
 use crate::sync::lock;
@@ -35,6 +35,8 @@ impl<T> fmt::Debug for HandlerRegistration<T> {
 impl<T: Send + Sync + 'static> HandlerRegistration<T> {
     /// Whether the informer has synced and this handler has received every initial add.
     pub fn has_synced(&self) -> bool {
+        let owner = Weak::as_ptr(&self.informer) as *const () as usize;
+        refuse_in_inline_handler(owner, "a registration's has_synced");
         self.informer
             .upgrade()
             .is_some_and(|s| s.queue.has_synced() && self.listener.initial_delivered())
@@ -122,9 +124,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     /// every other handler waits for it (the isolation of the other `add_*` handlers, whose
     /// slow or stuck handler moves to a thread of its own, does not apply). Of its informer it
     /// may only read the cache (a lister, `get_by_key`, `by_index`): `has_synced` (the
-    /// informer's or a registration's), `handler_count`, adding indexes, and adding or removing
-    /// handlers (itself included) wait for it to return, a deadlock. A panic is caught, logged
-    /// and counted as any handler's. It hears the cached
+    /// informer's or a registration's), `handler_count`, and adding or removing handlers
+    /// (itself included) would wait for it to return, and panic instead. A panic is caught,
+    /// logged and counted as any handler's. It hears the cached
     /// objects as initial adds before this returns, then every change and resync in order, as
     /// the others do, with the informer's default resync period.
     ///
@@ -151,6 +153,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
             &self.shared.name,
             period,
             Arc::new(handler),
+            self.owner(),
         );
         self.register(listener)
     }

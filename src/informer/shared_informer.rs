@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::audit::{AuditCounts, AuditReport, Audited};
 use super::controller::{AbortOnDrop, Controller, ControllerConfig};
 use super::options::{InformerOptions, Processing, RelistUnchanged};
-use super::processor::{merge_due, Processor};
+use super::processor::{merge_due, refuse_in_inline_handler, Processor};
 use crate::delta_fifo::DeltaFifo;
 use crate::lister::Lister;
 use crate::listwatch::ListerWatcher;
@@ -236,7 +236,13 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     pub(super) fn processor(&self) -> MutexGuard<'_, Processor<T>> {
+        refuse_in_inline_handler(self.owner(), "a handler registration");
         lock(&self.shared.processor)
+    }
+
+    /// Identifies this informer to its inline handlers' guard.
+    pub(super) fn owner(&self) -> usize {
+        Arc::as_ptr(&self.shared) as *const () as usize
     }
 
     /// Runs the informer: lists, watches and delivers until [`stop`](Self::stop) or until the
@@ -422,6 +428,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
 
     /// Whether the first list has been fully applied to the cache.
     pub fn has_synced(&self) -> bool {
+        refuse_in_inline_handler(self.owner(), "has_synced");
         self.shared.queue.has_synced()
     }
 

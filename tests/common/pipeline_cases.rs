@@ -425,6 +425,46 @@ async fn an_inline_handler_runs_on_the_informers_task_in_order() {
     assert_eq!(snapshot(&log).len(), 53, "not called once removed");
 }
 
+/// An inline handler that calls what waits for it (its informer's `has_synced`, a handler
+/// registration) panics, and the panic is counted, instead of stalling the cache; another
+/// informer's `has_synced` is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_handler_that_waits_for_itself_panics_instead_of_stalling() {
+    let source: FakeSource<String> = FakeSource::new();
+    let informer = started(&source, fast_options());
+    informer.wait_for_cache_sync().await;
+    let other_source: FakeSource<String> = FakeSource::new();
+    let other = started(&other_source, fast_options());
+    other.wait_for_cache_sync().await;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (me, s) = (informer.clone(), seen.clone());
+    let handler = ResourceEventHandlerFuncs::new().on_add(move |o, _| {
+        assert!(other.has_synced());
+        s.fetch_add(1, Ordering::SeqCst);
+        match o.key() {
+            "synced" => {
+                me.has_synced();
+            }
+            "register" => {
+                let _ = me.add_event_handler(ResourceEventHandlerFuncs::new());
+            }
+            _ => {}
+        }
+    });
+    let registration = informer
+        .add_inline_event_handler("inline", handler)
+        .expect("registered");
+    for key in ["synced", "register", "after"] {
+        source.put(key, "v".into());
+    }
+    eventually("every change, and the cache goes on", || {
+        seen.load(Ordering::SeqCst) == 3 && informer.lister().len() == 3
+    })
+    .await;
+    assert_eq!(registration.panics(), 2);
+    assert_eq!(informer.handler_count(), 1);
+}
+
 /// Correctness review, finding 1: handlers that each keep up with their own events but one of
 /// which is slower than the rest, call after call (under the 20 ms that counts as stuck), must
 /// not hold the others to its pace. `slow_ms` per add for one handler, nothing for `fast`
