@@ -388,7 +388,7 @@ impl Chaos {
             )));
         }
         let (etcd, _) = chaos.converge(started, &all, "start").await?;
-        let violations = chaos.check_history(&etcd).await;
+        let violations = chaos.check_history(&etcd, &all).await;
         if !violations.is_empty() {
             return Err(ChaosError::Violations {
                 seed,
@@ -545,7 +545,7 @@ impl Chaos {
             self.harness(fault, self.cluster.resume_member(target.unwrap_or(0)))?;
         }
         let (etcd, converged_after) = converged?;
-        let violations = self.check_history(&etcd).await;
+        let violations = self.check_history(&etcd, &writers).await;
         let history = lock(&self.history);
         let events = &history[events_before..];
         let tombstones = events
@@ -712,13 +712,18 @@ impl Chaos {
     }
 
     /// Checks the events recorded since the last check, waiting up to [`DRAIN`] for the handler
-    /// to receive everything the cache applied (its last events must equal `etcd`).
-    async fn check_history(&mut self, etcd: &State) -> Vec<String> {
+    /// to receive everything the cache applied: its last events must equal etcd, `etcd` at
+    /// first and etcd read again through `readers` while they differ. A write whose reply
+    /// failed was retried elsewhere, but its first attempt can still commit later (a proposal
+    /// forwarded to a hung leader lands once it resumes, after the cache converged): etcd's
+    /// state then moves on without the driver, and the handler must follow it.
+    async fn check_history(&mut self, etcd: &State, readers: &[usize]) -> Vec<String> {
         let deadline = Instant::now() + DRAIN;
         let mut violations = Vec::new();
+        let mut etcd = etcd.clone();
         loop {
             violations.extend(self.checker.advance(&self.history));
-            let mismatches = self.checker.final_mismatches(etcd);
+            let mismatches = self.checker.final_mismatches(&etcd);
             if mismatches.is_empty() {
                 return violations;
             }
@@ -731,6 +736,9 @@ impl Chaos {
                 return violations;
             }
             tokio::time::sleep(POLL).await;
+            if let Ok((state, _)) = self.read_etcd(readers).await {
+                etcd = state;
+            }
         }
     }
 }
