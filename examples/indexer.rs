@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use etcd_informer::{EtcdListerWatcher, JsonCodec, Object, SharedIndexInformer, NAMESPACE_INDEX};
 
@@ -23,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut labels: etcd_informer::Indexers<common::ConfigMap> = HashMap::new();
     labels.insert(
         LABEL_INDEX.into(),
-        Arc::new(|cm: &Object<common::ConfigMap>| {
+        etcd_informer::IndexFunc::new(|cm: &Object<common::ConfigMap>| {
             cm.value
                 .labels
                 .iter()

@@ -221,8 +221,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut owner = HashMap::new();
     owner.insert(
         OWNER_INDEX.to_string(),
-        Arc::new(|p: &Object<Pod>| vec![p.value.owner.clone()])
-            as etcd_informer::store::IndexFunc<Pod>,
+        etcd_informer::IndexFunc::new(|p: &Object<Pod>| vec![p.value.owner.clone()]),
     );
     pods.add_indexers(owner)?;
     tokio::spawn(specs.clone().run());

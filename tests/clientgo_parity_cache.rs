@@ -889,7 +889,9 @@ fn indexer_by_parts(name: &str) -> Indexer<String> {
     let mut indexers: Indexers<String> = HashMap::new();
     indexers.insert(
         name.into(),
-        Arc::new(|o: &Object<String>| o.value.split(',').map(str::to_string).collect()),
+        etcd_informer::IndexFunc::new(|o: &Object<String>| {
+            o.value.split(',').map(str::to_string).collect()
+        }),
     );
     Indexer::new(indexers)
 }
@@ -968,7 +970,7 @@ fn thread_safe_store_test_add_keeps_non_empty_set_post_delete_from_index() {
     let mut indexers: Indexers<String> = HashMap::new();
     indexers.insert(
         "testIndexer".into(),
-        Arc::new(|_: &Object<String>| vec!["testIndex".to_string()]),
+        etcd_informer::IndexFunc::new(|_: &Object<String>| vec!["testIndex".to_string()]),
     );
     let store = Indexer::new(indexers);
     store.add(sobj("retain", "retain"));
@@ -1129,7 +1131,9 @@ async fn shared_informer_test_indexer() {
             let mut indexers: Indexers<String> = HashMap::new();
             indexers.insert(
                 name.into(),
-                Arc::new(|o: &Object<String>| o.value.split(',').map(str::to_string).collect()),
+                etcd_informer::IndexFunc::new(|o: &Object<String>| {
+                    o.value.split(',').map(str::to_string).collect()
+                }),
             );
             indexers
         };

@@ -507,7 +507,9 @@ async fn consistent_reads_work_with_every_informer_option() {
         let mut indexers = namespace_indexers::<String>();
         indexers.insert(
             "value".to_owned(),
-            Arc::new(|o: &etcd_informer::Object<String>| vec![o.value.clone()]),
+            etcd_informer::IndexFunc::new(|o: &etcd_informer::Object<String>| {
+                vec![o.value.clone()]
+            }),
         );
         indexers
     };

@@ -864,10 +864,9 @@ async fn a_compact_cache_starts_warm_without_decoding_the_snapshot() {
     let keys = 500;
     let revision = put_keys(&client, &prefix, keys).await;
     let by_length = |long: usize| {
-        let index: etcd_informer::IndexFunc<String> =
-            Arc::new(move |o: &etcd_informer::Object<String>| {
-                vec![(o.value.len() >= long).to_string()]
-            });
+        let index = etcd_informer::IndexFunc::new(move |o: &etcd_informer::Object<String>| {
+            vec![(o.value.len() >= long).to_string()]
+        });
         etcd_informer::Indexers::from([("long".to_owned(), index)])
     };
     let (first, run) = start_compact(

@@ -160,7 +160,7 @@ impl<T> InformerOptions<T> {
     /// struct Service { zone: String }
     ///
     /// // Only a zone index: `by_namespace` and the namespace index are gone.
-    /// let by_zone: IndexFunc<Service> = Arc::new(|s: &Object<Service>| vec![s.value.zone.clone()]);
+    /// let by_zone = IndexFunc::new(|s: &Object<Service>| vec![s.value.zone.clone()]);
     /// let indexers = Indexers::from([("zone".to_owned(), by_zone)]);
     /// let options = InformerOptions::default().with_indexers(indexers);
     /// assert_eq!(options.indexers.len(), 1);
@@ -192,7 +192,8 @@ impl<T> InformerOptions<T> {
         name: impl Into<String>,
         index: impl Fn(&crate::object::Object<T>) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
-        self.indexers.insert(name.into(), Arc::new(index));
+        self.indexers
+            .insert(name.into(), crate::store::IndexFunc::new(index));
         self
     }
 

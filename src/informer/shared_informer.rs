@@ -462,7 +462,7 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         name: impl Into<String>,
         index: impl Fn(&crate::object::Object<T>) -> Vec<String> + Send + Sync + 'static,
     ) -> Result<(), InformerError> {
-        let index: crate::store::IndexFunc<T> = Arc::new(index);
+        let index = crate::store::IndexFunc::new(index);
         self.add_indexers(Indexers::from([(name.into(), index)]))
     }
 

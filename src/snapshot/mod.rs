@@ -260,7 +260,7 @@ impl<T: 'static> Objects<'_, T> {
     }
 
     fn index(&self, o: &Object<T>) -> Vec<Vec<String>> {
-        self.indexes.iter().map(|f| f(o)).collect()
+        self.indexes.iter().map(|f| f.values(o)).collect()
     }
 }
 
@@ -414,11 +414,11 @@ mod tests {
         let mut indexers: Indexers<Vec<String>> = Indexers::new();
         indexers.insert(
             "label".into(),
-            Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
+            IndexFunc::new(|o: &Object<Vec<String>>| o.value.clone()),
         );
         indexers.insert(
             "first".into(),
-            Arc::new(|o: &Object<Vec<String>>| o.value.iter().take(1).cloned().collect()),
+            IndexFunc::new(|o: &Object<Vec<String>>| o.value.iter().take(1).cloned().collect()),
         );
         let ix = crate::Indexer::compact(indexers, Labels(decodes.clone()));
         for (key, labels) in [

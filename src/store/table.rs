@@ -161,9 +161,28 @@ impl<T: Send + Sync + 'static> Repr<T> for Shared {
     }
 }
 
-/// The values of `obj` for each of `indexers`, in their order.
+/// The values of `obj` for each of `indexers` whose values the key does not give, in their
+/// order (with only the namespace index: none, and nothing allocated).
 fn index_values<T>(indexers: &Indexers<T>, obj: &Object<T>) -> Vec<Vec<String>> {
-    indexers.values().map(|f| f(obj)).collect()
+    indexers
+        .values()
+        .filter(|f| !f.keyed())
+        .map(|f| f.values(obj))
+        .collect()
+}
+
+/// Removes `key` from the set of `value` in `index`, and the set if it empties.
+fn unindex<S: Borrow<str> + Eq + Hash>(
+    index: &mut HashMap<String, SlotSet<S>>,
+    value: &str,
+    key: &str,
+) {
+    if let Some(set) = index.get_mut(value) {
+        set.remove(key);
+        if set.is_empty() {
+            index.remove(value);
+        }
+    }
 }
 
 /// The object-safe face of a [`Table`], whatever its representation.
@@ -276,12 +295,7 @@ impl<T, R: Repr<T>> Table<T, R> {
             None => (Vec::new(), None),
         };
         for value in old.iter().filter(|v| !new_values.contains(v)) {
-            if let Some(set) = index.get_mut(value) {
-                set.remove(key);
-                if set.is_empty() {
-                    index.remove(value);
-                }
-            }
+            unindex(index, value, key);
         }
         if let Some(slot) = slot {
             // `replace`, not `insert`: the set must hold the new slot even where the value
@@ -294,8 +308,8 @@ impl<T, R: Repr<T>> Table<T, R> {
 }
 
 impl<T, R: Repr<T>> Table<T, R> {
-    /// Puts `slot` in the items and indexes, under `values` (for each of `indexers`, in their
-    /// order); returns the object it replaced.
+    /// Puts `slot` in the items and indexes, under `values` (see [`index_values`]); returns
+    /// the object it replaced.
     fn insert(
         &mut self,
         indexers: &Indexers<T>,
@@ -309,8 +323,21 @@ impl<T, R: Repr<T>> Table<T, R> {
             // The replaced object's index values are unknown: look for its key everywhere.
             self.unindex_everywhere(key);
         }
-        for ((name, func), new_values) in indexers.iter().zip(values) {
-            let old_values = old.as_deref().map(|o| func(o)).unwrap_or_default();
+        let mut values = values.into_iter();
+        for (name, func) in indexers {
+            if let Some(value) = func.key_value(key) {
+                // The key's value never changes: the new slot takes the old one's place.
+                if let Some(index) = self.indices.get_mut(name.as_str()) {
+                    let set = match index.get_mut(value) {
+                        Some(set) => set,
+                        None => index.entry(value.to_owned()).or_default(),
+                    };
+                    set.replace(slot.clone());
+                }
+                continue;
+            }
+            let new_values = values.next().unwrap_or_default();
+            let old_values = old.as_deref().map(|o| func.values(o)).unwrap_or_default();
             self.reindex(name, key, old_values, Some((new_values, &slot)));
         }
         if let Some(replaced) = replaced {
@@ -578,7 +605,14 @@ where
         let old = self.repr.unpack(&slot);
         if let Some(old) = &old {
             for (name, func) in indexers {
-                self.reindex(name, key, func(old), None);
+                match func.key_value(key) {
+                    Some(value) => {
+                        if let Some(index) = self.indices.get_mut(name.as_str()) {
+                            unindex(index, value, key);
+                        }
+                    }
+                    None => self.reindex(name, key, func.values(old), None),
+                }
             }
         } else {
             // Its index values are unknown: look for it everywhere.
@@ -607,7 +641,7 @@ where
             let Some(obj) = self.repr.unpack(slot) else {
                 continue;
             };
-            for value in func(&obj) {
+            for value in func.values(&obj) {
                 index.entry(value).or_default().replace(slot.clone());
             }
         }
@@ -742,7 +776,7 @@ mod tests {
         let mut indexers: Indexers<u32> = HashMap::new();
         indexers.insert(
             "parity".into(),
-            Arc::new(|o: &Object<u32>| vec![(o.value % 2).to_string()]),
+            IndexFunc::new(|o: &Object<u32>| vec![(o.value % 2).to_string()]),
         );
         let mut table = Table::new(PackedRepr::<u32>::new(Arc::new(Decimal)));
         table.build_index("parity", &indexers["parity"]);

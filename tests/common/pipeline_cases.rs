@@ -1066,7 +1066,7 @@ async fn indexers_added_after_start_reindex_the_cache() {
     let mut by_value: etcd_informer::Indexers<String> = HashMap::new();
     by_value.insert(
         "value".into(),
-        Arc::new(|o: &Object<String>| vec![o.value.clone()]),
+        etcd_informer::IndexFunc::new(|o: &Object<String>| vec![o.value.clone()]),
     );
     informer.add_indexers(by_value).unwrap();
     assert_eq!(
@@ -1285,7 +1285,7 @@ async fn panicking_index_function_is_recorded_and_later_changes_flow() {
     let mut indexers = etcd_informer::store::namespace_indexers::<String>();
     indexers.insert(
         "fragile".into(),
-        Arc::new(|o: &Object<String>| {
+        etcd_informer::IndexFunc::new(|o: &Object<String>| {
             assert!(o.value != "boom", "index bug");
             vec![o.value.clone()]
         }),

@@ -170,7 +170,7 @@ impl<T> StoreContent<T> {
                         .iter()
                         .zip(encoded.index.iter())
                         .all(|((_, f), file)| {
-                            let values = f(&obj);
+                            let values = f.values(&obj);
                             set(&values) == set(file)
                         })
                 })
@@ -308,7 +308,7 @@ impl<T> Inner<T> {
             && self
                 .indexers
                 .iter()
-                .all(|(name, f)| other.get(name).is_some_and(|g| Arc::ptr_eq(f, g)))
+                .all(|(name, f)| other.get(name).is_some_and(|g| f.same(g)))
     }
 
     fn add(&mut self, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>> {
@@ -624,7 +624,7 @@ impl<T> Indexer<T> {
     ) -> Result<Vec<Arc<Object<T>>>, StoreError> {
         let inner = self.read();
         inner.check_index(index_name)?;
-        let values = inner.indexers[index_name](obj);
+        let values = inner.indexers[index_name].values(obj);
         Ok(inner.table.matching(index_name, &values))
     }
 

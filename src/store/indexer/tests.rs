@@ -1,7 +1,7 @@
 //! The indexer's unit tests.
 
 use super::*;
-use crate::store::{namespace_index_func, NAMESPACE_INDEX};
+use crate::store::{namespace_index_func, namespace_indexers, IndexFunc, NAMESPACE_INDEX};
 
 fn obj(key: &str, rev: i64, labels: &[&str]) -> Arc<Object<Vec<String>>> {
     Arc::new(Object::new(
@@ -16,7 +16,7 @@ fn label_index() -> Indexers<Vec<String>> {
     let mut indexers: Indexers<Vec<String>> = HashMap::new();
     indexers.insert(
         "label".into(),
-        Arc::new(|o: &Object<Vec<String>>| o.value.clone()),
+        IndexFunc::new(|o: &Object<Vec<String>>| o.value.clone()),
     );
     indexers
 }
@@ -65,6 +65,52 @@ fn multi_value_index_follows_updates_and_deletes() {
     assert_eq!(same.len(), 1);
 }
 
+/// The namespace index swaps an updated object in place without computing its values: it must
+/// answer as the same function computed on every object does, through adds, updates and
+/// deletes, in both representations.
+#[test]
+fn the_namespace_index_answers_as_the_function_it_skips() {
+    let indexers = || {
+        let mut indexers = namespace_indexers::<Vec<String>>();
+        indexers.insert("computed".into(), IndexFunc::new(namespace_index_func));
+        indexers
+    };
+    for ix in [
+        Indexer::new(indexers()),
+        Indexer::compact(indexers(), LabelCodec),
+    ] {
+        ix.add(obj("tmp/a", 1, &["x"]));
+        ix.add(obj("tmp/b", 2, &["y"]));
+        ix.add(obj("prod/c", 3, &[]));
+        ix.update(obj("tmp/a", 4, &["z"]));
+        ix.update(obj("prod/c", 5, &["w"]));
+        ix.delete("tmp/b");
+        ix.delete("absent/d");
+        for ns in ["tmp", "prod", "absent"] {
+            let by_key = ix.by_index(NAMESPACE_INDEX, ns).unwrap();
+            let computed = ix.by_index("computed", ns).unwrap();
+            let revisions = |objs: &[Arc<Object<Vec<String>>>]| {
+                let mut r: Vec<i64> = objs.iter().map(|o| o.mod_revision).collect();
+                r.sort();
+                r
+            };
+            assert_eq!(revisions(&by_key), revisions(&computed), "namespace {ns}");
+        }
+        assert_eq!(
+            ix.by_index(NAMESPACE_INDEX, "tmp").unwrap()[0].mod_revision,
+            4
+        );
+        ix.delete("tmp/a");
+        let mut values = ix.list_index_func_values(NAMESPACE_INDEX);
+        values.sort();
+        assert_eq!(
+            values,
+            ["prod"],
+            "an emptied namespace is no value any more"
+        );
+    }
+}
+
 #[test]
 fn unknown_index_is_an_error() {
     let ix = label_indexer();
@@ -73,7 +119,7 @@ fn unknown_index_is_an_error() {
         StoreError::IndexNotFound("nope".into())
     );
     let mut dup: Indexers<Vec<String>> = HashMap::new();
-    dup.insert(NAMESPACE_INDEX.into(), Arc::new(namespace_index_func));
+    dup.insert(NAMESPACE_INDEX.into(), IndexFunc::new(namespace_index_func));
     assert_eq!(
         ix.add_indexers(dup).unwrap_err(),
         StoreError::IndexExists(NAMESPACE_INDEX.into())
@@ -86,7 +132,7 @@ fn indexer_added_later_indexes_existing_objects() {
     ix.add(obj("tmp/a", 1, &["x"]));
     ix.add(obj("prod/b", 2, &["x"]));
     let mut more: Indexers<Vec<String>> = HashMap::new();
-    more.insert(NAMESPACE_INDEX.into(), Arc::new(namespace_index_func));
+    more.insert(NAMESPACE_INDEX.into(), IndexFunc::new(namespace_index_func));
     ix.add_indexers(more).unwrap();
     assert_eq!(
         sorted(ix.index_keys(NAMESPACE_INDEX, "prod").unwrap()),
