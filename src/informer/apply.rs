@@ -5,6 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::handler::Event;
 use super::options::RelistUnchanged;
 use super::processor::Processor;
@@ -47,7 +49,11 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
     }
 
     /// Counts and hands the notifications of one apply to the handlers, in order.
-    fn distribute(&self, processor: &Processor<T>, events: Vec<(Event<T>, Notice)>) {
+    fn distribute(
+        &self,
+        processor: &Processor<T>,
+        events: impl IntoIterator<Item = (Event<T>, Notice)>,
+    ) {
         // One clock read per apply, for the cache-to-handler latency.
         let applied = crate::metrics::ENABLED.then(std::time::Instant::now);
         for (event, notice) in events {
@@ -75,8 +81,9 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
         let events = match batch {
             Batch::Changes { revision, deltas } => {
                 let received = self.shared.received_at.take(revision);
+                // Most revisions change one key: their notification needs no list.
                 let events = indexer.transaction(|txn| {
-                    let events: Vec<_> =
+                    let events: SmallVec<[_; 1]> =
                         deltas.iter().map(|d| apply_delta(txn, d, false)).collect();
                     txn.set_revision(revision.max(txn.revision()));
                     events
@@ -84,7 +91,8 @@ impl<T: Send + Sync + 'static> SharedIndexInformer<T> {
                 if let Some(received) = received {
                     self.shared.metrics.applied(received);
                 }
-                events
+                self.distribute(&processor, events);
+                return;
             }
             Batch::Replace {
                 revision,

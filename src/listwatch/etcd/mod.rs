@@ -11,7 +11,6 @@ mod resume;
 mod versions;
 mod watch;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -422,7 +421,7 @@ impl<T: Send + Sync + 'static> ListerWatcher<T> for EtcdListerWatcher<T> {
             tokio::spawn(task.run(requests, responses, created).instrument(span));
             Ok(Box::pin(Responses {
                 rx,
-                current: VecDeque::new(),
+                current: smallvec::SmallVec::new().into_iter(),
             }) as WatchStream<T>)
         })
     }

@@ -2,7 +2,7 @@
 //! liveness judged by that stream alone (a silent stream probes itself; one that stays silent
 //! is dead), and the consistency checks made when it opens or falls behind.
 
-use std::collections::VecDeque;
+use smallvec::{smallvec, SmallVec};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -22,12 +22,15 @@ use crate::listwatch::hedged::Hedged;
 use crate::listwatch::{Error, Result, WatchEvent};
 use crate::sync::lock;
 
+/// One response's events: most responses carry one, which needs no list of its own.
+pub(super) type Events<T> = SmallVec<[WatchEvent<T>; 1]>;
+
 /// The watch stream: etcd's responses, one at a time, flattened into events. A response is
 /// taken whole, so a revision's events are yielded without a wait in between.
 pub(super) struct Responses<T> {
     /// Each response's events, with when the watch task received it.
-    pub(super) rx: mpsc::Receiver<(std::time::Instant, Vec<WatchEvent<T>>)>,
-    pub(super) current: VecDeque<WatchEvent<T>>,
+    pub(super) rx: mpsc::Receiver<(std::time::Instant, Events<T>)>,
+    pub(super) current: smallvec::IntoIter<[WatchEvent<T>; 1]>,
 }
 
 impl<T> Unpin for Responses<T> {}
@@ -37,7 +40,7 @@ impl<T> Stream for Responses<T> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
-            if let Some(event) = self.current.pop_front() {
+            if let Some(event) = self.current.next() {
                 return Poll::Ready(Some(event));
             }
             match self.rx.poll_recv(cx) {
@@ -45,7 +48,7 @@ impl<T> Stream for Responses<T> {
                     if !events.is_empty() {
                         crate::listwatch::stamp_received(received);
                     }
-                    self.current = events.into();
+                    self.current = events.into_iter();
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
@@ -80,7 +83,7 @@ pub(super) struct WatchTask<T> {
     pub(super) trust_progress: bool,
     pub(super) progress_interval: Duration,
     pub(super) idle_timeout: Duration,
-    pub(super) tx: mpsc::Sender<(std::time::Instant, Vec<WatchEvent<T>>)>,
+    pub(super) tx: mpsc::Sender<(std::time::Instant, Events<T>)>,
     /// When the response being handled arrived.
     pub(super) received: std::time::Instant,
     pub(super) token: TokenRenewal,
@@ -211,7 +214,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 Error::unavailable(format!("the watch stream of {} closed", self.name))
             })?;
             if self.delivered > 0 {
-                self.send(vec![WatchEvent::Bookmark(self.delivered)])
+                self.send(smallvec![WatchEvent::Bookmark(self.delivered)])
                     .await?;
             }
         }
@@ -291,7 +294,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
                 }
                 self.after = header_revision;
                 self.delivered = self.delivered.max(header_revision);
-                self.send(vec![WatchEvent::Bookmark(header_revision)])
+                self.send(smallvec![WatchEvent::Bookmark(header_revision)])
                     .await?;
             }
             if !response.created() {
@@ -308,7 +311,11 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         // The newest revision of this response, whether or not its events became any.
         let mut read = delivered;
         let mut out = {
-            let mut out = Vec::with_capacity(events.len() + 1);
+            // Room for a bookmark after the events, allocated only for two or more.
+            let mut out = Events::new();
+            if events.len() > 1 {
+                out.reserve_exact(events.len() + 1);
+            }
             let mut tally = lock(&self.tally);
             for event in events {
                 let Some(kv) = event.kv else { continue };
@@ -465,7 +472,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
         }
     }
 
-    pub(super) async fn send(&self, events: Vec<WatchEvent<T>>) -> Result<(), Error> {
+    pub(super) async fn send(&self, events: Events<T>) -> Result<(), Error> {
         self.tx
             .send((self.received, events))
             .await
@@ -476,7 +483,7 @@ impl<T: Send + Sync + 'static> WatchTask<T> {
     pub(super) async fn fail(&self, error: Error) {
         let _ = self
             .tx
-            .send((self.received, vec![WatchEvent::Error(error)]))
+            .send((self.received, smallvec![WatchEvent::Error(error)]))
             .await;
     }
 }
