@@ -154,7 +154,6 @@ impl<T> InformerOptions<T> {
     /// or use [`with_index`](Self::with_index) to add one beside it.
     ///
     /// ```
-    /// use std::sync::Arc;
     /// use etcd_informer::{IndexFunc, Indexers, InformerOptions, Object};
     ///
     /// struct Service { zone: String }

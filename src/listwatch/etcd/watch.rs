@@ -2,13 +2,13 @@
 //! liveness judged by that stream alone (a silent stream probes itself; one that stays silent
 //! is dead), and the consistency checks made when it opens or falls behind.
 
-use smallvec::{smallvec, SmallVec};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, WatchOptions};
+use smallvec::{smallvec, SmallVec};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::Stream;
