@@ -508,13 +508,17 @@ impl Served {
         loop {
             let now = *position.borrow_and_update();
             if now.revision >= target {
+                // Counted once the cache got there: a bookmark that did not come in time left
+                // the proof to the range (counted in `proofs`, and returned below).
+                if awaiting.is_some() {
+                    slice.counts.proved_by_progress();
+                }
                 return Ok(target);
             }
             if Instant::now() >= grace && by_progress && !asked {
                 asked = true;
                 let reach = slice.progress.reach(target);
                 if tokio::time::timeout_at(deadline, reach).await == Ok(true) {
-                    slice.counts.proved_by_progress();
                     awaiting = Some(Instant::now() + PROGRESS_WAIT);
                 }
                 continue;
