@@ -79,6 +79,10 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
     }
 }
 
+/// The changes of one revision ([`Batch::Changes`]): most revisions change one key, which is
+/// held without a list of its own.
+pub type Changes<T> = smallvec::SmallVec<[Delta<T>; 1]>;
+
 /// What [`RealFifo::pop`] hands out.
 pub enum Batch<T> {
     /// Every change of one revision (one etcd transaction), in the order etcd reported them.
@@ -86,7 +90,7 @@ pub enum Batch<T> {
         /// The revision.
         revision: i64,
         /// The changes; a `Deleted` delta carries the last state known of its key.
-        deltas: Vec<Delta<T>>,
+        deltas: Changes<T>,
     },
     /// A relist: the source's whole content at `revision`. The consumer diffs it against the
     /// cache: keys the cache holds and the list lacks are tombstones.
@@ -203,7 +207,7 @@ type Pending<T> = (i64, Option<Arc<Object<T>>>);
 struct Inner<T> {
     batches: VecDeque<Batch<T>>,
     /// The revision being filled, not yet committed.
-    open: Option<(i64, Vec<Delta<T>>)>,
+    open: Option<(i64, Changes<T>)>,
     /// The newest revision queued (a change, a relist or progress): a committed revision above
     /// it brought only changes that were dropped (duplicates, deletes of keys the cache lacks,
     /// such as a new key whose value does not decode), and is queued as progress so that the
@@ -327,7 +331,7 @@ impl<T> RealFifo<T> {
         inner.queued = revision;
         inner
             .open
-            .get_or_insert_with(|| (revision, Vec::new()))
+            .get_or_insert_with(|| (revision, Changes::new()))
             .1
             .push(delta);
         committed
