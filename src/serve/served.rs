@@ -508,9 +508,9 @@ impl Served {
         loop {
             let now = *position.borrow_and_update();
             if now.revision >= target {
-                // Counted once the cache got there: a bookmark that did not come in time left
-                // the proof to the range (counted in `proofs`, and returned below).
-                if awaiting.is_some() {
+                // Counted once the cache got there, and only if no range proof was tried: a
+                // bookmark that did not come in time left the proof to the range (`proofs`).
+                if awaiting.is_some() && proven_at.is_none() {
                     slice.counts.proved_by_progress();
                 }
                 return Ok(target);

@@ -64,7 +64,8 @@ impl<T> IndexFunc<T> {
         matches!(self.0, Func::Namespace)
     }
 
-    /// Whether `other` is this function (a clone of it), not just one that computes the same.
+    /// Whether `other` is this function (a clone of it, or both the namespace function), not
+    /// just one that computes the same.
     pub(crate) fn same(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
             (Func::Namespace, Func::Namespace) => true,

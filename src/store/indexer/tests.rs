@@ -82,11 +82,16 @@ fn the_namespace_index_answers_as_the_function_it_skips() {
         ix.add(obj("tmp/a", 1, &["x"]));
         ix.add(obj("tmp/b", 2, &["y"]));
         ix.add(obj("prod/c", 3, &[]));
+        ix.add(obj("solo", 6, &[]));
+        ix.add(obj("gone", 7, &[]));
         ix.update(obj("tmp/a", 4, &["z"]));
         ix.update(obj("prod/c", 5, &["w"]));
+        ix.update(obj("solo", 8, &["v"]));
         ix.delete("tmp/b");
+        ix.delete("gone");
         ix.delete("absent/d");
-        for ns in ["tmp", "prod", "absent"] {
+        // A key without a `/` has the empty namespace.
+        for ns in ["tmp", "prod", "absent", ""] {
             let by_key = ix.by_index(NAMESPACE_INDEX, ns).unwrap();
             let computed = ix.by_index("computed", ns).unwrap();
             let revisions = |objs: &[Arc<Object<Vec<String>>>]| {
@@ -105,7 +110,7 @@ fn the_namespace_index_answers_as_the_function_it_skips() {
         values.sort();
         assert_eq!(
             values,
-            ["prod"],
+            ["", "prod"],
             "an emptied namespace is no value any more"
         );
     }

@@ -388,7 +388,7 @@ impl Chaos {
             )));
         }
         let (etcd, _) = chaos.converge(started, &all, "start").await?;
-        let violations = chaos.check_history(&etcd, &all).await;
+        let (violations, _) = chaos.check_history(&etcd, &all).await;
         if !violations.is_empty() {
             return Err(ChaosError::Violations {
                 seed,
@@ -545,7 +545,7 @@ impl Chaos {
             self.harness(fault, self.cluster.resume_member(target.unwrap_or(0)))?;
         }
         let (etcd, converged_after) = converged?;
-        let violations = self.check_history(&etcd, &writers).await;
+        let (violations, late_keys) = self.check_history(&etcd, &writers).await;
         let history = lock(&self.history);
         let events = &history[events_before..];
         let tombstones = events
@@ -575,6 +575,7 @@ impl Chaos {
             watch_errors: self.watch_errors.load(Ordering::Relaxed) - errors_before,
             events: events.len(),
             tombstones,
+            late_keys,
             violations,
         })
     }
@@ -716,28 +717,32 @@ impl Chaos {
     /// first and etcd read again through `readers` while they differ. A write whose reply
     /// failed was retried elsewhere, but its first attempt can still commit later (a proposal
     /// forwarded to a hung leader lands once it resumes, after the cache converged): etcd's
-    /// state then moves on without the driver, and the handler must follow it.
-    async fn check_history(&mut self, etcd: &State, readers: &[usize]) -> Vec<String> {
+    /// state then moves on without the driver, and the handler must follow it. Returns the
+    /// violations and how many keys etcd changed after `etcd` (reported, so that a late
+    /// write is never silent).
+    async fn check_history(&mut self, etcd: &State, readers: &[usize]) -> (Vec<String>, usize) {
         let deadline = Instant::now() + DRAIN;
         let mut violations = Vec::new();
-        let mut etcd = etcd.clone();
+        let mut now = etcd.clone();
         loop {
             violations.extend(self.checker.advance(&self.history));
-            let mismatches = self.checker.final_mismatches(&etcd);
-            if mismatches.is_empty() {
-                return violations;
-            }
-            if Instant::now() >= deadline {
+            let mismatches = self.checker.final_mismatches(&now);
+            if mismatches.is_empty() || Instant::now() >= deadline {
                 violations.extend(
                     mismatches
                         .into_iter()
                         .map(|m| format!("{m} ({DRAIN:?} after the cache converged)")),
                 );
-                return violations;
+                let moved = etcd.keys().chain(now.keys());
+                let late = moved
+                    .filter(|k| etcd.get(*k) != now.get(*k))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len();
+                return (violations, late);
             }
             tokio::time::sleep(POLL).await;
             if let Ok((state, _)) = self.read_etcd(readers).await {
-                etcd = state;
+                now = state;
             }
         }
     }

@@ -116,6 +116,9 @@ pub struct RoundReport {
     pub events: usize,
     /// Tombstones among [`events`](Self::events).
     pub tombstones: usize,
+    /// Keys etcd changed after the cache converged: a write whose reply failed and that was
+    /// retried elsewhere landed late (its first attempt). The handler must follow them too.
+    pub late_keys: usize,
     /// Broken history rules, one line each; empty when all is well.
     pub violations: Vec<String>,
 }
@@ -147,7 +150,7 @@ impl fmt::Display for RoundReport {
             f,
             "seed {} {} round {} {} ({target}): converged {:?} after the fault ended{}; \
              {} writes ({} given up), {} relists, {} watch errors, {} events ({} tombstones), \
-             {} violations",
+             {} keys changed after the cache converged, {} violations",
             self.seed,
             self.endpoints,
             self.round,
@@ -166,6 +169,7 @@ impl fmt::Display for RoundReport {
             self.watch_errors,
             self.events,
             self.tombstones,
+            self.late_keys,
             self.violations.len()
         )
     }
