@@ -615,6 +615,9 @@ impl Queue<Vec<u8>> for ServedCache {
             state.range_floor = revision;
             if replaced {
                 state.epoch += 1;
+                if let Some((_, headers)) = &self.identity {
+                    headers.replaced();
+                }
             }
             state.synced = true;
             self.name_store(true);

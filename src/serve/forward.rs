@@ -20,8 +20,8 @@
 use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes};
@@ -42,6 +42,8 @@ use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 use tonic_prost::prost::Message;
+
+use crate::sync::lock;
 use tonic_prost::ProstCodec;
 
 use super::header::Headers;
@@ -230,22 +232,34 @@ pub(crate) struct Connection {
     /// The connection's own upstream channel, opened with its first forwarded stream and
     /// closed once the client connection and its forwarded streams are gone.
     channel: Arc<OnceLock<OwnChannel>>,
-    /// The highest revision a KV answer on the connection named: a serializable read on it
-    /// answers at this revision or later, as etcd's member would after answering it.
-    seen: Arc<AtomicI64>,
+    /// The highest revision a KV answer on the connection named, with the generation of the
+    /// caches' content it was answered in ([`Headers::generation`](super::header::Headers::generation)):
+    /// a serializable read on it answers at this revision or later, as etcd's member would
+    /// after answering it, unless a cache replaced its content since (a wiped store's
+    /// revisions say nothing of its successor's).
+    seen: Arc<Mutex<(u64, i64)>>,
     /// The connection's watches forwarded to etcd, open now.
     forwarded_watches: Arc<AtomicUsize>,
 }
 
 impl Connection {
-    /// A KV answer on the connection named `revision`.
-    pub(crate) fn saw(&self, revision: i64) {
-        self.seen.fetch_max(revision, Ordering::Relaxed);
+    /// A KV answer on the connection named `revision`, in the caches' `generation`.
+    pub(crate) fn saw(&self, generation: u64, revision: i64) {
+        let mut seen = lock(&self.seen);
+        if generation > seen.0 {
+            *seen = (generation, revision);
+        } else if generation == seen.0 {
+            seen.1 = seen.1.max(revision);
+        }
     }
 
-    /// See [`Connection::saw`].
-    pub(crate) fn seen(&self) -> i64 {
-        self.seen.load(Ordering::Relaxed)
+    /// The highest revision answered on the connection in the caches' `generation`; 0 if none
+    /// was (see [`Connection::saw`]).
+    pub(crate) fn seen(&self, generation: u64) -> i64 {
+        match *lock(&self.seen) {
+            (g, revision) if g == generation => revision,
+            _ => 0,
+        }
     }
 
     /// Takes a place for a forwarded watch if fewer than `at_most` of the connection's are open.

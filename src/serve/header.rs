@@ -9,6 +9,7 @@
 //! can only raise the term of the store held (a leader elected since), and only when asked
 //! after the caches took that store.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,9 @@ pub(crate) struct Headers {
     no_leader: Arc<tokio::sync::watch::Sender<bool>>,
     /// Since when the upstream's answers have named no leader.
     leaderless_since: Arc<Mutex<Option<Instant>>>,
+    /// How many times a cache replaced its content wholesale (a wiped or restored store, or an
+    /// event its watch lost): a revision answered before names what was replaced.
+    generation: Arc<AtomicU64>,
 }
 
 /// How long the upstream must name no leader before the server gives up on what asks for one:
@@ -85,6 +89,17 @@ impl Headers {
         }
         header.revision = revision;
         header
+    }
+
+    /// See [`replaced`](Self::replaced): the revisions answered since belong together.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// A cache replaced its content wholesale: revisions answered before belong to another
+    /// store, or to content that was wrong, and promise nothing of what is held now.
+    pub(crate) fn replaced(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Whether the upstream was heard from.

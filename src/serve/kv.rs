@@ -136,14 +136,18 @@ async fn forward(served: &Served, request: Request<PbRangeRequest>) -> Result<Ra
         .upstream
         .unary(request, "/etcdserverpb.KV/Range")
         .await?;
-    saw(connection.as_ref(), answer.get_ref().header.as_ref());
+    saw(
+        served,
+        connection.as_ref(),
+        answer.get_ref().header.as_ref(),
+    );
     Ok(RangeAnswer::Forwarded(answer))
 }
 
 /// The client on `connection` was answered `header`'s revision.
-fn saw(connection: Option<&Connection>, header: Option<&PbResponseHeader>) {
+fn saw(served: &Served, connection: Option<&Connection>, header: Option<&PbResponseHeader>) {
     if let (Some(connection), Some(header)) = (connection, header) {
-        connection.saw(header.revision);
+        connection.saw(served.headers.generation(), header.revision);
     }
 }
 
@@ -186,9 +190,11 @@ pub(crate) async fn range(
     let (metadata, extensions, r) = request.into_parts();
     // etcd's revision the content is proven at: for a linearizable read, etcd's current one;
     // for a serializable read, at least every revision an answer on the connection named (its
-    // own write, a read forwarded), as a serializable read of etcd's member would be.
+    // own write, a read forwarded), as a serializable read of etcd's member would be: those
+    // of content since replaced (a wiped store) promise nothing, and are not waited for.
+    let generation = served.headers.generation();
     let target = match r.serializable {
-        true => Some(connection.as_ref().map_or(0, Connection::seen)),
+        true => Some(connection.as_ref().map_or(0, |c| c.seen(generation))),
         false => None,
     };
     let own = slice.proven_at(slice.cache.position());
@@ -231,7 +237,7 @@ pub(crate) async fn range(
     };
     slice.counts.ranged();
     if let Some(connection) = &connection {
-        connection.saw(revision.max(proven_at));
+        connection.saw(generation, revision.max(proven_at));
     }
     Ok(RangeAnswer::Cached {
         header: served.headers.header(revision.max(proven_at)),
@@ -392,7 +398,7 @@ impl PbKvService for KvService {
             self.wrote(connection, &key, &end, header);
         } else {
             // Nothing deleted: no event comes for the cache to wait for.
-            saw(connection.as_ref(), header);
+            saw(&self.served, connection.as_ref(), header);
         }
         Ok(answer)
     }
@@ -405,7 +411,11 @@ impl PbKvService for KvService {
             .await?;
         // Which prefixes a transaction wrote is not told apart: a serializable read after it
         // is forwarded until the cache has passed its revision.
-        saw(connection.as_ref(), answer.get_ref().header.as_ref());
+        saw(
+            &self.served,
+            connection.as_ref(),
+            answer.get_ref().header.as_ref(),
+        );
         Ok(answer)
     }
 
@@ -441,7 +451,7 @@ impl KvService {
         let Some(header) = header else {
             return;
         };
-        saw(connection.as_ref(), Some(header));
+        saw(&self.served, connection.as_ref(), Some(header));
         for slice in &self.served.slices {
             if overlaps(key, end, &slice.prefix, &slice.prefix_end) {
                 slice

@@ -699,6 +699,83 @@ async fn an_upstream_wipe_is_one_store_replacement_through_the_server() {
     let _ = run.await;
 }
 
+/// A revision a connection was answered names the store it was answered in. After a wipe, the
+/// connection's serializable reads are answered from the cache of the new store at once, not
+/// held for the read timeout (5 s) waiting for a revision of the old store and then forwarded.
+/// Before the connection's revisions were tied to the caches' content, each such read took
+/// the read timeout and went to etcd, until the new store passed the old revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_wipe_a_connection_waits_for_no_revision_of_the_old_store() {
+    let p = "/registry/wiped-seen/";
+    let (etcd, client) = etcd_to_wipe(p).await;
+    let server = start_server(&client, etcd.endpoints(), p).await;
+    let endpoint = server.local_addr().to_string();
+    let via = connect([endpoint.clone()]).await.expect("connect");
+    // Writes through the connection: it is answered revisions the new store will not reach.
+    let mut seen = 0;
+    for i in 0..40 {
+        seen = put(&via, &format!("{p}conn{i}"), "old store").await;
+    }
+    let serializable = || Some(GetOptions::new().with_prefix().with_serializable());
+    let keys = |resp: &etcd_client::GetResponse| -> Vec<String> {
+        resp.kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let read = via.kv_client().get(p, serializable()).await.expect("read");
+    assert_eq!(
+        keys(&read).len(),
+        50,
+        "the cache holds the old store's keys"
+    );
+    etcd.wipe().await.expect("wipe etcd");
+    let client = etcd.client().await;
+    let new_key = format!("{p}new");
+    let written = put(&client, &new_key, "new store").await;
+    assert!(
+        written < seen,
+        "the test needs a new store behind the old one: {written} >= {seen}"
+    );
+    // Until the server holds the new store, as a fresh connection reads it.
+    let fresh = connect([endpoint]).await.expect("connect");
+    loop {
+        let read = fresh.kv_client().get(p, serializable()).await;
+        if read
+            .as_ref()
+            .is_ok_and(|r| keys(r) == std::slice::from_ref(&new_key))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never held the new store: {read:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let forwarded = server.stats().forwarded;
+    for _ in 0..3 {
+        let started = tokio::time::Instant::now();
+        let read = via
+            .kv_client()
+            .get(p, serializable())
+            .await
+            .expect("a serializable read on the old connection");
+        let took = started.elapsed();
+        assert_eq!(keys(&read), std::slice::from_ref(&new_key));
+        assert!(
+            took < Duration::from_secs(2),
+            "a serializable read on a connection answered revision {seen} of the old store took {took:?}"
+        );
+    }
+    assert_eq!(
+        server.stats().forwarded,
+        forwarded,
+        "the reads were answered from the cache"
+    );
+}
+
 /// How a client's watch of `key` ends or starts: its error's code, or whether etcd created and
 /// cancelled it and why.
 async fn watch_outcome(client: &Client, key: &str) -> String {
@@ -1510,10 +1587,12 @@ async fn a_drained_stream_ends_with_its_reason_after_what_the_client_had_not_rea
     let etcd = test_etcd().await.unwrap_or_else(|e| panic!("{e}"));
     let client = shared_client().await;
     let p = unique_prefix("serve_last_word");
-    // The history holds every event: the watch is served from the cache.
+    // The history holds every event: the watch is served from the cache. The drain leaves
+    // the client a minute to read 48 MiB: a debug build beside the other tests of this binary
+    // on 2 cores read 18 MiB in 15 s once, and the stream was cut.
     let options = CacheServerOptions::default()
         .with_history_bytes(256 << 20)
-        .with_drain_timeout(Duration::from_secs(15));
+        .with_drain_timeout(Duration::from_secs(60));
     let server = start_server_with(&client, etcd.endpoints.clone(), &p, options).await;
     let from = put(&client, &format!("{p}first"), "x").await;
     // 48 MiB of events: more than the stream's buffer and the transport's windows hold.
