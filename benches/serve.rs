@@ -609,9 +609,18 @@ async fn watches(
             .await?;
     }
     let mut delivered = 0;
-    for task in tasks {
-        if let Ok(Ok(Ok(count))) = tokio::time::timeout(Duration::from_secs(60), task).await {
-            delivered += count;
+    for (i, task) in tasks.into_iter().enumerate() {
+        // A watcher that did not get every event says why: the figures count what it got.
+        match tokio::time::timeout(Duration::from_secs(60), task).await {
+            Ok(Ok(Ok(count))) => {
+                delivered += count;
+                if count < writes {
+                    eprintln!("watcher {i}: its stream ended after {count} of {writes} events");
+                }
+            }
+            Ok(Ok(Err(e))) => eprintln!("watcher {i}: {e}"),
+            Ok(Err(e)) => eprintln!("watcher {i}: {e}"),
+            Err(_) => eprintln!("watcher {i}: not done 60 s after the last write"),
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
