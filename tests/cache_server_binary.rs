@@ -97,6 +97,32 @@ async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// Whether the process listening on `listen` has read everything `peer` sent it: the kernel
+/// holds nothing unread on the server's side of that connection (Linux's `/proc/net/tcp`). A
+/// connection the server has not accepted yet keeps its bytes queued.
+fn server_read_all(listen: SocketAddr, peer: SocketAddr) -> bool {
+    let hex = |a: SocketAddr| match a {
+        SocketAddr::V4(a) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(a.ip().octets()),
+            a.port()
+        ),
+        SocketAddr::V6(_) => String::new(),
+    };
+    let (local, remote) = (hex(listen), hex(peer));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 4
+            && fields[1] == local
+            && fields[2] == remote
+            && fields[4]
+                .split(':')
+                .nth(1)
+                .is_some_and(|unread| u64::from_str_radix(unread, 16) == Ok(0))
+    })
+}
+
 /// Waits until `path` on `addr` answers `status`, up to `within`.
 async fn until_status(addr: SocketAddr, path: &str, status: u16, within: Duration) {
     let deadline = Instant::now() + within;
@@ -471,6 +497,17 @@ async fn the_server_serves_reports_and_drains_on_sigterm() {
     slow.write_all(b"GET /proxy/health HTTP/1.1\r\nHost: x\r\n")
         .await
         .unwrap();
+    // Only a connection the server has accepted and read from holds the drain: one still in
+    // the listener's queue at SIGTERM is never served, and the server exits at once.
+    let peer = slow.local_addr().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server_read_all(listen, peer) {
+        assert!(
+            Instant::now() < deadline,
+            "the server did not read the slow request within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let terminated = Instant::now();
     server.terminate();
     // Each waited for, not read once: on a loaded machine one answer can take seconds.
