@@ -48,6 +48,14 @@ impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
         lock(&self.content).reserve(keys);
     }
 
+    fn held(&self) -> usize {
+        if self.reuse.load(Ordering::Relaxed) {
+            self.known.len()
+        } else {
+            0
+        }
+    }
+
     fn unchanged(&self, key: &str, stamp: &Stamp) -> bool {
         self.reuse.load(Ordering::Relaxed)
             && self

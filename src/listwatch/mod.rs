@@ -37,6 +37,13 @@ pub trait ListSink<T>: Send + Sync {
     fn begin(&self, revision: i64, keys: usize) {
         let _ = (revision, keys);
     }
+    /// How many objects the sink holds that the list may find unchanged (a relist into a
+    /// cache), asked after [`begin`](Self::begin). A list into a sink that holds most of its
+    /// keys reads smaller pages: such a page is mostly kept, not decoded, so a large one in
+    /// flight only adds to the memory peak. Default 0.
+    fn held(&self) -> usize {
+        0
+    }
     /// Whether the sink already has `key` in the state the list found it in (`stamp`: its
     /// revisions and the digest of its value bytes, so that a store wiped and refilled with
     /// the same revisions is not taken for the cached one) and keeps it: the source then

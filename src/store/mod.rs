@@ -31,6 +31,14 @@ pub trait Store<T>: Send + Sync {
     }
     /// Every key stored.
     fn list_keys(&self) -> Vec<Arc<str>>;
+    /// How many objects are stored.
+    fn len(&self) -> usize {
+        self.list_keys().len()
+    }
+    /// Whether nothing is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Every object stored.
     fn list(&self) -> Vec<Arc<Object<T>>>;
     /// Empty content to build a relist into, with the store's indexes (and representation) if

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::decode::{key_text, relative};
 use super::identity::Tally;
-use super::options::{FIRST_PAGE, LIST_PAGES};
+use super::options::{FIRST_PAGE, LIST_PAGES, RELIST_PAGES};
 use super::request::{is_message_too_large, member_unreachable};
 use super::EtcdListerWatcher;
 use crate::listwatch::hedged::{hedged, Hedged};
@@ -70,7 +70,16 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
             }
             if pages == 0 {
                 // The first page counts the whole range: size the rest from it.
-                page_size = (resp.count() / LIST_PAGES).max(FIRST_PAGE).min(max_page);
+                let count = resp.count();
+                let held = sink
+                    .as_ref()
+                    .map_or(0, |s| i64::try_from(s.held()).unwrap_or(i64::MAX));
+                let aim = if held >= count / 2 && held > 0 {
+                    RELIST_PAGES
+                } else {
+                    LIST_PAGES
+                };
+                page_size = (count / aim).max(FIRST_PAGE).min(max_page);
             }
             pages += 1;
             let more = resp.more();

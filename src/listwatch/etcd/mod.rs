@@ -43,7 +43,7 @@ use crate::sync::lock;
 
 pub use options::{
     connect, connect_options, ConfigError, DecodeErrorHandler, EtcdOptions, FIRST_PAGE, LIST_PAGES,
-    MAX_DECODING_MESSAGE_SIZE,
+    MAX_DECODING_MESSAGE_SIZE, RELIST_PAGES,
 };
 
 /// A [`ListerWatcher`] over every key under an etcd prefix, decoding values with a [`Codec`].

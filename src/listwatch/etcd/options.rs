@@ -19,6 +19,10 @@ pub const FIRST_PAGE: i64 = 10_000;
 /// How many pages a list aims at (see [`EtcdOptions::page_size`]).
 pub const LIST_PAGES: i64 = 10;
 
+/// How many pages a relist aims at when the cache holds at least half the keys (see
+/// [`EtcdOptions::page_size`]).
+pub const RELIST_PAGES: i64 = 20;
+
 /// The gRPC message size our clients accept. tonic's default of 4 MiB fails a page of large
 /// values on every retry, forever; pages are bounded by [`EtcdOptions::page_size`] instead.
 pub const MAX_DECODING_MESSAGE_SIZE: usize = 1 << 30;
@@ -73,8 +77,11 @@ pub struct EtcdOptions {
     /// [`LIST_PAGES`] pages of at least `FIRST_PAGE` and at most `page_size` keys: enough pages
     /// to build the cache from one while etcd serves the next, few enough that etcd 3.4, which
     /// walks every remaining key of the range for each page, does not go quadratic (1M keys took
-    /// 13 s in 10,000-key pages against 4.9 s in 100,000-key ones; BENCHMARKS.md). Lower it for
-    /// values of many kilobytes, to keep each message small.
+    /// 13 s in 10,000-key pages against 4.9 s in 100,000-key ones; BENCHMARKS.md). A relist into
+    /// a cache that holds at least half the keys aims at [`RELIST_PAGES`] pages instead: its
+    /// pages are mostly keys kept from the cache, so little decoding overlaps the fetching,
+    /// and each page in flight weighs on the memory peak. Lower it for values of many
+    /// kilobytes, to keep each message small.
     pub page_size: i64,
     /// The largest gRPC message accepted from etcd (default [`MAX_DECODING_MESSAGE_SIZE`], at
     /// least 2 MiB); a list page larger than this is retried in smaller pages.

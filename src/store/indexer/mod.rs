@@ -796,6 +796,9 @@ impl<T: Send + Sync + 'static> Store<T> for Indexer<T> {
     fn list(&self) -> Vec<Arc<Object<T>>> {
         Indexer::list(self)
     }
+    fn len(&self) -> usize {
+        Indexer::len(self)
+    }
 }
 
 #[cfg(test)]
