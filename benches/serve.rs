@@ -610,7 +610,7 @@ async fn watches(
     }
     let mut delivered = 0;
     for (i, task) in tasks.into_iter().enumerate() {
-        // A watcher that did not get every event says why: the figures count what it got.
+        // A watcher that did not get every event says why (one that failed counts nothing).
         match tokio::time::timeout(Duration::from_secs(60), task).await {
             Ok(Ok(Ok(count))) => {
                 delivered += count;

@@ -679,6 +679,7 @@ mod tests {
         // Read at or after the revision seen: unchanged objects are kept, not handed over.
         let sink = f.begin_replace(Some(10)).unwrap();
         sink.begin(10, 2);
+        assert_eq!(sink.held(), 1, "the cache's objects may be kept");
         assert!(!sink.unchanged("a", &stamp(6, "6")), "changed since");
         assert!(!sink.unchanged("b", &stamp(7, "7")), "not cached");
         // The same revisions with another value: a store refilled alike.
@@ -702,10 +703,12 @@ mod tests {
         // A list read below a revision seen comes from a store that went back in time.
         let sink = f.begin_replace(Some(10)).unwrap();
         sink.begin(9, 1);
+        assert_eq!(sink.held(), 0);
         assert!(!sink.unchanged("a", &stamp(5, "5")));
         // The store was replaced: never.
         let sink = f.begin_replace(None).unwrap();
         sink.begin(20, 1);
+        assert_eq!(sink.held(), 0);
         assert!(!sink.unchanged("a", &stamp(5, "5")));
     }
 

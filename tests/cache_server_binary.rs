@@ -97,30 +97,38 @@ async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// Whether the process listening on `listen` has read everything `peer` sent it: the kernel
-/// holds nothing unread on the server's side of that connection (Linux's `/proc/net/tcp`). A
-/// connection the server has not accepted yet keeps its bytes queued.
+/// Whether the process listening on `listen` has read everything `peer` sent it (Linux's
+/// `/proc/net/tcp`): the server's kernel acknowledged every byte (nothing waits in the
+/// client's send queue) and nothing waits unread on the server's side of the connection,
+/// where the bytes of a connection the server has not accepted yet stay. True if the table
+/// cannot be read.
 fn server_read_all(listen: SocketAddr, peer: SocketAddr) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return true;
+    };
     let hex = |a: SocketAddr| match a {
         SocketAddr::V4(a) => format!(
             "{:08X}:{:04X}",
-            u32::from_le_bytes(a.ip().octets()),
+            u32::from_ne_bytes(a.ip().octets()),
             a.port()
         ),
         SocketAddr::V6(_) => String::new(),
     };
-    let (local, remote) = (hex(listen), hex(peer));
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    table.lines().skip(1).any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() > 4
-            && fields[1] == local
-            && fields[2] == remote
-            && fields[4]
-                .split(':')
-                .nth(1)
-                .is_some_and(|unread| u64::from_str_radix(unread, 16) == Ok(0))
-    })
+    let (server, client) = (hex(listen), hex(peer));
+    // An established connection from `from` to `to` whose queue (`tx_queue:rx_queue`, field
+    // `queue`) is empty.
+    let empty = |from: &str, to: &str, queue: usize| {
+        table.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 4
+                && (fields[1], fields[2], fields[3]) == (from, to, "01")
+                && fields[4]
+                    .split(':')
+                    .nth(queue)
+                    .is_some_and(|bytes| u64::from_str_radix(bytes, 16) == Ok(0))
+        })
+    };
+    empty(&client, &server, 0) && empty(&server, &client, 1)
 }
 
 /// Waits until `path` on `addr` answers `status`, up to `within`.

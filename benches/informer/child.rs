@@ -195,7 +195,7 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
         )
         .await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let rss_before = rss_bytes();
+    let (rss_before, heap_before) = (rss_bytes(), heap_in_use());
     let report = |objects: usize| -> Value {
         let rss_after = rss_bytes();
         trim_malloc();
@@ -206,6 +206,8 @@ pub(super) async fn run_child(args: &Args, kind: &str) -> Res<()> {
             "rss_before": rss_before,
             "rss_after": rss_after,
             "rss_trimmed": rss_trimmed,
+            "heap_before": heap_before,
+            "heap": heap_in_use(),
         })
     };
     let line = match kind {

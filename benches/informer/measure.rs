@@ -202,6 +202,37 @@ pub(super) fn trim_malloc() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub(super) fn trim_malloc() {}
 
+/// The bytes the heap has handed out and not had back, chunk headers included (glibc's
+/// `mallinfo2`, over every arena): unlike the RSS, it does not move with what the allocator
+/// keeps cached or with the pages the kernel has not taken back. 0 if unknown.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub(super) fn heap_in_use() -> u64 {
+    #[repr(C)]
+    struct MallInfo2 {
+        arena: usize,
+        ordblks: usize,
+        smblks: usize,
+        hblks: usize,
+        hblkhd: usize,
+        usmblks: usize,
+        fsmblks: usize,
+        uordblks: usize,
+        fordblks: usize,
+        keepcost: usize,
+    }
+    extern "C" {
+        fn mallinfo2() -> MallInfo2;
+    }
+    // SAFETY: glibc's mallinfo2 only reads the allocator's statistics.
+    let info = unsafe { mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(super) fn heap_in_use() -> u64 {
+    0
+}
+
 /// Counts the events a consumer receives and records when the last expected one arrived, and
 /// optionally the arrival time of each sequence number (for latency).
 pub(super) struct Sink {

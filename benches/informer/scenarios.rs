@@ -805,13 +805,16 @@ fn compact_figures(
     let kv = f(raw, "kv_bytes") / n;
     let per = (f(compact, "rss_trimmed") - f(compact, "rss_before")) / n;
     let raw_per = (f(raw, "rss_trimmed") - f(raw, "rss_before")) / n;
+    let heap_per = (f(compact, "heap") - f(compact, "heap_before")) / n;
     let (before, steady, peak) = (
         f(relist, "rss_before"),
         f(relist, "rss_steady"),
         f(relist, "rss_peak"),
     );
-    let figures: [(&'static str, f64); 14] = [
+    let figures: [(&'static str, f64); 16] = [
         ("compact_b_per_object", per),
+        ("compact_heap_b_per_object", heap_per),
+        ("compact_heap_ratio_to_kv_bytes", heap_per / kv),
         ("compact_kv_bytes_per_object", kv),
         ("compact_ratio_to_kv_bytes", per / kv),
         ("compact_ratio_to_raw", per / raw_per),
@@ -833,9 +836,10 @@ fn compact_figures(
         cols.entry(name).or_default().push(value);
     }
     eprintln!(
-        "memory run {run}: compact {per:.0} B/object = x{:.2} the {kv:.0} key + value bytes (x{:.2} raw); relist peak x{:.2}; get {:.0} ns vs {:.0}, list {:.1} ms vs {:.1}, by_index {:.2} ms vs {:.2}, sync {:.2} s vs {:.2}",
+        "memory run {run}: compact {per:.0} B/object = x{:.2} the {kv:.0} key + value bytes (x{:.2} raw; heap {heap_per:.0} B, x{:.2}); relist peak x{:.2}; get {:.0} ns vs {:.0}, list {:.1} ms vs {:.1}, by_index {:.2} ms vs {:.2}, sync {:.2} s vs {:.2}",
         per / kv,
         per / raw_per,
+        heap_per / kv,
         (peak - before) / (steady - before),
         read(compact, "get_ns"),
         read(informer, "get_ns"),

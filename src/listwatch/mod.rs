@@ -38,8 +38,8 @@ pub trait ListSink<T>: Send + Sync {
         let _ = (revision, keys);
     }
     /// How many objects the sink holds that the list may find unchanged (a relist into a
-    /// cache), asked after [`begin`](Self::begin). A list into a sink that holds most of its
-    /// keys reads smaller pages: such a page is mostly kept, not decoded, so a large one in
+    /// cache), asked after [`begin`](Self::begin). A list into a sink that holds at least
+    /// half its keys reads smaller pages: such a page is mostly kept, not decoded, so a large one in
     /// flight only adds to the memory peak. Default 0.
     fn held(&self) -> usize {
         0

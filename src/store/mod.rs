@@ -31,7 +31,8 @@ pub trait Store<T>: Send + Sync {
     }
     /// Every key stored.
     fn list_keys(&self) -> Vec<Arc<str>>;
-    /// How many objects are stored.
+    /// How many objects are stored. The default collects every key: a store that can count
+    /// them overrides it (a relist asks it once, at the start).
     fn len(&self) -> usize {
         self.list_keys().len()
     }

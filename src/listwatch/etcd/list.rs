@@ -74,7 +74,7 @@ impl<T: Send + Sync + 'static> EtcdListerWatcher<T> {
                 let held = sink
                     .as_ref()
                     .map_or(0, |s| i64::try_from(s.held()).unwrap_or(i64::MAX));
-                let aim = if held >= count / 2 && held > 0 {
+                let aim = if held > 0 && held.saturating_mul(2) >= count {
                     RELIST_PAGES
                 } else {
                     LIST_PAGES

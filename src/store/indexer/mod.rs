@@ -114,19 +114,13 @@ impl<T: Send + Sync + 'static> Default for StoreContent<T> {
 impl<T> StoreContent<T> {
     /// Adds (or replaces) the object under its key, indexing it.
     pub fn add(&mut self, obj: Arc<Object<T>>) {
-        let Inner {
-            table, indexers, ..
-        } = &mut self.inner;
-        table.add(indexers, obj);
+        self.inner.table.add(&self.inner.indexers, obj);
     }
 
     /// Adds (or replaces) every object of `objs`, a page of a list: a compact store packs
     /// them together.
     pub fn add_page(&mut self, objs: &[Arc<Object<T>>]) {
-        let Inner {
-            table, indexers, ..
-        } = &mut self.inner;
-        table.add_all(indexers, objs);
+        self.inner.table.add_all(&self.inner.indexers, objs);
     }
 
     /// Whether this content can take objects encoded by a codec named `codec`, indexed by
@@ -204,20 +198,16 @@ impl<T> StoreContent<T> {
     /// Adds (or replaces) every object of `objs` as they are encoded, after
     /// [`takes_encoded`](Self::takes_encoded) said yes.
     pub(crate) fn add_encoded(&mut self, objs: &[EncodedObject<'_>]) {
-        let Inner {
-            table, indexers, ..
-        } = &mut self.inner;
-        table.add_encoded(indexers, objs);
+        self.inner.table.add_encoded(&self.inner.indexers, objs);
     }
 
     /// Takes `key` from `store` if it holds it in the state `stamp` names, sharing the object
     /// (or the compact store's packed bytes) instead of copying it; says whether it did.
     fn adopt(&mut self, store: &Indexer<T>, key: &str, stamp: &Stamp) -> bool {
         let from = store.read();
-        let Inner {
-            table, indexers, ..
-        } = &mut self.inner;
-        table.adopt(indexers, &*from.table, key, stamp)
+        self.inner
+            .table
+            .adopt(&self.inner.indexers, &*from.table, key, stamp)
     }
 
     /// Makes room for `additional` more objects.
