@@ -547,9 +547,16 @@ async fn watches(
                 .split();
             let mut mine = Vec::with_capacity(writes);
             let mut seen = 0;
+            // A stream that fails keeps what it received: the figures count it.
+            let mut failed = None;
             while seen < writes {
-                let Some(r) = responses.message().await? else {
-                    break;
+                let r = match responses.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
                 };
                 if r.created() {
                     let _ = created.send(()).await;
@@ -571,7 +578,7 @@ async fn watches(
             if let Ok(mut all) = latencies.lock() {
                 all.extend(mine);
             }
-            Ok::<usize, etcd_client::Error>(count)
+            Ok::<_, etcd_client::Error>((count, failed))
         }));
     }
     drop(created_tx);
@@ -610,12 +617,16 @@ async fn watches(
     }
     let mut delivered = 0;
     for (i, task) in tasks.into_iter().enumerate() {
-        // A watcher that did not get every event says why (one that failed counts nothing).
+        // A watcher that did not get every event says why.
         match tokio::time::timeout(Duration::from_secs(60), task).await {
-            Ok(Ok(Ok(count))) => {
+            Ok(Ok(Ok((count, failed)))) => {
                 delivered += count;
-                if count < writes {
-                    eprintln!("watcher {i}: its stream ended after {count} of {writes} events");
+                match failed {
+                    Some(e) => eprintln!("watcher {i}: {e}, after {count} of {writes} events"),
+                    None if count < writes => {
+                        eprintln!("watcher {i}: its stream ended after {count} of {writes} events")
+                    }
+                    None => {}
                 }
             }
             Ok(Ok(Err(e))) => eprintln!("watcher {i}: {e}"),

@@ -80,11 +80,12 @@
 //!   `with_compact_cache(JsonCodec)`; its memory per object is compared with the raw key and
 //!   value bytes etcd holds (key relative to the prefix, as cached; target 1.3x) and with the raw
 //!   map, by its RSS and by the heap's bytes in use (`compact_heap_*`: glibc's `mallinfo2`,
-//!   which the allocator's cached pages do not move). Both informer children then time reads: `get_by_key` of up to 100,000 random keys (ns
-//!   per call), `list` of everything and `by_index` of one namespace (best of 3, ms), and report
-//!   their time to `has_synced`. A relist child measures the compact cache's relist peak and its
-//!   list time (`compact_relist_list_s`). The table checks the relist peaks (<= 1.5) and the
-//!   compact cache (<= 1.3x key + value bytes) as rows of their own.
+//!   which the allocator's cached pages do not move). Both informer children then time reads:
+//!   `get_by_key` of up to 100,000 random keys (ns per call), `list` of everything and
+//!   `by_index` of one namespace (best of 3, ms), and report their time to `has_synced`. A
+//!   relist child measures the compact cache's relist peak and its list time
+//!   (`compact_relist_list_s`). The table checks the relist peaks (<= 1.5) and the compact
+//!   cache (<= 1.3x key + value bytes) as rows of their own.
 //! - `metrics`: what the `metrics` feature costs on the watch path: CPU per event of this process
 //!   (the `watch` scenario's informer side, one handler) with the informer's metrics going to
 //!   the facade's no-op recorder (baseline) and to a Prometheus recorder with buckets

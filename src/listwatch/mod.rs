@@ -39,8 +39,8 @@ pub trait ListSink<T>: Send + Sync {
     }
     /// How many objects the sink holds that the list may find unchanged (a relist into a
     /// cache), asked after [`begin`](Self::begin). A list into a sink that holds at least
-    /// half its keys reads smaller pages: such a page is mostly kept, not decoded, so a large one in
-    /// flight only adds to the memory peak. Default 0.
+    /// half its keys reads smaller pages: such a page is mostly kept, not decoded, so a large
+    /// one in flight only adds to the memory peak. Default 0.
     fn held(&self) -> usize {
         0
     }
