@@ -25,8 +25,8 @@ pub struct IndexFunc<T>(Func<T>);
 type ValuesFn<T> = dyn Fn(&Object<T>) -> Vec<String> + Send + Sync;
 
 enum Func<T> {
-    /// [`namespace_index_func`], whose value the key alone gives: an update never moves an
-    /// object to another value, so the store swaps it in place without computing anything.
+    /// [`namespace_index_func`], whose value the key alone gives: the store's items are kept
+    /// by namespace, and are this index.
     Namespace,
     Custom(Arc<ValuesFn<T>>),
 }
@@ -37,8 +37,8 @@ impl<T> IndexFunc<T> {
         IndexFunc(Func::Custom(Arc::new(f)))
     }
 
-    /// The namespace index function ([`namespace_index_func`]), which the store keeps
-    /// without allocating on updates.
+    /// The namespace index function ([`namespace_index_func`]), which costs the store nothing
+    /// beyond its items: they are kept in one set per namespace.
     pub fn namespace() -> Self {
         IndexFunc(Func::Namespace)
     }
@@ -51,15 +51,8 @@ impl<T> IndexFunc<T> {
         }
     }
 
-    /// The one value of the object under `key`, if the key alone gives it.
-    pub(crate) fn key_value<'k>(&self, key: &'k str) -> Option<&'k str> {
-        match self.0 {
-            Func::Namespace => Some(crate::object::split_key(key).0),
-            Func::Custom(_) => None,
-        }
-    }
-
-    /// Whether the key alone gives the values ([`key_value`](Self::key_value)).
+    /// Whether the key alone gives the values: the namespace index, which a store answers
+    /// from its items (kept in one set per namespace) rather than from sets of its own.
     pub(crate) fn keyed(&self) -> bool {
         matches!(self.0, Func::Namespace)
     }

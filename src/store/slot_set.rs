@@ -14,10 +14,13 @@
 //! The mix is a bijection, so two keys collide in a set exactly when their SipHashes do.
 
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
 use hashbrown::hash_table::{Entry, HashTable};
+
+use crate::object::split_key;
 
 /// The hash of `key` every set starts from (see the module docs).
 pub(crate) fn key_hash(key: &str) -> u64 {
@@ -191,6 +194,156 @@ impl<'a, S: Borrow<str>> IntoIterator for &'a SlotSet<S> {
     }
 }
 
+/// Slots by key, in one [`SlotSet`] per namespace (the key's first segment,
+/// [`split_key`]): the namespace index is these sets themselves, not a second slot of every
+/// key (22 B a key at 1M keys), and a set of a tenth of the keys has its own load factor
+/// rather than the whole table's.
+#[derive(Clone)]
+pub(super) struct Items<S> {
+    namespaces: HashMap<Box<str>, SlotSet<S>>,
+    len: usize,
+}
+
+impl<S> Default for Items<S> {
+    fn default() -> Self {
+        Items {
+            namespaces: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
+fn namespace_of(key: &str) -> &str {
+    split_key(key).0
+}
+
+impl<S: Borrow<str>> Items<S> {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn get(&self, key: &str) -> Option<&S> {
+        self.namespaces.get(namespace_of(key))?.get(key)
+    }
+
+    /// The slots of namespace `namespace`.
+    pub(super) fn namespace(&self, namespace: &str) -> Option<&SlotSet<S>> {
+        self.namespaces.get(namespace)
+    }
+
+    /// Each namespace with its slots.
+    pub(super) fn namespaces(&self) -> impl Iterator<Item = (&str, &SlotSet<S>)> {
+        self.namespaces.iter().map(|(ns, set)| (&**ns, set))
+    }
+
+    pub(super) fn take(&mut self, key: &str) -> Option<S> {
+        let namespace = namespace_of(key);
+        let set = self.namespaces.get_mut(namespace)?;
+        let slot = set.take(key)?;
+        if set.is_empty() {
+            self.namespaces.remove(namespace);
+        }
+        self.len -= 1;
+        Some(slot)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &S> {
+        self.namespaces.values().flat_map(SlotSet::iter)
+    }
+
+    /// Takes every slot out.
+    pub(super) fn take_all(&mut self) -> Vec<S> {
+        let mut out = Vec::with_capacity(std::mem::take(&mut self.len));
+        for (_, mut set) in self.namespaces.drain() {
+            out.extend(set.drain());
+        }
+        out
+    }
+
+    /// Makes room for `additional` more slots, spread over the namespaces as the keys held now
+    /// are (an empty table has none to size: its sets grow as keys come).
+    pub(super) fn reserve(&mut self, additional: usize) {
+        let held = self.len.max(1);
+        for set in self.namespaces.values_mut() {
+            set.reserve(additional.saturating_mul(set.len()) / held);
+        }
+    }
+
+    /// Makes room for `additional` more slots in namespace `namespace` (see
+    /// [`SlotSet::reserve`]).
+    pub(super) fn reserve_namespace(&mut self, namespace: &str, additional: usize) {
+        match self.namespaces.get_mut(namespace) {
+            Some(set) => set.reserve(additional),
+            None => {
+                let mut set = SlotSet::default();
+                set.reserve(additional);
+                self.namespaces.insert(namespace.into(), set);
+            }
+        }
+    }
+}
+
+impl<S: Borrow<str> + Eq> Items<S> {
+    /// Puts `slot` in, in place of the slot of its key if there is one, which it returns.
+    pub(super) fn replace(&mut self, slot: S) -> Option<S> {
+        let namespace = namespace_of(slot.borrow());
+        let set = match self.namespaces.get_mut(namespace) {
+            Some(set) => set,
+            None => self.namespaces.entry(namespace.into()).or_default(),
+        };
+        let old = set.replace(slot);
+        self.len += usize::from(old.is_none());
+        old
+    }
+
+    /// [`SlotSet::replace_all_hashed`], each slot into its namespace's set: returns the slots
+    /// replaced.
+    pub(super) fn replace_all_hashed(&mut self, hashed: Vec<(u64, S)>) -> Vec<S> {
+        // A page comes in key order (a list) or in this table's order (a snapshot): either
+        // way, a namespace's keys mostly come together.
+        let mut groups: Vec<Vec<(u64, S)>> = Vec::new();
+        let mut group_of: HashMap<Box<str>, usize> = HashMap::new();
+        for (hash, slot) in hashed {
+            let namespace = namespace_of(slot.borrow());
+            let last = groups.last().and_then(|g| g.last());
+            let group = match last {
+                Some((_, last)) if namespace_of(last.borrow()) == namespace => groups.len() - 1,
+                _ => match group_of.get(namespace) {
+                    Some(&group) => group,
+                    None => {
+                        group_of.insert(namespace.into(), groups.len());
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    }
+                },
+            };
+            groups[group].push((hash, slot));
+        }
+        let mut replaced = Vec::new();
+        for (namespace, group) in group_of {
+            let slots = std::mem::take(&mut groups[group]);
+            let added = slots.len();
+            let set = self.namespaces.entry(namespace).or_default();
+            let old = set.replace_all_hashed(slots);
+            self.len += added - old.len();
+            replaced.extend(old);
+        }
+        replaced
+    }
+}
+
+impl<S: Borrow<str> + Eq> FromIterator<S> for Items<S> {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        let mut items = Items::default();
+        let hashed = iter
+            .into_iter()
+            .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
+            .collect();
+        items.replace_all_hashed(hashed);
+        items
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +374,36 @@ mod tests {
         assert!(set.get("missing").is_none());
         assert_eq!(set.drain().count(), 1000);
         assert!(set.is_empty());
+    }
+
+    #[test]
+    fn items_are_kept_by_namespace_and_counted() {
+        let mut items: Items<String> = ["a/1", "b/1", "a/2", "top", "a/1"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(items.len(), 4, "a key twice is held once");
+        assert_eq!(items.get("a/2").map(String::as_str), Some("a/2"));
+        assert_eq!(items.get("top").map(String::as_str), Some("top"));
+        assert_eq!(items.namespace("a").map(SlotSet::len), Some(2));
+        assert_eq!(items.namespace("").map(SlotSet::len), Some(1));
+        assert_eq!(items.replace("b/2".to_owned()), None);
+        assert_eq!(items.replace("b/2".to_owned()).as_deref(), Some("b/2"));
+        let page = vec![
+            (key_hash("b/3"), "b/3".to_owned()),
+            (key_hash("a/1"), "a/1".to_owned()),
+        ];
+        assert_eq!(items.replace_all_hashed(page), vec!["a/1".to_owned()]);
+        assert_eq!(items.len(), 6);
+        assert_eq!(items.take("top").as_deref(), Some("top"));
+        assert!(items.namespace("").is_none(), "an emptied namespace goes");
+        assert!(items.take("top").is_none());
+        let mut names: Vec<&str> = items.namespaces().map(|(ns, _)| ns).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(items.iter().count(), 5);
+        assert_eq!(items.take_all().len(), 5);
+        assert_eq!((items.len(), items.iter().count()), (0, 0));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! compact mode, see [`compact`](super::compact)).
 //!
 //! The items and every index hold the same slot (a pointer hashed and compared by the object's
-//! key), so an object costs one slot per index value and no copy of its key.
+//! key), so an object costs one slot per index value and no copy of its key. The items are kept
+//! in one set per namespace ([`Items`]), which are the namespace index: that index costs
+//! nothing more.
 
 use std::any::Any;
 use std::borrow::Borrow;
@@ -12,11 +14,11 @@ use std::hash::{Hash, Hasher};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use super::slot_set::{key_hash, SlotSet};
+use super::slot_set::{key_hash, Items, SlotSet};
 use super::{IndexFunc, Indexers};
 use crate::object::EncodedObject;
 use crate::object::Object;
-use crate::object::Stamp;
+use crate::object::{split_key, Stamp};
 
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
@@ -193,7 +195,11 @@ pub(super) trait Storage<T>: Send + Sync {
     /// The stamp of the object under `key`, without unpacking it.
     fn stamp_of(&self, key: &str) -> Option<Stamp>;
     fn len(&self) -> usize;
+    /// Makes room for `additional` more keys, spread over the namespaces as the keys held now
+    /// are.
     fn reserve(&mut self, additional: usize);
+    /// Makes room for `additional` more keys in namespace `namespace`.
+    fn reserve_namespace(&mut self, namespace: &str, additional: usize);
     /// Defers repacking while a list builds this table: keys it adopts from the cache keep
     /// their chunks, which look mostly dead until the list is whole (a snapshot's records,
     /// in hash order, spread every list page over all of them). `false` ends the deferral,
@@ -212,7 +218,8 @@ pub(super) trait Storage<T>: Send + Sync {
     fn add(&mut self, indexers: &Indexers<T>, obj: Arc<Object<T>>) -> Option<Arc<Object<T>>>;
     /// Inserts or replaces every object of `objs` (a page of a list), keeping the indexes.
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]);
-    /// Makes room for `additional` more keys under `value` in index `name`.
+    /// Makes room for `additional` more keys under `value` in index `name` (not the namespace
+    /// index: see [`reserve_namespace`](Self::reserve_namespace)).
     fn reserve_index(&mut self, name: &str, value: &str, additional: usize);
     /// The name of the codec a compact table encodes with.
     fn codec_name(&self) -> Option<&'static str>;
@@ -256,7 +263,10 @@ pub(super) trait Storage<T>: Send + Sync {
 /// Objects by key and the indexes over them, every one of them holding `R::Slot`s.
 pub(super) struct Table<T, R: Repr<T>> {
     repr: R,
-    items: SlotSet<R::Slot>,
+    items: Items<R::Slot>,
+    /// The indexes whose values the key gives (the namespace index): the items' own sets.
+    keyed_indexes: Vec<String>,
+    /// Every other index: each value's slots.
     indices: HashMap<String, HashMap<String, SlotSet<R::Slot>>>,
     /// See [`Storage::defer_repacks`].
     repacks_deferred: bool,
@@ -266,10 +276,24 @@ impl<T, R: Repr<T>> Table<T, R> {
     pub(super) fn new(repr: R) -> Self {
         Table {
             repr,
-            items: SlotSet::default(),
+            items: Items::default(),
+            keyed_indexes: Vec::new(),
             indices: HashMap::new(),
             repacks_deferred: false,
         }
+    }
+
+    /// Whether index `name` is answered by the items' namespaces.
+    fn keyed(&self, name: &str) -> bool {
+        self.keyed_indexes.iter().any(|k| k == name)
+    }
+
+    /// The slots under `value` in index `name`.
+    fn index_set(&self, name: &str, value: &str) -> Option<&SlotSet<R::Slot>> {
+        if self.keyed(name) {
+            return self.items.namespace(value);
+        }
+        self.indices.get(name)?.get(value)
     }
 
     fn unpack_all<'a>(
@@ -325,15 +349,8 @@ impl<T, R: Repr<T>> Table<T, R> {
         }
         let mut values = values.into_iter();
         for (name, func) in indexers {
-            if let Some(value) = func.key_value(key) {
-                // The key's value never changes: the new slot takes the old one's place.
-                if let Some(index) = self.indices.get_mut(name.as_str()) {
-                    let set = match index.get_mut(value) {
-                        Some(set) => set,
-                        None => index.entry(value.to_owned()).or_default(),
-                    };
-                    set.replace(slot.clone());
-                }
+            if func.keyed() {
+                // The items are that index.
                 continue;
             }
             let new_values = values.next().unwrap_or_default();
@@ -361,7 +378,7 @@ impl<T, R: Repr<T>> Table<T, R> {
         if self.repacks_deferred || !self.repr.needs_repack() {
             return;
         }
-        let slots: Vec<R::Slot> = self.items.drain().collect();
+        let slots = self.items.take_all();
         self.items = self.repr.repack(slots).into_iter().collect();
         let items = &self.items;
         for index in self.indices.values_mut() {
@@ -383,6 +400,7 @@ where
         Table {
             repr: self.repr.clone(),
             items: self.items.clone(),
+            keyed_indexes: self.keyed_indexes.clone(),
             indices: self.indices.clone(),
             repacks_deferred: self.repacks_deferred,
         }
@@ -412,6 +430,10 @@ where
 
     fn reserve(&mut self, additional: usize) {
         self.items.reserve(additional);
+    }
+
+    fn reserve_namespace(&mut self, namespace: &str, additional: usize) {
+        self.items.reserve_namespace(namespace, additional);
     }
 
     fn defer_repacks(&mut self, defer: bool) {
@@ -448,8 +470,12 @@ where
             }
         }
         entries.sort_unstable();
+        let keyed: Vec<usize> = (indexes.iter().enumerate())
+            .filter(|(_, name)| self.keyed(name))
+            .map(|(i, _)| i)
+            .collect();
         let mut values: Vec<Vec<&str>> = vec![Vec::new(); indexes.len()];
-        for slot in &self.items {
+        for slot in self.items.iter() {
             let flow = match self.repr.record(slot) {
                 Some(record) => {
                     values.iter_mut().for_each(Vec::clear);
@@ -457,6 +483,9 @@ where
                     let first = entries.partition_point(|(a, _, _)| *a < at);
                     for (_, i, value) in entries[first..].iter().take_while(|(a, _, _)| *a == at) {
                         values[*i].push(value);
+                    }
+                    for &i in &keyed {
+                        values[i].push(split_key(slot.borrow()).0);
                     }
                     f(Item::Record(record, &values))
                 }
@@ -472,7 +501,7 @@ where
     }
 
     fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64)) {
-        for slot in &self.items {
+        for slot in self.items.iter() {
             f(slot.borrow(), self.repr.mod_revision(slot));
         }
     }
@@ -604,15 +633,8 @@ where
         let slot = self.items.take(key)?;
         let old = self.repr.unpack(&slot);
         if let Some(old) = &old {
-            for (name, func) in indexers {
-                match func.key_value(key) {
-                    Some(value) => {
-                        if let Some(index) = self.indices.get_mut(name.as_str()) {
-                            unindex(index, value, key);
-                        }
-                    }
-                    None => self.reindex(name, key, func.values(old), None),
-                }
+            for (name, func) in indexers.iter().filter(|(_, f)| !f.keyed()) {
+                self.reindex(name, key, func.values(old), None);
             }
         } else {
             // Its index values are unknown: look for it everywhere.
@@ -636,8 +658,14 @@ where
     }
 
     fn build_index(&mut self, name: &str, func: &IndexFunc<T>) {
+        self.keyed_indexes.retain(|k| k != name);
+        if func.keyed() {
+            self.indices.remove(name);
+            self.keyed_indexes.push(name.to_owned());
+            return;
+        }
         let mut index: HashMap<String, SlotSet<R::Slot>> = HashMap::new();
-        for slot in &self.items {
+        for slot in self.items.iter() {
             let Some(obj) = self.repr.unpack(slot) else {
                 continue;
             };
@@ -649,30 +677,27 @@ where
     }
 
     fn has_index(&self, name: &str) -> bool {
-        self.indices.contains_key(name)
+        self.indices.contains_key(name) || self.keyed(name)
     }
 
     fn by_index(&self, name: &str, value: &str) -> Vec<Arc<Object<T>>> {
-        match self.indices.get(name).and_then(|index| index.get(value)) {
+        match self.index_set(name, value) {
             Some(set) => self.unpack_all(set.iter()),
             None => Vec::new(),
         }
     }
 
     fn index_keys(&self, name: &str, value: &str) -> Vec<Arc<str>> {
-        match self.indices.get(name).and_then(|index| index.get(value)) {
+        match self.index_set(name, value) {
             Some(set) => set.iter().map(|s| self.repr.shared_key(s)).collect(),
             None => Vec::new(),
         }
     }
 
     fn matching(&self, name: &str, values: &[String]) -> Vec<Arc<Object<T>>> {
-        let Some(index) = self.indices.get(name) else {
-            return Vec::new();
-        };
         let mut slots: HashSet<&R::Slot> = HashSet::new();
         for value in values {
-            if let Some(set) = index.get(value) {
+            if let Some(set) = self.index_set(name, value) {
                 slots.extend(set.iter());
             }
         }
@@ -680,6 +705,13 @@ where
     }
 
     fn index_values(&self, name: &str) -> Vec<String> {
+        if self.keyed(name) {
+            return self
+                .items
+                .namespaces()
+                .map(|(ns, _)| ns.to_owned())
+                .collect();
+        }
         self.indices
             .get(name)
             .map(|index| index.keys().cloned().collect())

@@ -9,11 +9,19 @@ use super::Store;
 use crate::codec::Codec;
 use crate::object::EncodedObject;
 use crate::object::Object;
-use crate::object::Stamp;
+use crate::object::{split_key, Stamp};
 
 /// How often a warm start's sample must meet an index value before its set is reserved for
 /// the keys that count stands for (4 of 64: about 1 key in 16 or more, a fair estimate).
 const RESERVE_SEEN: usize = 4;
+
+/// The values met at least [`RESERVE_SEEN`] times, and how often: one met once is usually one
+/// key's own (a name, a uid), and a reserved set holds its memory for good.
+fn often<'a>(values: impl Iterator<Item = &'a str>) -> impl Iterator<Item = (&'a str, usize)> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    values.for_each(|v| *seen.entry(v).or_default() += 1);
+    seen.into_iter().filter(|&(_, n)| n >= RESERVE_SEEN)
+}
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
 /// `threadSafeMap`).
@@ -182,15 +190,13 @@ impl<T> StoreContent<T> {
         }
         let per_record = keys / sample.len().max(1);
         for (i, name) in indexes.iter().enumerate() {
-            let mut seen: HashMap<&str, usize> = HashMap::new();
-            for &value in sample.iter().flat_map(|e| e.index.get(i)) {
-                *seen.entry(value).or_default() += 1;
-            }
-            // A value met once stands for `keys / 64` keys but is usually one key's own (a
-            // name, a uid), and a reserved set holds its memory for good.
-            for (value, n) in seen.into_iter().filter(|&(_, n)| n >= RESERVE_SEEN) {
+            for (value, n) in often(sample.iter().flat_map(|e| e.index.get(i)).copied()) {
                 table.reserve_index(name, value, n * per_record);
             }
+        }
+        // The items' own sets (one a namespace) alike.
+        for (namespace, n) in often(sample.iter().map(|e| split_key(e.key).0)) {
+            table.reserve_namespace(namespace, n * per_record);
         }
         true
     }
@@ -210,7 +216,8 @@ impl<T> StoreContent<T> {
             .adopt(&self.inner.indexers, &*from.table, key, stamp)
     }
 
-    /// Makes room for `additional` more objects.
+    /// Makes room for `additional` more objects, spread over the namespaces as the objects
+    /// held now are (an empty store has none to size: each namespace grows as objects come).
     pub fn reserve(&mut self, additional: usize) {
         self.inner.table.reserve(additional);
     }
