@@ -113,6 +113,10 @@ fn the_namespace_index_answers_as_the_function_it_skips() {
             ["", "prod"],
             "an emptied namespace is no value any more"
         );
+        // Registered later, another index of the namespace function answers at once.
+        let again = [("again".to_owned(), IndexFunc::namespace())];
+        ix.add_indexers(again.into_iter().collect()).unwrap();
+        assert_eq!(ix.by_index("again", "prod").unwrap()[0].mod_revision, 5);
     }
 }
 
