@@ -169,6 +169,23 @@ impl Bench {
         prev_kv: bool,
         sink: Arc<Sink>,
     ) -> AbortOnDrop<()> {
+        self.raw_watch_with(revision, prev_kv, move |_, decoded| match decoded {
+            Ok(cm) => sink.record(&cm),
+            Err(_) => {
+                sink.bad.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .await
+    }
+
+    /// A raw watch of the prefix from `revision + 1`, handing each event's key (relative to
+    /// the prefix) and decoded value to `consume`, on the watch's own task.
+    pub(super) async fn raw_watch_with(
+        &self,
+        revision: i64,
+        prev_kv: bool,
+        mut consume: impl FnMut(&[u8], serde_json::Result<ConfigMap>) + Send + 'static,
+    ) -> AbortOnDrop<()> {
         let client = self.raw_client().await;
         let mut options = WatchOptions::new()
             .with_range(prefix_range_end(self.prefix.as_bytes()))
@@ -182,6 +199,7 @@ impl Bench {
             .watch(self.prefix.as_bytes(), Some(options))
             .await
             .unwrap_or_else(|e| fail(format!("watch: {e}")));
+        let skip = self.prefix.len();
         AbortOnDrop(tokio::spawn(async move {
             let _client = client;
             loop {
@@ -189,12 +207,8 @@ impl Bench {
                     Ok(Some(resp)) => {
                         for event in resp.events() {
                             let Some(kv) = event.kv() else { continue };
-                            match serde_json::from_slice::<ConfigMap>(kv.value()) {
-                                Ok(cm) => sink.record(&cm),
-                                Err(_) => {
-                                    sink.bad.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
+                            let key = kv.key().get(skip..).unwrap_or_default();
+                            consume(key, serde_json::from_slice::<ConfigMap>(kv.value()));
                         }
                     }
                     Ok(None) => fail("the raw watch ended"),

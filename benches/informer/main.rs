@@ -55,7 +55,9 @@
 //!   workers run on the writers' threads (the informer column: from etcd's response to the key
 //!   in the runner's queue; target raw + 3 us); and the same with the workers counted (to the
 //!   reconcile, which looks the object up; reported). The initial list's reconciles are done
-//!   before the writes start.
+//!   before the writes start. Beside them, the floor: a controller written by hand over the
+//!   raw watch (a map of the prefix, each key down a channel to a worker on the writers'
+//!   threads), what any cache with a queue costs beyond the raw watch.
 //! - `latency`: K sequential puts paced at a fixed rate; latency from just before each put to
 //!   the handler (or the raw watch) receiving that value, matched by a sequence number in the
 //!   value. p50 and p99; the ratio is on p99, and `p99_diff_ms` is informer p99 - raw p99.

@@ -64,8 +64,9 @@ enum Content<T> {
     Installing(tokio::task::JoinHandle<Result<(), String>>),
 }
 
-/// Keys of the first page, read before etcd is asked: the file holds its keys in hash order,
-/// so they are a random sample of all, where etcd's count is split (see [`splits`]).
+/// Keys of the first page, read before etcd is asked: the file holds its keys in hash order
+/// (the namespaces interleaved by size), so they are a random sample of all, where etcd's count
+/// is split (see [`splits`]).
 const FIRST_PAGE: usize = 4096;
 
 /// The parts etcd is asked to count the snapshot's keys in, at once: etcd walks every key of a
@@ -164,8 +165,8 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
             let saved = SavedCache::new(revision, keys, cluster_id).with_splits(splits);
             tokio::spawn(async move { inner.can_resume(saved).await })
         };
-        // The sample comes from the first page: the file holds its keys in hash order, so
-        // that page is a random sample of them all.
+        // The sample comes from the first page: the file holds its keys in hash order, the
+        // namespaces interleaved by size, so that page is a random sample of them all.
         let encoded = sink.is_some_and(|sink| {
             let index = first.as_ref().map(|page| (page, page.index()));
             let sample: Vec<_> = index.as_ref().map_or_else(Vec::new, |(page, index)| {

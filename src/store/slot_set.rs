@@ -14,7 +14,8 @@
 //! The mix is a bijection, so two keys collide in a set exactly when their SipHashes do.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
@@ -251,6 +252,31 @@ impl<S: Borrow<str>> Items<S> {
         self.namespaces.values().flat_map(SlotSet::iter)
     }
 
+    /// Every slot, the namespaces interleaved in proportion to their sizes, each in its set's
+    /// hash order: any run of them is about a random sample of all (a snapshot's first page is
+    /// a warm start's sample). The same order on every call while the items do not change.
+    pub(super) fn iter_mixed(&self) -> impl Iterator<Item = &S> {
+        // The j-th slot of a set of n comes at (j + 1/2) / n of the way, in 32-bit fixed point.
+        let at = |j: usize, n: usize| (((2 * j + 1) as u128) << 32) / (2 * n as u128);
+        let mut sets: Vec<_> = self
+            .namespaces
+            .values()
+            .map(|s| (s.len(), s.iter()))
+            .collect();
+        let mut next: BinaryHeap<Reverse<(u128, usize, usize)>> = (sets.iter().enumerate())
+            .filter(|(_, (n, _))| *n > 0)
+            .map(|(i, (n, _))| Reverse((at(0, *n), i, 0)))
+            .collect();
+        std::iter::from_fn(move || {
+            let Reverse((_, i, j)) = next.pop()?;
+            let (n, slots) = &mut sets[i];
+            if j + 1 < *n {
+                next.push(Reverse((at(j + 1, *n), i, j + 1)));
+            }
+            slots.next()
+        })
+    }
+
     /// Takes every slot out.
     pub(super) fn take_all(&mut self) -> Vec<S> {
         let mut out = Vec::with_capacity(std::mem::take(&mut self.len));
@@ -303,11 +329,12 @@ impl<S: Borrow<str> + Eq> Items<S> {
         // way, a namespace's keys mostly come together.
         let mut groups: Vec<Vec<(u64, S)>> = Vec::new();
         let mut group_of: HashMap<Box<str>, usize> = HashMap::new();
+        let mut last = 0;
         for (hash, slot) in hashed {
             let namespace = namespace_of(slot.borrow());
-            let last = groups.last().and_then(|g| g.last());
-            let group = match last {
-                Some((_, last)) if namespace_of(last.borrow()) == namespace => groups.len() - 1,
+            let previous = groups.get(last).and_then(|g| g.last());
+            let group = match previous {
+                Some((_, previous)) if namespace_of(previous.borrow()) == namespace => last,
                 _ => match group_of.get(namespace) {
                     Some(&group) => group,
                     None => {
@@ -318,6 +345,7 @@ impl<S: Borrow<str> + Eq> Items<S> {
                 },
             };
             groups[group].push((hash, slot));
+            last = group;
         }
         let mut replaced = Vec::new();
         for (namespace, group) in group_of {
@@ -346,6 +374,8 @@ impl<S: Borrow<str> + Eq> FromIterator<S> for Items<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -404,6 +434,27 @@ mod tests {
         assert_eq!(items.iter().count(), 5);
         assert_eq!(items.take_all().len(), 5);
         assert_eq!((items.len(), items.iter().count()), (0, 0));
+    }
+
+    #[test]
+    fn the_mixed_order_samples_every_namespace_in_proportion() {
+        let mut items: Items<String> = (0..900)
+            .map(|i| format!("big/{i}"))
+            .chain((0..100).map(|i| format!("small/{i}")))
+            .collect();
+        items.reserve_namespace("empty", 10);
+        let first: Vec<&String> = items.iter_mixed().take(100).collect();
+        let small = first.iter().filter(|k| k.starts_with("small/")).count();
+        assert!(
+            (9..=11).contains(&small),
+            "{small} of the first 100 from a tenth"
+        );
+        let all: HashSet<&String> = items.iter_mixed().collect();
+        assert_eq!(all.len(), 1000, "every slot once");
+        assert!(
+            items.iter_mixed().eq(items.iter_mixed()),
+            "the same order again"
+        );
     }
 
     #[test]

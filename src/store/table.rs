@@ -209,9 +209,11 @@ pub(super) trait Storage<T>: Send + Sync {
     fn for_each(&self, f: &mut dyn FnMut(Arc<Object<T>>));
     /// Each object as a snapshot writes it, decoding none that is packed: its record (see
     /// [`Repr::record`]) with its values for each of `indexes`, taken from the indexes
-    /// themselves (as sets: in no particular order, each once); or the object, where it is
-    /// held decoded. Stops when `f` breaks. The order is the same on every call on a table
-    /// that did not change (a snapshot's writer walks it twice).
+    /// themselves (as sets: in no particular order, each once; the namespace index's from the
+    /// key); or the object, where it is held decoded. Stops when `f` breaks. In hash order,
+    /// the namespaces interleaved ([`Items::iter_mixed`]): any run is about a random sample.
+    /// The order is the same on every call on a table that did not change (a snapshot's
+    /// writer walks it twice).
     fn for_each_record(&self, indexes: &[&str], f: &mut dyn FnMut(Item<'_, T>) -> ControlFlow<()>);
     fn for_each_revision(&self, f: &mut dyn FnMut(&str, i64));
     /// Inserts or replaces, keeping the indexes of `indexers`; returns the replaced object.
@@ -475,7 +477,7 @@ where
             .map(|(i, _)| i)
             .collect();
         let mut values: Vec<Vec<&str>> = vec![Vec::new(); indexes.len()];
-        for slot in self.items.iter() {
+        for slot in self.items.iter_mixed() {
             let flow = match self.repr.record(slot) {
                 Some(record) => {
                     values.iter_mut().for_each(Vec::clear);
@@ -706,9 +708,8 @@ where
 
     fn index_values(&self, name: &str) -> Vec<String> {
         if self.keyed(name) {
-            return self
-                .items
-                .namespaces()
+            return (self.items.namespaces())
+                .filter(|(_, set)| !set.is_empty())
                 .map(|(ns, _)| ns.to_owned())
                 .collect();
         }

@@ -65,9 +65,9 @@ fn multi_value_index_follows_updates_and_deletes() {
     assert_eq!(same.len(), 1);
 }
 
-/// The namespace index swaps an updated object in place without computing its values: it must
-/// answer as the same function computed on every object does, through adds, updates and
-/// deletes, in both representations.
+/// The namespace index is the items' own sets, one a namespace: it must answer as the same
+/// function computed on every object does, through adds, updates and deletes, in both
+/// representations.
 #[test]
 fn the_namespace_index_answers_as_the_function_it_skips() {
     let indexers = || {
