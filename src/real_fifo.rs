@@ -39,12 +39,14 @@ fn list_content<T: Send + Sync + 'static>(known: &dyn Store<T>) -> StoreContent<
 }
 
 impl<T: Send + Sync + 'static> ListSink<T> for Building<T> {
-    fn begin(&self, revision: i64, _keys: usize) {
+    fn begin(&self, revision: i64, keys: usize) {
         // A list read below a revision already seen comes from a store that went back in
-        // time: equal mod revisions no longer mean equal objects. (The new content is not
-        // sized for `keys`: its sets are one a namespace, and the list has not said which.)
+        // time: equal mod revisions no longer mean equal objects.
         let reuse = self.reuse_from.is_some_and(|from| revision >= from);
         self.reuse.store(reuse, Ordering::Relaxed);
+        // Growing a map of a million keys rehashes every key several times over. (A store
+        // kept by namespace is not sized: the list has not said which namespaces.)
+        lock(&self.content).reserve(keys);
     }
 
     fn held(&self) -> usize {

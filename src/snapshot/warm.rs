@@ -165,14 +165,14 @@ impl<T: Send + Sync + 'static> WarmSource<T> {
             let saved = SavedCache::new(revision, keys, cluster_id).with_splits(splits);
             tokio::spawn(async move { inner.can_resume(saved).await })
         };
-        // The sample comes from the first page: the file holds its keys in hash order, the
-        // namespaces interleaved by size, so that page is a random sample of them all.
+        // The sample is the file's first records: it holds its keys in hash order, the
+        // namespaces interleaved by size, so any run of them is a random sample of all. (Not
+        // every n-th: namespaces of one size interleave in turn, and n would pick some only.)
         let encoded = sink.is_some_and(|sink| {
             let index = first.as_ref().map(|page| (page, page.index()));
             let sample: Vec<_> = index.as_ref().map_or_else(Vec::new, |(page, index)| {
-                let step = (page.entries.len() / SAMPLE).max(1);
                 (page.entries.iter().enumerate())
-                    .step_by(step)
+                    .take(SAMPLE)
                     .map(|(n, e)| record(page, e, index.of(n)))
                     .collect()
             });

@@ -15,6 +15,7 @@
 
 use std::borrow::Borrow;
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
@@ -195,13 +196,16 @@ impl<'a, S: Borrow<str>> IntoIterator for &'a SlotSet<S> {
     }
 }
 
-/// Slots by key, in one [`SlotSet`] per namespace (the key's first segment,
-/// [`split_key`]): the namespace index is these sets themselves, not a second slot of every
-/// key (22 B a key at 1M keys), and a set of a tenth of the keys has its own load factor
-/// rather than the whole table's.
+/// Slots by key. Once a namespace index asks for it ([`split_by_namespace`]), in one
+/// [`SlotSet`] per namespace (the key's first segment, [`split_key`]), which are that index: not
+/// a second slot of every key (22 B a key at 1M keys). Until then in one set: a store without
+/// that index does not pay a set for each first segment (keys `user-1/profile`, `user-2/...`).
+///
+/// [`split_by_namespace`]: Items::split_by_namespace
 #[derive(Clone)]
 pub(super) struct Items<S> {
     namespaces: HashMap<Box<str>, SlotSet<S>>,
+    by_namespace: bool,
     len: usize,
 }
 
@@ -209,13 +213,10 @@ impl<S> Default for Items<S> {
     fn default() -> Self {
         Items {
             namespaces: HashMap::new(),
+            by_namespace: false,
             len: 0,
         }
     }
-}
-
-fn namespace_of(key: &str) -> &str {
-    split_key(key).0
 }
 
 impl<S: Borrow<str>> Items<S> {
@@ -223,22 +224,31 @@ impl<S: Borrow<str>> Items<S> {
         self.len
     }
 
-    pub(super) fn get(&self, key: &str) -> Option<&S> {
-        self.namespaces.get(namespace_of(key))?.get(key)
+    /// The set `key` is kept in: its namespace's, or the one set.
+    pub(super) fn set_of<'k>(&self, key: &'k str) -> &'k str {
+        if self.by_namespace {
+            split_key(key).0
+        } else {
+            ""
+        }
     }
 
-    /// The slots of namespace `namespace`.
+    pub(super) fn get(&self, key: &str) -> Option<&S> {
+        self.namespaces.get(self.set_of(key))?.get(key)
+    }
+
+    /// The slots of namespace `namespace` (once [`split_by_namespace`](Self::split_by_namespace)).
     pub(super) fn namespace(&self, namespace: &str) -> Option<&SlotSet<S>> {
         self.namespaces.get(namespace)
     }
 
-    /// Each namespace with its slots.
+    /// Each namespace with its slots (once [`split_by_namespace`](Self::split_by_namespace)).
     pub(super) fn namespaces(&self) -> impl Iterator<Item = (&str, &SlotSet<S>)> {
         self.namespaces.iter().map(|(ns, set)| (&**ns, set))
     }
 
     pub(super) fn take(&mut self, key: &str) -> Option<S> {
-        let namespace = namespace_of(key);
+        let namespace = self.set_of(key);
         let set = self.namespaces.get_mut(namespace)?;
         let slot = set.take(key)?;
         if set.is_empty() {
@@ -268,10 +278,13 @@ impl<S: Borrow<str>> Items<S> {
             .map(|(i, (n, _))| Reverse((at(0, *n), i, 0)))
             .collect();
         std::iter::from_fn(move || {
-            let Reverse((_, i, j)) = next.pop()?;
+            let mut top = next.peek_mut()?;
+            let Reverse((_, i, j)) = *top;
             let (n, slots) = &mut sets[i];
             if j + 1 < *n {
-                next.push(Reverse((at(j + 1, *n), i, j + 1)));
+                *top = Reverse((at(j + 1, *n), i, j + 1));
+            } else {
+                PeekMut::pop(top);
             }
             slots.next()
         })
@@ -286,33 +299,48 @@ impl<S: Borrow<str>> Items<S> {
         out
     }
 
-    /// Makes room for `additional` more slots, spread over the namespaces as the keys held now
-    /// are (an empty table has none to size: its sets grow as keys come).
+    /// Makes room for `additional` more slots: in the one set, or spread over the namespaces
+    /// as the keys held now are (empty, it has no namespaces to size: they grow as keys come).
     pub(super) fn reserve(&mut self, additional: usize) {
+        if !self.by_namespace {
+            return self.reserve_set("", additional);
+        }
         let held = self.len.max(1);
         for set in self.namespaces.values_mut() {
             set.reserve(additional.saturating_mul(set.len()) / held);
         }
     }
 
-    /// Makes room for `additional` more slots in namespace `namespace` (see
+    /// Makes room for `additional` more slots in set `set` (see [`set_of`](Self::set_of) and
     /// [`SlotSet::reserve`]).
-    pub(super) fn reserve_namespace(&mut self, namespace: &str, additional: usize) {
-        match self.namespaces.get_mut(namespace) {
-            Some(set) => set.reserve(additional),
+    pub(super) fn reserve_set(&mut self, set: &str, additional: usize) {
+        match self.namespaces.get_mut(set) {
+            Some(slots) => slots.reserve(additional),
             None => {
-                let mut set = SlotSet::default();
-                set.reserve(additional);
-                self.namespaces.insert(namespace.into(), set);
+                let mut slots = SlotSet::default();
+                slots.reserve(additional);
+                self.namespaces.insert(set.into(), slots);
             }
         }
     }
 }
 
 impl<S: Borrow<str> + Eq> Items<S> {
+    /// Keeps the slots in one set per namespace from now on (a namespace index was asked for).
+    pub(super) fn split_by_namespace(&mut self) {
+        if !self.by_namespace {
+            let slots = self.take_all();
+            self.by_namespace = true;
+            let hashed = (slots.into_iter())
+                .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
+                .collect();
+            self.replace_all_hashed(hashed);
+        }
+    }
+
     /// Puts `slot` in, in place of the slot of its key if there is one, which it returns.
     pub(super) fn replace(&mut self, slot: S) -> Option<S> {
-        let namespace = namespace_of(slot.borrow());
+        let namespace = self.set_of(slot.borrow());
         let set = match self.namespaces.get_mut(namespace) {
             Some(set) => set,
             None => self.namespaces.entry(namespace.into()).or_default(),
@@ -325,16 +353,16 @@ impl<S: Borrow<str> + Eq> Items<S> {
     /// [`SlotSet::replace_all_hashed`], each slot into its namespace's set: returns the slots
     /// replaced.
     pub(super) fn replace_all_hashed(&mut self, hashed: Vec<(u64, S)>) -> Vec<S> {
-        // A page comes in key order (a list) or in this table's order (a snapshot): either
-        // way, a namespace's keys mostly come together.
+        // A list's page comes in key order, where a namespace's keys come together (a
+        // snapshot's, interleaved: most keys then look their set up).
         let mut groups: Vec<Vec<(u64, S)>> = Vec::new();
         let mut group_of: HashMap<Box<str>, usize> = HashMap::new();
         let mut last = 0;
         for (hash, slot) in hashed {
-            let namespace = namespace_of(slot.borrow());
+            let namespace = self.set_of(slot.borrow());
             let previous = groups.get(last).and_then(|g| g.last());
             let group = match previous {
-                Some((_, previous)) if namespace_of(previous.borrow()) == namespace => last,
+                Some((_, previous)) if self.set_of(previous.borrow()) == namespace => last,
                 _ => match group_of.get(namespace) {
                     Some(&group) => group,
                     None => {
@@ -357,18 +385,6 @@ impl<S: Borrow<str> + Eq> Items<S> {
             replaced.extend(old);
         }
         replaced
-    }
-}
-
-impl<S: Borrow<str> + Eq> FromIterator<S> for Items<S> {
-    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
-        let mut items = Items::default();
-        let hashed = iter
-            .into_iter()
-            .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
-            .collect();
-        items.replace_all_hashed(hashed);
-        items
     }
 }
 
@@ -406,13 +422,23 @@ mod tests {
         assert!(set.is_empty());
     }
 
+    fn items(keys: impl IntoIterator<Item = String>) -> Items<String> {
+        let mut items = Items::default();
+        items.replace_all_hashed(keys.into_iter().map(|k| (key_hash(&k), k)).collect());
+        items
+    }
+
     #[test]
     fn items_are_kept_by_namespace_and_counted() {
-        let mut items: Items<String> = ["a/1", "b/1", "a/2", "top", "a/1"]
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let mut items = items(["a/1", "b/1", "a/2", "top", "a/1"].map(str::to_owned));
         assert_eq!(items.len(), 4, "a key twice is held once");
+        assert_eq!(
+            items.namespaces().count(),
+            1,
+            "one set until a namespace index"
+        );
+        items.split_by_namespace();
+        assert_eq!(items.len(), 4);
         assert_eq!(items.get("a/2").map(String::as_str), Some("a/2"));
         assert_eq!(items.get("top").map(String::as_str), Some("top"));
         assert_eq!(items.namespace("a").map(SlotSet::len), Some(2));
@@ -438,11 +464,10 @@ mod tests {
 
     #[test]
     fn the_mixed_order_samples_every_namespace_in_proportion() {
-        let mut items: Items<String> = (0..900)
-            .map(|i| format!("big/{i}"))
-            .chain((0..100).map(|i| format!("small/{i}")))
-            .collect();
-        items.reserve_namespace("empty", 10);
+        let big = (0..900).map(|i| format!("big/{i}"));
+        let mut items = items(big.chain((0..100).map(|i| format!("small/{i}"))));
+        items.split_by_namespace();
+        items.reserve_set("empty", 10);
         let first: Vec<&String> = items.iter_mixed().take(100).collect();
         let small = first.iter().filter(|k| k.starts_with("small/")).count();
         assert!(

@@ -195,11 +195,12 @@ pub(super) trait Storage<T>: Send + Sync {
     /// The stamp of the object under `key`, without unpacking it.
     fn stamp_of(&self, key: &str) -> Option<Stamp>;
     fn len(&self) -> usize;
-    /// Makes room for `additional` more keys, spread over the namespaces as the keys held now
-    /// are.
+    /// Makes room for `additional` more keys (see `Items::reserve`).
     fn reserve(&mut self, additional: usize);
-    /// Makes room for `additional` more keys in namespace `namespace`.
-    fn reserve_namespace(&mut self, namespace: &str, additional: usize);
+    /// The set of the items `key` is kept in: its namespace, once a namespace index exists.
+    fn items_set_of<'k>(&self, key: &'k str) -> &'k str;
+    /// Makes room for `additional` more keys in the items' set `set`.
+    fn reserve_items_set(&mut self, set: &str, additional: usize);
     /// Defers repacking while a list builds this table: keys it adopts from the cache keep
     /// their chunks, which look mostly dead until the list is whole (a snapshot's records,
     /// in hash order, spread every list page over all of them). `false` ends the deferral,
@@ -221,7 +222,7 @@ pub(super) trait Storage<T>: Send + Sync {
     /// Inserts or replaces every object of `objs` (a page of a list), keeping the indexes.
     fn add_all(&mut self, indexers: &Indexers<T>, objs: &[Arc<Object<T>>]);
     /// Makes room for `additional` more keys under `value` in index `name` (not the namespace
-    /// index: see [`reserve_namespace`](Self::reserve_namespace)).
+    /// index: see [`reserve_items_set`](Self::reserve_items_set)).
     fn reserve_index(&mut self, name: &str, value: &str, additional: usize);
     /// The name of the codec a compact table encodes with.
     fn codec_name(&self) -> Option<&'static str>;
@@ -381,7 +382,10 @@ impl<T, R: Repr<T>> Table<T, R> {
             return;
         }
         let slots = self.items.take_all();
-        self.items = self.repr.repack(slots).into_iter().collect();
+        let hashed = (self.repr.repack(slots).into_iter())
+            .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
+            .collect();
+        self.items.replace_all_hashed(hashed);
         let items = &self.items;
         for index in self.indices.values_mut() {
             for set in index.values_mut() {
@@ -434,8 +438,12 @@ where
         self.items.reserve(additional);
     }
 
-    fn reserve_namespace(&mut self, namespace: &str, additional: usize) {
-        self.items.reserve_namespace(namespace, additional);
+    fn items_set_of<'k>(&self, key: &'k str) -> &'k str {
+        self.items.set_of(key)
+    }
+
+    fn reserve_items_set(&mut self, set: &str, additional: usize) {
+        self.items.reserve_set(set, additional);
     }
 
     fn defer_repacks(&mut self, defer: bool) {
@@ -664,6 +672,7 @@ where
         if func.keyed() {
             self.indices.remove(name);
             self.keyed_indexes.push(name.to_owned());
+            self.items.split_by_namespace();
             return;
         }
         let mut index: HashMap<String, SlotSet<R::Slot>> = HashMap::new();

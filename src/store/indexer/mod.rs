@@ -9,18 +9,19 @@ use super::Store;
 use crate::codec::Codec;
 use crate::object::EncodedObject;
 use crate::object::Object;
-use crate::object::{split_key, Stamp};
+use crate::object::Stamp;
 
 /// How often a warm start's sample must meet an index value before its set is reserved for
-/// the keys that count stands for (4 of 64: about 1 key in 16 or more, a fair estimate).
+/// the keys that count stands for (4 of 64, a fair estimate; a value met once is usually one
+/// key's own, a name or a uid, and a reserved set holds its memory for good).
 const RESERVE_SEEN: usize = 4;
 
-/// The values met at least [`RESERVE_SEEN`] times, and how often: one met once is usually one
-/// key's own (a name, a uid), and a reserved set holds its memory for good.
-fn often<'a>(values: impl Iterator<Item = &'a str>) -> impl Iterator<Item = (&'a str, usize)> {
+/// The values met at least [`RESERVE_SEEN`] times, and how often.
+fn often<'a>(values: impl Iterator<Item = &'a str>) -> Vec<(&'a str, usize)> {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     values.for_each(|v| *seen.entry(v).or_default() += 1);
-    seen.into_iter().filter(|&(_, n)| n >= RESERVE_SEEN)
+    seen.retain(|_, n| *n >= RESERVE_SEEN);
+    seen.into_iter().collect()
 }
 
 /// A thread-safe store of objects by key, with named indexes (client-go's `Indexer` over its
@@ -194,9 +195,9 @@ impl<T> StoreContent<T> {
                 table.reserve_index(name, value, n * per_record);
             }
         }
-        // The items' own sets (one a namespace) alike.
-        for (namespace, n) in often(sample.iter().map(|e| split_key(e.key).0)) {
-            table.reserve_namespace(namespace, n * per_record);
+        // The items' own sets alike (one a namespace, with a namespace index).
+        for (set, n) in often(sample.iter().map(|e| table.items_set_of(e.key))) {
+            table.reserve_items_set(set, n * per_record);
         }
         true
     }
@@ -216,8 +217,7 @@ impl<T> StoreContent<T> {
             .adopt(&self.inner.indexers, &*from.table, key, stamp)
     }
 
-    /// Makes room for `additional` more objects, spread over the namespaces as the objects
-    /// held now are (an empty store has none to size: each namespace grows as objects come).
+    /// Makes room for `additional` more objects (by namespace as they are now, with that index).
     pub fn reserve(&mut self, additional: usize) {
         self.inner.table.reserve(additional);
     }
