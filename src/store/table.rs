@@ -3,9 +3,9 @@
 //! compact mode, see [`compact`](super::compact)).
 //!
 //! The items and every index hold the same slot (a pointer hashed and compared by the object's
-//! key), so an object costs one slot per index value and no copy of its key. The items are kept
-//! in one set per namespace ([`Items`]), which are the namespace index: that index costs
-//! nothing more.
+//! key), so an object costs one slot per index value and no copy of its key. With a namespace
+//! index, the items are kept in one set per namespace ([`Items`]), which are that index: it
+//! costs nothing more.
 
 use std::any::Any;
 use std::borrow::Borrow;
