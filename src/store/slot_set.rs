@@ -331,11 +331,16 @@ impl<S: Borrow<str> + Eq> Items<S> {
         if !self.by_namespace {
             let slots = self.take_all();
             self.by_namespace = true;
-            let hashed = (slots.into_iter())
-                .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
-                .collect();
-            self.replace_all_hashed(hashed);
+            self.replace_all(slots);
         }
+    }
+
+    /// [`replace_all_hashed`](Self::replace_all_hashed), hashing each key.
+    pub(super) fn replace_all(&mut self, slots: Vec<S>) -> Vec<S> {
+        let hashed = (slots.into_iter())
+            .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
+            .collect();
+        self.replace_all_hashed(hashed)
     }
 
     /// Puts `slot` in, in place of the slot of its key if there is one, which it returns.
@@ -424,7 +429,7 @@ mod tests {
 
     fn items(keys: impl IntoIterator<Item = String>) -> Items<String> {
         let mut items = Items::default();
-        items.replace_all_hashed(keys.into_iter().map(|k| (key_hash(&k), k)).collect());
+        items.replace_all(keys.into_iter().collect());
         items
     }
 

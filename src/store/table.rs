@@ -18,7 +18,7 @@ use super::slot_set::{key_hash, Items, SlotSet};
 use super::{IndexFunc, Indexers};
 use crate::object::EncodedObject;
 use crate::object::Object;
-use crate::object::{split_key, Stamp};
+use crate::object::Stamp;
 
 /// How a table holds its objects.
 pub(super) trait Repr<T>: Send + Sync + Sized + 'static {
@@ -382,10 +382,7 @@ impl<T, R: Repr<T>> Table<T, R> {
             return;
         }
         let slots = self.items.take_all();
-        let hashed = (self.repr.repack(slots).into_iter())
-            .map(|slot| (key_hash(Borrow::<str>::borrow(&slot)), slot))
-            .collect();
-        self.items.replace_all_hashed(hashed);
+        self.items.replace_all(self.repr.repack(slots));
         let items = &self.items;
         for index in self.indices.values_mut() {
             for set in index.values_mut() {
@@ -495,7 +492,7 @@ where
                         values[*i].push(value);
                     }
                     for &i in &keyed {
-                        values[i].push(split_key(slot.borrow()).0);
+                        values[i].push(self.items.set_of(slot.borrow()));
                     }
                     f(Item::Record(record, &values))
                 }
